@@ -1,0 +1,73 @@
+"""specdec_kernels: exact speculative-decoding ops (sampling, tree layout, verification) with several backends.
+
+Backends: ``torch`` (reference, always available), ``cpu`` (C++ extension), ``triton``, ``cuda``. Optional
+backends that fail to load are skipped by ``backend="auto"`` and reported when requested explicitly.
+"""
+
+from . import reference as _reference  # noqa: F401  (registers the torch backend)
+from . import native as _native  # noqa: F401  (registers cpu/cuda when the extension is built)
+from ._registry import BACKENDS, BackendUnavailableError, available_backends
+from .ops import (
+    ChainVerdict,
+    GumbelTopK,
+    NodeVerdict,
+    SBSStep,
+    SpecHubDraft,
+    TreeVerdict,
+    filter_kv,
+    gumbel_topk,
+    is_greedy,
+    kseq_gamma,
+    process_logits,
+    sample_categorical,
+    sbs_step,
+    spechub_sample,
+    tree_mask,
+    tree_positions,
+    verify_chain,
+    verify_node,
+    verify_tree,
+)
+from .trees import (
+    binary_tree_parents,
+    branching_parents,
+    chain_parents,
+    check_parents,
+    depth_from_parents,
+    kseq_chain_parents,
+    parents_tensor,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "ChainVerdict",
+    "GumbelTopK",
+    "NodeVerdict",
+    "SBSStep",
+    "SpecHubDraft",
+    "TreeVerdict",
+    "available_backends",
+    "binary_tree_parents",
+    "branching_parents",
+    "chain_parents",
+    "check_parents",
+    "depth_from_parents",
+    "filter_kv",
+    "gumbel_topk",
+    "is_greedy",
+    "kseq_chain_parents",
+    "kseq_gamma",
+    "parents_tensor",
+    "process_logits",
+    "sample_categorical",
+    "sbs_step",
+    "spechub_sample",
+    "tree_mask",
+    "tree_positions",
+    "verify_chain",
+    "verify_node",
+    "verify_tree",
+]

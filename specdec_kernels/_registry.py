@@ -1,0 +1,105 @@
+"""Backend registry: one implementation per (op, backend), resolved per call.
+
+Backends: ``torch`` (the reference, always present), ``cpu`` (C++/OpenMP extension), ``triton`` and ``cuda``.
+``backend="auto"`` walks a preference list chosen by the device of the first tensor argument; an explicitly
+requested backend that cannot serve the call raises :class:`BackendUnavailableError` naming the op, the backend,
+the reason and the backends that would work (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailableError",
+    "available_backends",
+    "register",
+    "resolve",
+]
+
+log = logging.getLogger("specdec_kernels")
+
+BACKENDS = ("torch", "cpu", "triton", "cuda")
+_PREFERENCE = {"cpu": ("cpu", "torch"), "cuda": ("cuda", "triton", "torch")}
+
+# op -> backend -> (impl, supports(device) predicate)
+_IMPLS: dict[str, dict[str, tuple[Callable[..., Any], Callable[[torch.device], bool]]]] = {}
+_MISSING_REASON: dict[str, str] = {}
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run this op on these tensors."""
+
+
+def _any_device(device: torch.device) -> bool:
+    return True
+
+
+def register(
+    op: str, backend: str, *, supports: Callable[[torch.device], bool] = _any_device
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: register ``fn`` as the ``backend`` implementation of ``op``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _IMPLS.setdefault(op, {})[backend] = (fn, supports)
+        return fn
+
+    return deco
+
+
+def mark_missing(backend: str, reason: str) -> None:
+    """Record why an optional backend failed to load (shown in error messages)."""
+    _MISSING_REASON[backend] = reason
+
+
+def available_backends(op: str | None = None) -> list[str]:
+    """Backends that registered ``op`` (or any op when ``op`` is None), in canonical order."""
+    if op is None:
+        have = {b for impls in _IMPLS.values() for b in impls}
+    else:
+        have = set(_IMPLS.get(op, {}))
+    return [b for b in BACKENDS if b in have]
+
+
+def default_backend() -> str:
+    return os.environ.get("SPECDEC_BACKEND", "auto")
+
+
+def resolve(op: str, backend: str | None, device: torch.device) -> Callable[..., Any]:
+    """Return the implementation of ``op`` for ``backend`` ("auto", None = env default) on ``device``."""
+    backend = backend or default_backend()
+    impls = _IMPLS.get(op)
+    if not impls:
+        raise KeyError(f"unknown op {op!r}")
+    if backend == "auto":
+        for cand in _PREFERENCE.get(device.type, ("torch",)):
+            entry = impls.get(cand)
+            if entry is not None and entry[1](device):
+                log.debug("op %s: auto-selected backend %s on %s", op, cand, device)
+                return entry[0]
+            log.debug("op %s: backend %s skipped on %s", op, cand, device)
+        return impls["torch"][0]
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
+    entry = impls.get(backend)
+    working = [b for b, (_, ok) in impls.items() if ok(device)]
+    if entry is None:
+        reason = _MISSING_REASON.get(backend, "it has no implementation of this op")
+        raise BackendUnavailableError(
+            f"op {op!r}: backend {backend!r} is unavailable ({reason}); backends that would work on "
+            f"{device.type}: {working}"
+        )
+    if not entry[1](device):
+        raise BackendUnavailableError(
+            f"op {op!r}: backend {backend!r} does not support tensors on {device}; backends that would work: "
+            f"{working}"
+        )
+    return entry[0]

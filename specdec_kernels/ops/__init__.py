@@ -1,0 +1,37 @@
+"""Public entry points of every op: signature, shapes, validation, dispatch. No math here."""
+
+from .sampling import (
+    GumbelTopK,
+    SBSStep,
+    SpecHubDraft,
+    gumbel_topk,
+    is_greedy,
+    process_logits,
+    sample_categorical,
+    sbs_step,
+    spechub_sample,
+)
+from .tree import filter_kv, tree_mask, tree_positions
+from .verify import ChainVerdict, NodeVerdict, TreeVerdict, kseq_gamma, verify_chain, verify_node, verify_tree
+
+__all__ = [
+    "ChainVerdict",
+    "GumbelTopK",
+    "NodeVerdict",
+    "SBSStep",
+    "SpecHubDraft",
+    "TreeVerdict",
+    "filter_kv",
+    "gumbel_topk",
+    "is_greedy",
+    "kseq_gamma",
+    "process_logits",
+    "sample_categorical",
+    "sbs_step",
+    "spechub_sample",
+    "tree_mask",
+    "tree_positions",
+    "verify_chain",
+    "verify_node",
+    "verify_tree",
+]

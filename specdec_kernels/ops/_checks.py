@@ -1,0 +1,158 @@
+"""Validation and noise helpers shared by the public ops (user input -> ValueError/TypeError, never assert)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
+
+
+def check_tensor(name: str, t: object, *, ndim: int | None = None, min_ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if min_ndim is not None and t.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(t.shape)}")
+    return t
+
+
+def check_float(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+
+
+def check_int(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {t.dtype}")
+
+
+def check_bool(name: str, t: torch.Tensor) -> None:
+    if t.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor, got dtype {t.dtype}")
+
+
+def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    devs = {k: v.device for k, v in tensors.items() if v is not None}
+    if len(set(devs.values())) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devs}")
+
+
+def check_logp(name: str, t: torch.Tensor) -> None:
+    """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row."""
+    check_float(name, t)
+    if t.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
+    if torch.isnan(t).any():
+        raise ValueError(f"{name} contains NaN; NaN logits are rejected, fix the model output upstream")
+    if torch.isposinf(t).any():
+        raise ValueError(f"{name} contains +inf; only -inf (masked token) is allowed")
+    if t.numel() and (~torch.isfinite(t)).all(dim=-1).any():
+        raise ValueError(f"{name} has a row where every entry is -inf (no token can be sampled)")
+
+
+def check_probs(name: str, t: torch.Tensor) -> None:
+    """Probability rows: finite, non-negative, each row sums to 1 within 1e-3."""
+    check_float(name, t)
+    if t.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
+    if (t < 0).any():
+        raise ValueError(f"{name} contains negative probabilities")
+    if t.numel():
+        s = t.double().sum(-1)
+        bad = (s - 1).abs() > 1e-3
+        if bad.any():
+            raise ValueError(
+                f"{name} rows must sum to 1 (within 1e-3); got a row summing to {s[bad].flatten()[0].item():.6g}. "
+                "Pass probabilities, e.g. process_logits(...).exp()"
+            )
+
+
+def check_uniform(name: str, t: torch.Tensor, shape: Sequence[int], *, open_low: bool) -> None:
+    check_float(name, t)
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.numel():
+        lo_bad = (t <= 0).any() if open_low else (t < 0).any()
+        if lo_bad or (t >= 1).any() or torch.isnan(t).any():
+            rng = "(0, 1)" if open_low else "[0, 1)"
+            raise ValueError(f"{name} must hold uniforms in {rng}")
+
+
+def make_generator(
+    generator: torch.Generator | None, seed: int | None, device: torch.device
+) -> torch.Generator | None:
+    if generator is not None and seed is not None:
+        raise ValueError("pass either generator= or seed=, not both")
+    if seed is not None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        g = torch.Generator(device=device)
+        g.manual_seed(seed)
+        return g
+    return generator
+
+
+def draw_open_uniform(
+    shape: Sequence[int], generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
+    """float64 uniforms in (0, 1) with 53 random bits (spec §1.4 amendment); 0 is nudged to 2**-60."""
+    u = torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)
+    return u.clamp_min_(2.0**-60)
+
+
+def draw_uniform(shape: Sequence[int], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """float64 uniforms in [0, 1) for acceptance tests."""
+    return torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)
+
+
+def noise_or_draw(
+    name: str,
+    noise: torch.Tensor | None,
+    shape: Sequence[int],
+    generator: torch.Generator | None,
+    seed: int | None,
+    device: torch.device,
+    *,
+    open_low: bool = True,
+) -> torch.Tensor:
+    if noise is not None:
+        check_tensor(name, noise)
+        check_uniform(name, noise, shape, open_low=open_low)
+        if noise.device != device:
+            raise ValueError(f"{name} must be on {device}, got {noise.device}")
+        return noise.to(torch.float64)
+    g = make_generator(generator, seed, device)
+    if open_low:
+        return draw_open_uniform(shape, g, device)
+    return draw_uniform(shape, g, device)
+
+
+def check_method(method: object) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method  # type: ignore[return-value]
+
+
+def eos_tensor(eos_token_id: int | Sequence[int] | torch.Tensor | None, vocab: int) -> torch.Tensor | None:
+    if eos_token_id is None:
+        return None
+    if isinstance(eos_token_id, int):
+        ids = [eos_token_id]
+    elif isinstance(eos_token_id, torch.Tensor):
+        ids = [int(x) for x in eos_token_id.flatten().tolist()]
+    else:
+        ids = [int(x) for x in eos_token_id]
+    for i in ids:
+        if not 0 <= i < vocab:
+            raise ValueError(f"eos_token_id must be token ids in [0, {vocab}), got {i}")
+    return torch.tensor(ids, dtype=torch.long)

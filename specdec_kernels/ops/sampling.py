@@ -1,0 +1,174 @@
+"""Public sampling ops: validate, draw noise when none is given, dispatch (spec §1.3, §2, §4.5)."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .._registry import resolve
+from ._checks import (
+    check_bool,
+    check_float,
+    check_logp,
+    check_same_device,
+    check_shape,
+    check_tensor,
+    noise_or_draw,
+)
+
+GREEDY_TEMPERATURE = 1e-5
+
+
+class GumbelTopK(NamedTuple):
+    tokens: torch.Tensor  # [..., k] int64, -1 where invalid
+    valid: torch.Tensor  # [..., k] bool
+    score: torch.Tensor  # [..., k] float64 perturbed log-probs, descending, -inf where invalid
+
+
+class SBSStep(NamedTuple):
+    parent_slot: torch.Tensor  # [B, Wout] int64 beam slot of the parent, -1 where invalid
+    tokens: torch.Tensor  # [B, Wout] int64
+    sigma: torch.Tensor  # [B, Wout] float64 sequence log-prob
+    gamma: torch.Tensor  # [B, Wout] float64 truncated perturbed score, descending
+    valid: torch.Tensor  # [B, Wout] bool
+
+
+class SpecHubDraft(NamedTuple):
+    tokens: torch.Tensor  # [..., 2] int64 (slot 0, slot 1), -1 where invalid
+    hub: torch.Tensor  # [...] int64 hub token argmax p
+    valid: torch.Tensor  # [..., 2] bool; slot 1 is invalid when p(hub) ~ 1 or p has a single token
+
+
+def is_greedy(temperature: float) -> bool:
+    """True when ``temperature`` selects the greedy path (T < 1e-5, spec §1.3)."""
+    return temperature < GREEDY_TEMPERATURE
+
+
+def process_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, then fp32 log-softmax (spec §1.3).
+
+    Shape: logits [..., V] (any float dtype) -> logp [..., V] float32 with -inf for masked tokens.
+    ``temperature < 1e-5`` is greedy mode: the result is the one-hot log-law of argmax (lowest id on ties).
+    ``top_k = 0`` and ``top_p = 1`` disable the filters. Use the same call for sampling and verification.
+    """
+    check_tensor("logits", logits, min_ndim=1)
+    check_logp("logits", logits)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p!r}")
+    impl = resolve("process_logits", backend, logits.device)
+    return impl(logits, float(temperature), int(top_k), float(top_p))
+
+
+def sample_categorical(
+    logp: torch.Tensor,
+    *,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """One Gumbel-max sample per row (spec §2.1).
+
+    Shape: logp [..., V] -> tokens [...] int64. ``noise`` [..., V]: uniforms in (0, 1) (float64 preferred).
+    """
+    check_tensor("logp", logp, min_ndim=1)
+    check_logp("logp", logp)
+    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
+    return resolve("sample_categorical", backend, logp.device)(logp, u)
+
+
+def gumbel_topk(
+    logp: torch.Tensor,
+    k: int,
+    *,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+) -> GumbelTopK:
+    """Gumbel-top-k: k draws without replacement, in draw order (spec §2.2).
+
+    Shape: logp [..., V] -> tokens/valid/score [..., k]. Candidates with p = 0 (score -inf) or drawn after the
+    remaining mass fell below 1e-7 are invalid (token -1). ``noise`` [..., V] uniforms in (0, 1).
+    """
+    check_tensor("logp", logp, min_ndim=1)
+    check_logp("logp", logp)
+    vocab = logp.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
+        raise ValueError(f"k must be an int in [0, V={vocab}], got {k!r}")
+    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
+    return GumbelTopK(*resolve("gumbel_topk", backend, logp.device)(logp, k, u))
+
+
+def sbs_step(
+    logp: torch.Tensor,
+    sigma: torch.Tensor,
+    gamma: torch.Tensor,
+    beam_valid: torch.Tensor,
+    w_out: int,
+    *,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+) -> SBSStep:
+    """One stochastic-beam-search expansion with truncated Gumbels (spec §2.3).
+
+    Shape: logp [B, Win, V] conditional draft log-probs of the beam entries, sigma/gamma [B, Win] (root: 0, 0),
+    beam_valid [B, Win] bool -> SBSStep fields [B, Wout], sorted by descending gamma. ``noise`` [B, Win, V].
+    """
+    check_tensor("logp", logp, ndim=3)
+    check_float("logp", logp)
+    batch, w_in, vocab = logp.shape
+    for name, t in (("sigma", sigma), ("gamma", gamma), ("beam_valid", beam_valid)):
+        check_tensor(name, t, ndim=2)
+        check_shape(name, t, (batch, w_in))
+    check_float("sigma", sigma)
+    check_float("gamma", gamma)
+    check_bool("beam_valid", beam_valid)
+    check_same_device(logp=logp, sigma=sigma, gamma=gamma, beam_valid=beam_valid)
+    if beam_valid.numel() and not bool(beam_valid.any(dim=-1).all()):
+        raise ValueError("beam_valid must mark at least one valid beam entry per row")
+    live = logp[beam_valid]
+    if live.numel():
+        check_logp("logp (valid beam entries)", live)
+    if bool(torch.isnan(sigma[beam_valid]).any() | torch.isnan(gamma[beam_valid]).any()):
+        raise ValueError("sigma and gamma must not be NaN for valid beam entries")
+    if isinstance(w_out, bool) or not isinstance(w_out, int) or not 1 <= w_out <= w_in * vocab:
+        raise ValueError(f"w_out must be an int in [1, Win*V={w_in * vocab}], got {w_out!r}")
+    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
+    return SBSStep(*resolve("sbs_step", backend, logp.device)(logp, sigma, gamma, beam_valid, w_out, u))
+
+
+def spechub_sample(
+    logp: torch.Tensor,
+    *,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+) -> SpecHubDraft:
+    """SpecHub's two drafts through the hub a = argmax p (spec §4.5).
+
+    Shape: logp [..., V] -> tokens [..., 2], hub [...], valid [..., 2]. Store ``hub`` and pass it to the
+    verifier; never recompute it. ``noise`` [..., V] uniforms in (0, 1).
+    """
+    check_tensor("logp", logp, min_ndim=1)
+    check_logp("logp", logp)
+    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
+    return SpecHubDraft(*resolve("spechub_sample", backend, logp.device)(logp, u))

@@ -1,0 +1,127 @@
+"""Public tree-layout ops: attention mask, position ids, KV-cache filtering (spec §3.2, §3.3, §3.7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._registry import resolve
+from ._checks import check_bool, check_int, check_same_device, check_shape, check_tensor
+from .verify import _check_tree
+
+
+def _lengths(name: str, value: int | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or an int64 tensor [B], got bool")
+    if isinstance(value, int):
+        out = torch.full((batch,), value, dtype=torch.long, device=device)
+    else:
+        check_tensor(name, value, ndim=1)
+        check_int(name, value)
+        check_shape(name, value, (batch,))
+        out = value.to(device=device, dtype=torch.long)
+    if out.numel() and int(out.min()) < 1:
+        raise ValueError(f"{name} must be >= 1 (the root is a committed token), got {out.tolist()}")
+    return out
+
+
+def tree_mask(
+    parent: torch.Tensor,
+    valid: torch.Tensor | None = None,
+    past_len: int = 0,
+    *,
+    past_valid: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """4-D additive attention mask of a tree forward for HF models (spec §3.3).
+
+    Shape: parent [B, N] (level order, node 0 = root), valid [B, N] bool, past_valid [B, past_len] bool
+    (cache slots a row may attend; default all) -> mask [B, 1, N, past_len + N] in ``dtype``: 0 = attend,
+    finfo(dtype).min = blocked. Node i sees the allowed past, its ancestors and itself; padding nodes see
+    only themselves.
+    """
+    check_tensor("parent", parent, ndim=2)
+    check_int("parent", parent)
+    batch, n = parent.shape
+    if valid is None:
+        valid = torch.ones_like(parent, dtype=torch.bool)
+    check_tensor("valid", valid, ndim=2)
+    check_bool("valid", valid)
+    check_shape("valid", valid, parent.shape)
+    if isinstance(past_len, bool) or not isinstance(past_len, int) or past_len < 0:
+        raise ValueError(f"past_len must be an int >= 0, got {past_len!r}")
+    if past_valid is None:
+        past_valid = torch.ones((batch, past_len), dtype=torch.bool, device=parent.device)
+    check_tensor("past_valid", past_valid, ndim=2)
+    check_bool("past_valid", past_valid)
+    check_shape("past_valid", past_valid, (batch, past_len))
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (the model's), got {dtype!r}")
+    check_same_device(parent=parent, valid=valid, past_valid=past_valid)
+    _check_tree(parent, valid)
+    return resolve("tree_mask", backend, parent.device)(parent.long(), valid, past_valid, dtype)
+
+
+def tree_positions(
+    depth: torch.Tensor, prefix_len: int | torch.Tensor, *, backend: str | None = None
+) -> torch.Tensor:
+    """Position ids of tree nodes: P - 1 + depth (spec §3.2); siblings share a position.
+
+    Shape: depth [B, N] ints >= 0 (root depth 0), prefix_len int or [B] = P committed tokens incl. the root
+    -> position_ids [B, N] int64.
+    """
+    check_tensor("depth", depth, ndim=2)
+    check_int("depth", depth)
+    if depth.numel() and int(depth.min()) < 0:
+        raise ValueError("depth must be >= 0")
+    p = _lengths("prefix_len", prefix_len, depth.shape[0], depth.device)
+    return resolve("tree_positions", backend, depth.device)(depth, p)
+
+
+def filter_kv(
+    kv: Sequence[torch.Tensor],
+    prefix_len: int | torch.Tensor,
+    accepted_nodes: torch.Tensor,
+    n_accepted: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Keep the accepted path in per-layer K/V tensors, in place (spec §3.7).
+
+    Shape: kv = tensors [B, H, S, D] (sequence on dim -2) holding the committed prefix at [0, P) (root at P-1)
+    and draft node n at slot P-1+n; prefix_len int or [B] = P; accepted_nodes [B, L] node ids (-1 padded),
+    n_accepted [B]. Slot P-1+accepted_nodes[b, j] is moved to P+j. Returns the new valid lengths P + n_accepted
+    [B]; slots beyond a row's length are stale (truncate or mask them).
+    """
+    if isinstance(kv, torch.Tensor) or not isinstance(kv, Sequence):
+        raise TypeError("kv must be a sequence of [B, H, S, D] tensors (e.g. every layer's keys and values)")
+    check_tensor("accepted_nodes", accepted_nodes, ndim=2)
+    check_int("accepted_nodes", accepted_nodes)
+    check_tensor("n_accepted", n_accepted, ndim=1)
+    check_int("n_accepted", n_accepted)
+    batch, max_len = accepted_nodes.shape
+    check_shape("n_accepted", n_accepted, (batch,))
+    if n_accepted.numel() and (int(n_accepted.min()) < 0 or int(n_accepted.max()) > max_len):
+        raise ValueError(f"n_accepted must be in [0, L={max_len}], got {n_accepted.tolist()}")
+    p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
+    used = torch.arange(max_len, device=accepted_nodes.device)[None, :] < n_accepted[:, None]
+    nodes = accepted_nodes[used]
+    if nodes.numel() and int(nodes.min()) < 1:
+        raise ValueError("accepted_nodes must hold draft node ids >= 1 for the first n_accepted entries of a row")
+    if used.any():
+        j = torch.arange(max_len, device=accepted_nodes.device)[None, :].expand(batch, -1)[used]
+        if bool((nodes <= j).any()):
+            raise ValueError("accepted_nodes[b, j] must be a node of depth j+1 (node id > j); got an impossible id")
+    need = int((p - 1 + accepted_nodes.clamp_min(0).masked_fill(~used, 0).max(dim=1).values).max()) + 1
+    need = max(need, int((p + n_accepted).max()))
+    for i, t in enumerate(kv):
+        check_tensor(f"kv[{i}]", t, ndim=4)
+        if t.shape[0] != batch:
+            raise ValueError(f"kv[{i}] must have batch size {batch}, got shape {tuple(t.shape)}")
+        if t.device != accepted_nodes.device:
+            raise ValueError(f"kv[{i}] must be on {accepted_nodes.device}, got {t.device}")
+        if t.shape[2] < need:
+            raise ValueError(f"kv[{i}] has {t.shape[2]} slots but the accepted nodes need {need}")
+    return resolve("filter_kv", backend, accepted_nodes.device)(list(kv), p, accepted_nodes, n_accepted)

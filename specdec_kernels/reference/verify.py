@@ -1,0 +1,302 @@
+"""Backend "torch": node, chain and tree verifiers (spec §2.4, §3.6, §4.1-§4.5, §8).
+
+Readable loops over rows; every probability vector is computed in ``cd`` = float64 when an input is float64
+(oracle mode) and float32 otherwise. Acceptance tests are division-free and compared in float64:
+``U * s(x) < r(x)``. The uniform ``accept_u[b, j]`` belongs to candidate slot ``j`` (its sibling rank).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._registry import register
+from .sampling import gumbel
+
+NEG_INF = float("-inf")
+
+
+def zero_mass_tol(dtype: torch.dtype) -> float:
+    """Spec §2.4: below this residual mass the residual falls back to the current target."""
+    return 1e-12 if dtype == torch.float64 else 1e-6
+
+
+def residual(r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """res(r, s) = Norm[(r - s)^+], or r itself when the mass is numerically zero (spec §2.4)."""
+    m = (r - s).clamp_min(0.0)
+    tot = m.sum()
+    if tot <= zero_mass_tol(r.dtype):
+        return r
+    return m / tot
+
+
+def ratio_prob(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1)."""
+    if den <= 0:
+        return torch.ones((), dtype=num.dtype) if num > 0 else torch.zeros((), dtype=num.dtype)
+    return torch.clamp(num / den, max=1.0).clamp_min(0.0)
+
+
+def passes(u: torch.Tensor, den: torch.Tensor, num: torch.Tensor) -> bool:
+    return bool(u.double() * den.double() < num.double())
+
+
+def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> int:
+    """Gumbel-max over log(probs); zero entries are -inf and never chosen."""
+    return int(torch.argmax(torch.log(probs.double()) + gumbel(noise)))
+
+
+def kseq_gamma_row(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, float]:
+    """Spec §4.4: smallest g in [1, k] with h(g) >= 0 by 40 fp64 bisection steps (upper bracket)."""
+    p64, q64 = p.double(), q.double()
+
+    def beta(g: float) -> float:
+        return float(torch.minimum(p64, q64 / g).sum())
+
+    def h(g: float) -> float:
+        return float(torch.minimum(g * p64, q64).sum()) - 1.0 + (1.0 - beta(g)) ** k
+
+    if k <= 1 or h(1.0) >= 0.0:
+        return 1.0, beta(1.0)
+    lo, hi = 1.0, float(k)
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if h(mid) >= 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi, beta(hi)
+
+
+@register("kseq_gamma", "torch")
+def kseq_gamma(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    out = [kseq_gamma_row(p[b], q[b], int(k[b])) for b in range(p.shape[0])]
+    gam = torch.tensor([g for g, _ in out], dtype=torch.float64, device=p.device)
+    bet = torch.tensor([be for _, be in out], dtype=torch.float64, device=p.device)
+    return gam, bet
+
+
+def node_chain(
+    method: str,
+    cand: list[int],
+    p: torch.Tensor,
+    q: torch.Tensor,
+    hub: int | None,
+) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The test sequence of one node, independent of the uniforms (spec §2.4 kernel note).
+
+    Returns ``tests`` = [(slot, den, num)] in test order (accept slot iff U[slot] * den < num) and the final
+    residual (normalized) used when every test fails. ``cand`` lists the valid candidate tokens by slot.
+    """
+    tests: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    if method in ("sd", "rrs"):
+        r = q
+        for j, x in enumerate(cand):
+            tests.append((j, p[x], r[x]))
+            r = residual(r, p)
+        return tests, r
+    if method == "rrsw":
+        r, s = q, p
+        for j, x in enumerate(cand):
+            tests.append((j, s[x], r[x]))
+            r = residual(r, s)
+            s = s.clone()
+            s[x] = 0.0
+            tot = s.sum()
+            s = s / tot if tot > 0 else s
+        return tests, r
+    if method == "kseq":
+        g, be = kseq_gamma_row(p, q, len(cand))
+        if be <= 0.0:  # disjoint supports (spec §9.11): nothing can be accepted; sample q directly
+            return [(j, torch.ones((), dtype=p.dtype), torch.zeros((), dtype=p.dtype)) for j in range(len(cand))], q
+        for j, x in enumerate(cand):
+            tests.append((j, g * p[x], q[x]))
+        c = (1.0 - (1.0 - be) ** len(cand)) / be
+        num = (q - c * torch.minimum(p, q / g)).clamp_min(0.0)
+        tot = num.sum()
+        return tests, (q if tot <= zero_mass_tol(q.dtype) else num / tot)
+    if method == "spechub":
+        if len(cand) == 1:
+            return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
+        assert hub is not None
+        a = hub
+        not_a = torch.ones_like(p, dtype=torch.bool)
+        not_a[a] = False
+        pa = p[a]
+        zero = torch.zeros_like(p)
+        a1 = torch.where(not_a, torch.minimum(p, q), zero)
+        q1 = torch.where(not_a, q - a1, zero)
+        r1 = torch.where(not_a, p - a1, zero)
+        qai = torch.where(not_a, pa * p / (1.0 - pa), zero)
+        a2 = torch.minimum(qai, q1)
+        q2 = q1 - a2
+        r2 = qai - a2
+        s_ai, s_ia = r2.sum(), r1.sum()
+        a3 = torch.minimum(q[a], s_ai)
+        a4 = torch.minimum(q[a] - a3, s_ia)
+        fin = q2.clone()
+        fin[a] = (q[a] - a3 - a4).clamp_min(0.0)
+        tot = fin.sum()
+        fin = q if tot <= zero_mass_tol(q.dtype) else fin / tot
+        if cand[0] == a:  # pair type (a, i): the non-hub token (slot 1) is tested first
+            i = cand[1]
+            return [(1, qai[i], q1[i]), (0, s_ai, q[a])], fin
+        i = cand[0]  # pair type (i, a)
+        return [(0, p[i], q[i]), (1, s_ia, q[a] - a3)], fin
+    raise ValueError(f"unknown method {method!r}")
+
+
+@register("verify_node", "torch")
+def verify_node(
+    method: str,
+    cand: torch.Tensor,
+    cand_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    hub: torch.Tensor | None,
+    analytic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Spec §4: one node per row. Returns slot (-1 = none), token, and in analytic mode accept_prob, residual."""
+    cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
+    batch, k = cand.shape
+    slot = torch.full((batch,), -1, dtype=torch.long, device=p.device)
+    token = torch.empty((batch,), dtype=torch.long, device=p.device)
+    accept_prob = torch.zeros((batch, k), dtype=cd, device=p.device) if analytic else None
+    final = torch.empty(p.shape, dtype=cd, device=p.device) if analytic else None
+    for b in range(batch):
+        slots = [j for j in range(k) if cand_valid[b, j]]
+        toks = [int(cand[b, j]) for j in slots]
+        tests, fin = node_chain(method, toks, p[b].to(cd), q[b].to(cd), None if hub is None else int(hub[b]))
+        chosen = -1
+        for j, den, num in tests:
+            real_slot = slots[j]
+            if accept_prob is not None:
+                accept_prob[b, real_slot] = ratio_prob(num, den)
+            if chosen < 0 and passes(accept_u[b, real_slot], den, num):
+                chosen = real_slot
+                if not analytic:
+                    break
+        slot[b] = chosen
+        token[b] = int(cand[b, chosen]) if chosen >= 0 else sample_from(fin, final_noise[b])
+        if final is not None:
+            final[b] = fin
+    return slot, token, accept_prob, final
+
+
+@register("verify_chain", "torch")
+def verify_chain(
+    draft: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    lengths: torch.Tensor,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    greedy: bool,
+    eos: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Spec §4.1 chain SD (greedy: §8). Row b verifies draft[b, :lengths[b]]."""
+    batch = draft.shape[0]
+    n_acc = torch.zeros((batch,), dtype=torch.long, device=draft.device)
+    nxt = torch.empty((batch,), dtype=torch.long, device=draft.device)
+    eos_set = set() if eos is None else {int(e) for e in eos}
+    cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
+    for b in range(batch):
+        out: int | None = None
+        j = 0
+        while j < int(lengths[b]):
+            x = int(draft[b, j])
+            if greedy:
+                ok = x == int(torch.argmax(q[b, j]))
+            else:
+                ok = passes(accept_u[b, j], p[b, j, x], q[b, j, x])
+            if not ok:
+                qj = q[b, j].to(cd)
+                out = int(torch.argmax(qj)) if greedy else sample_from(residual(qj, p[b, j].to(cd)), final_noise[b])
+                break
+            j += 1
+            if x in eos_set:
+                out = -1
+                break
+        if out is None:
+            qb = q[b, j].to(cd)
+            out = int(torch.argmax(qb)) if greedy else sample_from(qb, final_noise[b])
+        n_acc[b] = j
+        nxt[b] = out
+    return n_acc, nxt
+
+
+@register("verify_tree", "torch")
+def verify_tree(
+    tokens: torch.Tensor,
+    parent: torch.Tensor,
+    valid: torch.Tensor,
+    p_rows: torch.Tensor,
+    q_rows: torch.Tensor,
+    method: str,
+    hub: torch.Tensor | None,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    greedy: bool,
+    eos: torch.Tensor | None,
+    max_depth: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Spec §3.6 TreeVerify per row. For ``kseq`` (SpecTr, §5.3) the candidates after an acceptance are the
+    children of every alive chain node that carries the accepted token (chains sharing the prefix)."""
+    batch, n = tokens.shape
+    dev = tokens.device
+    acc_nodes = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
+    acc_rank = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
+    n_acc = torch.zeros((batch,), dtype=torch.long, device=dev)
+    nxt = torch.empty((batch,), dtype=torch.long, device=dev)
+    eos_set = set() if eos is None else {int(e) for e in eos}
+    cd = torch.float64 if torch.float64 in (p_rows.dtype, q_rows.dtype) else torch.float32
+    for b in range(batch):
+        children: list[list[int]] = [[] for _ in range(n)]
+        for m in range(1, n):
+            if valid[b, m]:
+                children[int(parent[b, m])].append(m)
+        alive = [0]
+        path: list[int] = []
+        ranks: list[int] = []
+        out: int | None = None
+        while out is None:
+            rep = alive[0]
+            cands = [c for m in alive for c in children[m]] if method == "kseq" else children[rep]
+            q = q_rows[b, rep].to(cd)
+            if not cands:
+                out = int(torch.argmax(q)) if greedy else sample_from(q, final_noise[b])
+                break
+            toks = [int(tokens[b, c]) for c in cands]
+            if greedy:
+                target = int(torch.argmax(q))
+                chosen = toks.index(target) if target in toks else -1
+                if chosen < 0:
+                    out = target
+            else:
+                h = None if hub is None else int(hub[b, rep])
+                tests, fin = node_chain(method, toks, p_rows[b, rep].to(cd), q, h)
+                chosen = next((j for j, den, num in tests if passes(accept_u[b, rep, j], den, num)), -1)
+                if chosen < 0:
+                    out = sample_from(fin, final_noise[b])
+            if chosen >= 0:
+                child = cands[chosen]
+                path.append(child)
+                ranks.append(chosen)
+                if toks[chosen] in eos_set:
+                    out = -1
+                alive = [c for c in cands if int(tokens[b, c]) == toks[chosen]] if method == "kseq" else [child]
+        # Rebuild the accepted path from the last node's ancestors so that it is parent-consistent even when
+        # SpecTr accepted a token through a duplicate chain (same tokens, same KV).
+        if path:
+            node = path[-1]
+            for d in range(len(path) - 1, -1, -1):
+                path[d] = node
+                node = int(parent[b, node])
+        m_acc = len(path)
+        n_acc[b] = m_acc
+        if m_acc:
+            acc_nodes[b, :m_acc] = torch.tensor(path, dtype=torch.long)
+            acc_rank[b, :m_acc] = torch.tensor(ranks, dtype=torch.long)
+        nxt[b] = out
+    return acc_nodes, n_acc, nxt, acc_rank
