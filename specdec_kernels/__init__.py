@@ -4,8 +4,8 @@ Backends: ``torch`` (reference, always available), ``cpu`` (C++ extension), ``tr
 backends that fail to load are skipped by ``backend="auto"`` and reported when requested explicitly.
 """
 
-from . import reference as _reference  # noqa: F401  (registers the torch backend)
 from . import native as _native  # noqa: F401  (registers cpu/cuda when the extension is built)
+from . import reference as _reference  # noqa: F401  (registers the torch backend)
 from ._registry import BACKENDS, BackendUnavailableError, available_backends
 from .ops import (
     ChainVerdict,

@@ -99,7 +99,6 @@ def resolve(op: str, backend: str | None, device: torch.device) -> Callable[...,
         )
     if not entry[1](device):
         raise BackendUnavailableError(
-            f"op {op!r}: backend {backend!r} does not support tensors on {device}; backends that would work: "
-            f"{working}"
+            f"op {op!r}: backend {backend!r} does not support tensors on {device}; backends that would work: {working}"
         )
     return entry[0]

@@ -88,9 +88,7 @@ def check_uniform(name: str, t: torch.Tensor, shape: Sequence[int], *, open_low:
             raise ValueError(f"{name} must hold uniforms in {rng}")
 
 
-def make_generator(
-    generator: torch.Generator | None, seed: int | None, device: torch.device
-) -> torch.Generator | None:
+def make_generator(generator: torch.Generator | None, seed: int | None, device: torch.device) -> torch.Generator | None:
     if generator is not None and seed is not None:
         raise ValueError("pass either generator= or seed=, not both")
     if seed is not None:
@@ -102,9 +100,7 @@ def make_generator(
     return generator
 
 
-def draw_open_uniform(
-    shape: Sequence[int], generator: torch.Generator | None, device: torch.device
-) -> torch.Tensor:
+def draw_open_uniform(shape: Sequence[int], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """float64 uniforms in (0, 1) with 53 random bits (spec §1.4 amendment); 0 is nudged to 2**-60."""
     u = torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)
     return u.clamp_min_(2.0**-60)

@@ -64,9 +64,7 @@ def tree_mask(
     return resolve("tree_mask", backend, parent.device)(parent.long(), valid, past_valid, dtype)
 
 
-def tree_positions(
-    depth: torch.Tensor, prefix_len: int | torch.Tensor, *, backend: str | None = None
-) -> torch.Tensor:
+def tree_positions(depth: torch.Tensor, prefix_len: int | torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
     """Position ids of tree nodes: P - 1 + depth (spec §3.2); siblings share a position.
 
     Shape: depth [B, N] ints >= 0 (root depth 0), prefix_len int or [B] = P committed tokens incl. the root

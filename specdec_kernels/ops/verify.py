@@ -156,8 +156,7 @@ def _check_distinct(name: str, cand: torch.Tensor, cand_valid: torch.Tensor) -> 
     same &= ~torch.eye(rows.shape[-1], dtype=torch.bool, device=rows.device)
     if bool(same.any()):
         raise ValueError(
-            f"{name}: method 'rrsw' needs distinct sibling candidates (drafted without replacement), "
-            "found a duplicate"
+            f"{name}: method 'rrsw' needs distinct sibling candidates (drafted without replacement), found a duplicate"
         )
 
 
@@ -255,9 +254,7 @@ def _check_tree(parent: torch.Tensor, valid: torch.Tensor) -> None:
     masked = torch.where(live, par, torch.full_like(par, -1))
     running = torch.cummax(masked, dim=1).values
     if bool((live & (par < running)).any()):
-        raise ValueError(
-            "valid nodes must be in level order and grouped by parent (parents non-decreasing, spec §3.1)"
-        )
+        raise ValueError("valid nodes must be in level order and grouped by parent (parents non-decreasing, spec §3.1)")
 
 
 def verify_tree(
@@ -359,11 +356,17 @@ def verify_tree(
     if accept_u is not None:
         check_tensor("accept_u", accept_u, ndim=3)
         if accept_u.shape[:2] != (batch, n) or accept_u.shape[2] < kmax:
-            raise ValueError(f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), "
-                             f"got {tuple(accept_u.shape)}")
+            raise ValueError(
+                f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
+            )
     u = noise_or_draw(
-        "accept_u", accept_u, (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2]),
-        generator, seed, q_rows.device, open_low=False,
+        "accept_u",
+        accept_u,
+        (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2]),
+        generator,
+        seed,
+        q_rows.device,
+        open_low=False,
     )
     fin = noise_or_draw(
         "final_noise", final_noise, (batch, vocab), generator, None if generator else seed, q_rows.device

@@ -58,9 +58,7 @@ def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
 
 @register("gumbel_topk", "torch")
-def gumbel_topk(
-    logp: torch.Tensor, k: int, noise: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §2.2: the k largest perturbed log-probs, descending = a sequential draw without replacement."""
     scores = logp.double() + gumbel(noise)
     sorted_s, order = torch.sort(scores, dim=-1, descending=True, stable=True)

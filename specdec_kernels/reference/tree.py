@@ -22,9 +22,7 @@ def ancestor_matrix(parent: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 @register("tree_mask", "torch")
-def tree_mask(
-    parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
+def tree_mask(parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [B, 1, N, P_kv + N]: 0 where attention is allowed, finfo(dtype).min elsewhere."""
     anc = ancestor_matrix(parent, valid)
     past = past_valid[:, None, :] & valid[:, :, None]  # padding nodes see only themselves
