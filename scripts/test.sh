@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install everything, then run lint and the default test suite (what CI runs; < 20 min on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+ruff check . && ruff format --check .
+python -m pytest -m "not slow" -q "$@"
