@@ -20,6 +20,7 @@ from ._checks import (
     check_shape,
     check_tensor,
     eos_tensor,
+    make_generator,
     noise_or_draw,
 )
 
@@ -144,8 +145,11 @@ def verify_node(
             raise ValueError("spechub nodes need a valid slot-0 candidate")
     elif hub is not None:
         raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
-    u = noise_or_draw("accept_u", accept_u, (batch, k), generator, seed, p.device, open_low=False)
-    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), generator, None if generator else seed, p.device)
+    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
+    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
+    gen = make_generator(generator, seed, p.device)
+    u = noise_or_draw("accept_u", accept_u, (batch, k), gen, None, p.device, open_low=False)
+    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, p.device)
     impl = resolve("verify_node", backend, p.device)
     return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, bool(analytic)))
 
@@ -219,8 +223,11 @@ def verify_chain(
         check_probs("p (rows in use)", p[in_use])
         check_probs("q (rows in use)", q[q_use])
         _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
-    u = noise_or_draw("accept_u", accept_u, (batch, length), generator, seed, q.device, open_low=False)
-    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), generator, None if generator else seed, q.device)
+    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
+    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
+    gen = make_generator(generator, seed, q.device)
+    u = noise_or_draw("accept_u", accept_u, (batch, length), gen, None, q.device, open_low=False)
+    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, q.device)
     eos = eos_tensor(eos_token_id, vocab)
     impl = resolve("verify_chain", backend, q.device)
     return ChainVerdict(*impl(draft, p, q, lens, u, fin, bool(greedy), eos))
@@ -359,18 +366,19 @@ def verify_tree(
             raise ValueError(
                 f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
             )
+    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
+    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
+    gen = make_generator(generator, seed, q_rows.device)
     u = noise_or_draw(
         "accept_u",
         accept_u,
         (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2]),
-        generator,
-        seed,
+        gen,
+        None,
         q_rows.device,
         open_low=False,
     )
-    fin = noise_or_draw(
-        "final_noise", final_noise, (batch, vocab), generator, None if generator else seed, q_rows.device
-    )
+    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, q_rows.device)
     eos = eos_tensor(eos_token_id, vocab)
     max_depth = int(depth_from_parents(par).masked_fill(~valid, 0).max())
     impl = resolve("verify_tree", backend, q_rows.device)
