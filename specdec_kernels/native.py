@@ -1,10 +1,14 @@
 """Backends "cpu"/"cuda": thin wrappers over ``torch.ops.specdec.*`` from the compiled extension.
 
 The extension is optional: when it is missing, the backends are recorded as unavailable with the reason, and
-``backend="auto"`` falls back to ``torch``.
+``backend="auto"`` falls back to ``torch``. Each wrapper takes exactly the arguments of the reference function of
+the same name (``specdec_kernels.reference``) and only adapts dtypes/layout; the schemas live in
+``csrc/torch_bindings.cpp``. Fake (meta) implementations make the ops traceable (``torch.compile``, opcheck).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -19,21 +23,48 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     mark_missing("cpu", f"C++ extension not built: {exc}; run `pip install --no-build-isolation -e .`")
 mark_missing("cuda", "no CUDA build of the extension on this machine")
 
+#: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
+CPU_OPS = ("tree_positions", "tree_mask", "filter_kv")
+
 
 def _on_cpu(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
 if HAVE_CPU:
+    ops = torch.ops.specdec
+
+    # ---- tree layout (spec §3.2, §3.3, §3.7) ----
 
     @register("tree_positions", "cpu", supports=_on_cpu)
     def tree_positions(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
-        return torch.ops.specdec.tree_positions(depth.long().contiguous(), prefix_len.long().contiguous())
+        return ops.tree_positions(depth, prefix_len)
 
     @register("tree_mask", "cpu", supports=_on_cpu)
     def tree_mask(
         parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tensor, dtype: torch.dtype
     ) -> torch.Tensor:
-        return torch.ops.specdec.tree_mask(
-            parent.long().contiguous(), valid.contiguous(), past_valid.contiguous(), dtype
-        )
+        return ops.tree_mask(parent, valid, past_valid, dtype)
+
+    @register("filter_kv", "cpu", supports=_on_cpu)
+    def filter_kv(
+        kv: Sequence[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
+    ) -> torch.Tensor:
+        return ops.filter_kv(list(kv), prefix_len, accepted_nodes, n_accepted)
+
+    @torch.library.register_fake("specdec::tree_positions")
+    def _tree_positions_fake(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
+        return depth.new_empty(depth.shape, dtype=torch.long)
+
+    @torch.library.register_fake("specdec::tree_mask")
+    def _tree_mask_fake(
+        parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        batch, n = parent.shape
+        return parent.new_empty((batch, 1, n, past_valid.shape[1] + n), dtype=dtype)
+
+    @torch.library.register_fake("specdec::filter_kv")
+    def _filter_kv_fake(
+        kv: list[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
+    ) -> torch.Tensor:
+        return prefix_len.new_empty(prefix_len.shape, dtype=torch.long)

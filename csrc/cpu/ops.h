@@ -1,0 +1,19 @@
+// CPU adapters: tensors in, raw pointers to the kernels of csrc/include/specdec, tensors out.
+// Argument order and meaning follow specdec_kernels/reference (the contract); registered in torch_bindings.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+
+namespace specdec::cpu {
+
+// tree.cpp (spec §3.2, §3.3, §3.7)
+at::Tensor tree_positions(const at::Tensor& depth, const at::Tensor& prefix_len);
+at::Tensor tree_mask(const at::Tensor& parent, const at::Tensor& valid, const at::Tensor& past_valid,
+                     at::ScalarType dtype);
+at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::Tensor& accepted_nodes,
+                     const at::Tensor& n_accepted);
+
+}  // namespace specdec::cpu

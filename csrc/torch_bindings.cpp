@@ -1,0 +1,29 @@
+// torch.ops.specdec: every schema declared once; CPU implementations registered per dispatch key.
+// Only torch/library.h + ATen core headers (torch/extension.h would cost ~50 s per compile).
+#include <Python.h>
+#include <torch/library.h>
+
+#include "cpu/ops.h"
+
+// `from specdec_kernels import _C` loads this shared object, which runs the TORCH_LIBRARY static initialisers
+// below; the module itself has no Python methods (the ops live under torch.ops.specdec).
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "specdec C++ ops (see torch.ops.specdec)", -1,
+                                   nullptr};
+  return PyModule_Create(&module_def);
+}
+
+TORCH_LIBRARY(specdec, m) {
+  // spec §3.2: depth [B, N], prefix_len [B] -> position ids [B, N]
+  m.def("tree_positions(Tensor depth, Tensor prefix_len) -> Tensor");
+  // spec §3.3: parent [B, N], valid [B, N], past_valid [B, P_kv] -> additive mask [B, 1, N, P_kv + N]
+  m.def("tree_mask(Tensor parent, Tensor valid, Tensor past_valid, ScalarType dtype) -> Tensor");
+  // spec §3.7: in place on every [B, H, S, D] tensor of kv; returns the new lengths [B]
+  m.def("filter_kv(Tensor(a!)[] kv, Tensor prefix_len, Tensor accepted_nodes, Tensor n_accepted) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("tree_positions", &specdec::cpu::tree_positions);
+  m.impl("tree_mask", &specdec::cpu::tree_mask);
+  m.impl("filter_kv", &specdec::cpu::filter_kv);
+}

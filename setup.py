@@ -1,0 +1,110 @@
+"""Build of specdec_kernels (ops) and specdec (driver, source in python_api/).
+
+Install with ``pip install --no-build-isolation -e .`` after torch: the C++ extensions are compiled against the
+torch that is already installed, so torch is deliberately not a build requirement.
+
+* ``specdec_kernels._C`` (C++ CPU ops, OpenMP) is always built when torch is importable.
+* A CUDA extension is built only when torch has CUDA (``torch.version.cuda is not None``), nvcc exists and there
+  are CUDA sources; ``SPECDEC_BUILD_CUDA=0/1`` overrides the detection. CPU-only torch forces CUDA_HOME to None
+  inside cpp_extension, so asking for CUDA there would fail at setup time.
+* ``SPECDEC_NO_NATIVE=1`` drops ``-march=native`` (portable binaries, e.g. wheels built for other machines).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _rel(pattern: str) -> list[str]:
+    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+
+
+def _flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _want_cuda(torch_cuda: str | None) -> bool:
+    forced = _flag("SPECDEC_BUILD_CUDA")
+    if forced is not None:
+        return forced
+    return torch_cuda is not None and shutil.which("nvcc") is not None
+
+
+def _extensions() -> tuple[list, dict]:
+    try:
+        import torch
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        print("specdec setup: torch is not importable, building without the C++ extension", file=sys.stderr)
+        return [], {}
+
+    include = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
+    # -ffp-contract=off: no silent FMA contraction, so the C++ float arithmetic rounds like torch's unfused ops
+    # and backends make identical decisions on identical noise.
+    cxx = ["-O3", "-fopenmp", "-ffp-contract=off"]
+    if not _flag("SPECDEC_NO_NATIVE"):
+        cxx.append("-march=native")
+    headers = _rel("csrc/include/specdec/*.h") + _rel("csrc/cpu/*.h")
+    exts = [
+        CppExtension(
+            name="specdec_kernels._C",
+            sources=["csrc/torch_bindings.cpp", *_rel("csrc/cpu/*.cpp")],
+            include_dirs=include,
+            depends=headers,
+            extra_compile_args={"cxx": cxx},
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+    cuda_sources = _rel("csrc/cuda/*.cu") + _rel("csrc/cuda/*.cpp")
+    if _want_cuda(torch.version.cuda):
+        if torch.version.cuda is None:
+            raise RuntimeError("SPECDEC_BUILD_CUDA=1 but the installed torch has no CUDA support")
+        if not any(s.endswith(".cu") for s in cuda_sources):
+            print("specdec setup: no CUDA sources under csrc/cuda, skipping the CUDA extension", file=sys.stderr)
+        else:
+            from torch.utils.cpp_extension import CUDAExtension
+
+            exts.append(
+                CUDAExtension(
+                    name="specdec_kernels._C_cuda",
+                    sources=cuda_sources,
+                    include_dirs=include,
+                    depends=headers + _rel("csrc/cuda/*.cuh"),
+                    extra_compile_args={"cxx": cxx, "nvcc": ["-O3"]},
+                )
+            )
+    return exts, {"build_ext": BuildExtension}
+
+
+ext_modules, cmdclass = _extensions()
+
+extras_require: dict[str, list[str]] = {
+    "test": ["pytest", "hypothesis", "ruff"],
+}
+
+setup(
+    name="specdec_kernels",
+    version="0.1.0",
+    description="Exact speculative decoding ops (sampling, tree layout, verification) and a HuggingFace driver",
+    python_requires=">=3.10",
+    packages=[
+        *find_packages(include=["specdec_kernels", "specdec_kernels.*"]),
+        *find_packages(where="python_api", include=["specdec", "specdec.*"]),
+    ],
+    package_dir={"specdec": "python_api/specdec"},
+    install_requires=["torch", "numpy", "scipy"],
+    extras_require=extras_require,
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    zip_safe=False,
+)

@@ -1,0 +1,82 @@
+"""Shared helpers of the cpu-vs-torch parity tests: skip marker, tree and noise generators, float budgets.
+
+Float budgets (DESIGN.md §7.7): integer outputs (tokens, slots, counts, masks of kept tokens) must be identical;
+float outputs are compared against the reference with a per-dtype budget that reflects how both were computed:
+
+* fp32 log-probs (process_logits): both backends compute a fp32 log-softmax with different summation orders and
+  exp/log implementations, so each entry may differ by a few fp32 ulps of max(1, |value|): budget 4e-6 absolute
+  + 4e-6 relative (about 32 ulps); -inf entries must coincide exactly.
+* float64 Gumbel scores (gumbel_topk): logp + (-log(-log u)) in double with libm vs SLEEF logs (<= 1 ulp each):
+  budget 1e-13 relative.
+* copies (filter_kv, tree_mask): bitwise equal.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec_kernels import native
+
+requires_cpu_ext = pytest.mark.skipif(
+    not native.HAVE_CPU,
+    reason="specdec_kernels._C is not built (run `pip install --no-build-isolation -e .`); cpu backend absent",
+)
+
+VOCABS = (7, 111, 32000, 49152, 128256)
+
+
+def rows_for(vocab: int) -> int:
+    """Few rows for the big vocabularies so that each case stays in the tens of milliseconds."""
+    return 2 if vocab > 20000 else 9
+
+
+def random_tree(n_valid: int, rng: random.Random) -> list[int]:
+    """A random level-order tree with n_valid nodes (parents non-decreasing, siblings contiguous)."""
+    parents = [-1]
+    level = [0]
+    while len(parents) < n_valid:
+        size = min(n_valid - len(parents), rng.randint(1, 4))
+        chosen = sorted(rng.choice(level) for _ in range(size))
+        start = len(parents)
+        parents.extend(chosen)
+        level = list(range(start, len(parents)))
+    return parents
+
+
+def ragged_trees(batch: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """parent [B, N], valid [B, N]: ragged rows, padding nodes (parent 0) at random positions after the root."""
+    rng = random.Random(seed)
+    parent = torch.zeros((batch, n), dtype=torch.long)
+    valid = torch.zeros((batch, n), dtype=torch.bool)
+    for b in range(batch):
+        n_valid = rng.randint(1, n)
+        tree = random_tree(n_valid, rng)
+        slots = [0] + sorted(rng.sample(range(1, n), n_valid - 1)) if n > 1 else [0]
+        for old, new in enumerate(slots):
+            parent[b, new] = -1 if old == 0 else slots[tree[old]]
+            valid[b, new] = True
+    return parent, valid
+
+
+def depth_of(parent: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    depth = torch.zeros_like(parent)
+    for i in range(1, parent.shape[1]):
+        par = parent[:, i].clamp_min(0)
+        depth[:, i] = torch.where(valid[:, i], depth.gather(1, par[:, None]).squeeze(1) + 1, 0)
+    return depth
+
+
+def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)
+
+
+def assert_logp_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """fp32 log-prob budget (module docstring): same -inf pattern, finite entries within 4e-6 abs + 4e-6 rel."""
+    assert out.dtype == ref.dtype == torch.float32
+    assert torch.equal(torch.isneginf(out), torch.isneginf(ref)), "masked (-inf) tokens differ"
+    fin = torch.isfinite(ref)
+    torch.testing.assert_close(out[fin], ref[fin], rtol=4e-6, atol=4e-6)
