@@ -1,0 +1,872 @@
+"""Backend "triton": @triton.jit kernels and their launchers.
+
+Every kernel runs one program per row and loops over the vocabulary in chunks of ``BLOCK`` entries, so the
+same code serves any V. Noise arrives as float64 uniforms; Gumbel scores are formed in float64 from fp32
+log-probs exactly as in the reference, and argmax ties break to the lowest index (``tie_break_left`` within a
+chunk, strict ``>`` across chunks). On CPU tensors the kernels only run under ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+ZERO_MASS_TOL = tl.constexpr(1e-6)  # spec §2.4 fp32 rule, same as the reference for fp32 inputs
+SWOR_MASS_EPS = tl.constexpr(1e-7)  # spec §2.2
+
+
+def _block(vocab: int) -> int:
+    return max(16, min(BLOCK, triton.next_power_of_2(vocab)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shared device helpers
+
+
+@triton.jit
+def _gumbel(u):
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """argmax_v of x[v] (+ Gumbel(noise[v])) with x = row (log-probs) or log(row) (probabilities), in float64.
+
+    Shape: row_ptr -> [V] fp32, noise_ptr -> [V] fp64 uniforms in (0, 1)."""
+    best_val = tl.full((), float("-inf"), tl.float64)
+    best_idx = tl.full((), 0, tl.int64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        x = tl.load(row_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        if LOG_INPUT:
+            s = x
+        else:
+            s = tl.where(x > 0, tl.log(x), float("-inf"))
+        if USE_NOISE:
+            u = tl.load(noise_ptr + offs, mask=m, other=0.5)
+            s = s + _gumbel(u)
+        s = tl.where(m, s, float("-inf"))
+        cmax = tl.max(s, axis=0)
+        cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
+        better = cmax > best_val
+        best_idx = tl.where(better, cidx, best_idx)
+        best_val = tl.where(better, cmax, best_val)
+    return best_idx
+
+
+@triton.jit
+def _sample_residual(q_ptr, s_ptr, scale, noise_ptr, V, BLOCK_V: tl.constexpr):
+    """Sample Norm[(q - scale*s)^+] by Gumbel-max; falls back to q when the mass is numerically zero (§2.4).
+
+    Shape: q_ptr, s_ptr -> [V] fp32 probabilities; noise_ptr -> [V] fp64."""
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        q = tl.load(q_ptr + offs, mask=m, other=0.0)
+        s = tl.load(s_ptr + offs, mask=m, other=0.0)
+        tot += tl.sum(tl.maximum(q - scale * s, 0.0), axis=0)
+    best_val = tl.full((), float("-inf"), tl.float64)
+    best_idx = tl.full((), 0, tl.int64)
+    use_q = tot <= ZERO_MASS_TOL
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        q = tl.load(q_ptr + offs, mask=m, other=0.0)
+        s = tl.load(s_ptr + offs, mask=m, other=0.0)
+        r = tl.where(use_q, q, tl.maximum(q - scale * s, 0.0) / tot)
+        u = tl.load(noise_ptr + offs, mask=m, other=0.5)
+        sc = tl.where(r > 0, tl.log(r.to(tl.float64)), float("-inf")) + _gumbel(u)
+        sc = tl.where(m, sc, float("-inf"))
+        cmax = tl.max(sc, axis=0)
+        cidx = tl.argmax(sc, axis=0, tie_break_left=True).to(tl.int64) + start
+        better = cmax > best_val
+        best_idx = tl.where(better, cidx, best_idx)
+        best_val = tl.where(better, cmax, best_val)
+    return best_idx
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sample_categorical / gumbel_topk
+
+
+@triton.jit
+def _sample_categorical_kernel(
+    logp_ptr,  # [R, V] fp32
+    noise_ptr,  # [R, V] fp64
+    out_ptr,  # [R] int64
+    V,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    idx = _argmax_chunked(logp_ptr + row * V, noise_ptr + row * V, V, True, True, BLOCK_V)
+    tl.store(out_ptr + row, idx)
+
+
+def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    vocab = logp.shape[-1]
+    lp = logp.float().reshape(-1, vocab).contiguous()
+    u = noise.reshape(-1, vocab).contiguous()
+    out = torch.empty(lp.shape[0], dtype=torch.long, device=lp.device)
+    if lp.shape[0]:
+        _sample_categorical_kernel[(lp.shape[0],)](lp, u, out, vocab, BLOCK_V=_block(vocab))
+    return out.reshape(logp.shape[:-1])
+
+
+@triton.jit
+def _gumbel_topk_kernel(
+    logp_ptr,  # [R, V] fp32
+    noise_ptr,  # [R, V] fp64
+    tok_ptr,  # [R, K] int64
+    valid_ptr,  # [R, K] int8
+    score_ptr,  # [R, K] fp64
+    V,
+    K,
+    BLOCK_V: tl.constexpr,
+):
+    """k passes; pass j takes the largest (score desc, index asc) strictly after the previous pick."""
+    row = tl.program_id(0).to(tl.int64)
+    prev_s = tl.full((), float("inf"), tl.float64)
+    prev_i = tl.full((), -1, tl.int64)
+    mass = tl.zeros((), tl.float64)
+    for j in range(0, K):
+        best_val = tl.full((), float("-inf"), tl.float64)
+        best_idx = tl.full((), 0, tl.int64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            lp = tl.load(logp_ptr + row * V + offs, mask=m, other=float("-inf")).to(tl.float64)
+            u = tl.load(noise_ptr + row * V + offs, mask=m, other=0.5)
+            s = lp + _gumbel(u)
+            after = (s < prev_s) | ((s == prev_s) & (offs > prev_i))
+            s = tl.where(m & after, s, float("-inf"))
+            cmax = tl.max(s, axis=0)
+            cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
+            better = cmax > best_val
+            best_idx = tl.where(better, cidx, best_idx)
+            best_val = tl.where(better, cmax, best_val)
+        finite = best_val > float("-inf")
+        ok = finite & ((1.0 - mass) > SWOR_MASS_EPS)
+        p_sel = tl.exp(tl.load(logp_ptr + row * V + best_idx).to(tl.float64))
+        mass += tl.where(finite, p_sel, 0.0)
+        tl.store(tok_ptr + row * K + j, tl.where(ok, best_idx, -1))
+        tl.store(valid_ptr + row * K + j, ok.to(tl.int8))
+        tl.store(score_ptr + row * K + j, tl.where(ok, best_val, float("-inf")))
+        prev_s = best_val
+        prev_i = best_idx
+
+
+def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    vocab = logp.shape[-1]
+    lp = logp.float().reshape(-1, vocab).contiguous()
+    u = noise.reshape(-1, vocab).contiguous()
+    rows = lp.shape[0]
+    tok = torch.empty((rows, k), dtype=torch.long, device=lp.device)
+    valid = torch.empty((rows, k), dtype=torch.int8, device=lp.device)
+    score = torch.empty((rows, k), dtype=torch.float64, device=lp.device)
+    if rows and k:
+        _gumbel_topk_kernel[(rows,)](lp, u, tok, valid, score, vocab, k, BLOCK_V=_block(vocab))
+    shape = (*logp.shape[:-1], k)
+    return tok.reshape(shape), valid.bool().reshape(shape), score.reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tree layout
+
+
+@triton.jit
+def _tree_positions_kernel(
+    depth_ptr,  # [B, N] int64
+    plen_ptr,  # [B] int64
+    out_ptr,  # [B, N] int64
+    N,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    p = tl.load(plen_ptr + b)
+    for start in range(0, N, BLOCK_N):
+        offs = start + tl.arange(0, BLOCK_N)
+        m = offs < N
+        d = tl.load(depth_ptr + b * N + offs, mask=m, other=0)
+        tl.store(out_ptr + b * N + offs, p - 1 + d, mask=m)
+
+
+def tree_positions(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
+    d = depth.long().contiguous()
+    out = torch.empty_like(d)
+    batch, n = d.shape
+    if batch and n:
+        _tree_positions_kernel[(batch,)](d, prefix_len.long().contiguous(), out, n, BLOCK_N=_block(n))
+    return out
+
+
+@triton.jit
+def _tree_mask_kernel(
+    parent_ptr,  # [B, N] int64
+    valid_ptr,  # [B, N] int8
+    past_ptr,  # [B, P] int8
+    out_ptr,  # [B, N, P + N] int8 (1 = attend), zero-initialised
+    N,
+    P,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1).to(tl.int64)
+    width = P + N
+    row_valid = tl.load(valid_ptr + b * N + i) != 0
+    base = out_ptr + (b * N + i) * width
+    for start in range(0, P, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < P
+        pv = tl.load(past_ptr + b * P + offs, mask=m, other=0)
+        tl.store(base + offs, ((pv != 0) & row_valid).to(tl.int8), mask=m)
+    tl.store(base + P + i, tl.full((), 1, tl.int8))
+    cur = tl.where(row_valid & (i > 0), tl.load(parent_ptr + b * N + i), -1)
+    while cur >= 0:  # walk the ancestors up to the root (parent[0] = -1)
+        tl.store(base + P + cur, tl.full((), 1, tl.int8))
+        cur = tl.load(parent_ptr + b * N + cur)
+
+
+def tree_mask(parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    batch, n = parent.shape
+    past = past_valid.shape[1]
+    allowed = torch.zeros((batch, n, past + n), dtype=torch.int8, device=parent.device)
+    if batch and n:
+        _tree_mask_kernel[(batch, n)](
+            parent.long().contiguous(),
+            valid.to(torch.int8).contiguous(),
+            past_valid.to(torch.int8).contiguous(),
+            allowed,
+            n,
+            past,
+            BLOCK=_block(max(past, 1)),
+        )
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=parent.device)
+    mask.masked_fill_(allowed == 0, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# verify_chain
+
+
+@triton.jit
+def _is_eos(x, eos_ptr, n_eos):
+    hit = x < 0  # always false: token ids are >= 0
+    for e in range(0, n_eos):
+        hit = hit | (x == tl.load(eos_ptr + e))
+    return hit
+
+
+@triton.jit
+def _verify_chain_kernel(
+    draft_ptr,  # [B, L] int64
+    p_ptr,  # [B, L, V] fp32 (unused when GREEDY)
+    q_ptr,  # [B, L+1, V] fp32
+    len_ptr,  # [B] int64
+    u_ptr,  # [B, L] fp64
+    fin_ptr,  # [B, V] fp64
+    eos_ptr,  # [n_eos] int64
+    n_eos,
+    nacc_ptr,  # [B] int64
+    next_ptr,  # [B] int64
+    L,
+    V,
+    GREEDY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    n = tl.load(len_ptr + b)
+    j = tl.zeros((), tl.int64)
+    state = tl.zeros((), tl.int32)  # 0 running, 1 rejected at j, 2 stopped at EOS
+    while (state == 0) & (j < n):
+        x = tl.load(draft_ptr + b * L + j)
+        q_row = q_ptr + (b * (L + 1) + j) * V
+        if GREEDY:
+            ok = x == _argmax_chunked(q_row, fin_ptr, V, False, True, BLOCK_V)
+        else:
+            px = tl.load(p_ptr + (b * L + j) * V + x).to(tl.float64)
+            qx = tl.load(q_row + x).to(tl.float64)
+            ok = tl.load(u_ptr + b * L + j) * px < qx
+        if ok:
+            j += 1
+            if _is_eos(x, eos_ptr, n_eos):
+                state = 2
+        else:
+            state = 1
+    q_row = q_ptr + (b * (L + 1) + j) * V
+    if state == 2:
+        nxt = tl.full((), -1, tl.int64)
+    elif state == 1:
+        if GREEDY:
+            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+        else:
+            nxt = _sample_residual(q_row, p_ptr + (b * L + j) * V, 1.0, fin_ptr + b * V, V, BLOCK_V)
+    else:
+        if GREEDY:
+            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+        else:
+            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, True, False, BLOCK_V)
+    tl.store(nacc_ptr + b, j)
+    tl.store(next_ptr + b, nxt)
+
+
+def verify_chain(
+    draft: torch.Tensor,
+    p: torch.Tensor | None,
+    q: torch.Tensor,
+    lengths: torch.Tensor,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    greedy: bool,
+    eos: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, length = draft.shape
+    vocab = q.shape[-1]
+    dev = draft.device
+    qf = q.float().contiguous()
+    pf = qf if p is None else p.float().contiguous()
+    eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
+    n_acc = torch.empty(batch, dtype=torch.long, device=dev)
+    nxt = torch.empty(batch, dtype=torch.long, device=dev)
+    if batch:
+        _verify_chain_kernel[(batch,)](
+            draft.long().contiguous(),
+            pf,
+            qf,
+            lengths.long().contiguous(),
+            accept_u.contiguous(),
+            final_noise.contiguous(),
+            eos_t if eos_t.numel() else n_acc,  # any valid pointer when there is no EOS
+            eos_t.numel(),
+            n_acc,
+            nxt,
+            length,
+            vocab,
+            GREEDY=bool(greedy),
+            BLOCK_V=_block(vocab),
+        )
+    return n_acc, nxt
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# node verifiers (spec §4): one row's candidate chain, shared by verify_node and verify_tree
+
+M_RRS = 0  # sd and rrs: residual against the same p every round
+M_RRSW = 1
+M_KSEQ = 2
+M_SPECHUB = 3
+METHOD_CODE = {"sd": M_RRS, "rrs": M_RRS, "rrsw": M_RRSW, "kseq": M_KSEQ, "spechub": M_SPECHUB}
+
+
+@triton.jit
+def _ratio_prob(num, den):
+    """min(1, num/den) = probability of the division-free test U * den < num."""
+    return tl.where(
+        den > 0, tl.minimum(tl.maximum(num / tl.where(den > 0, den, 1.0), 0.0), 1.0), tl.where(num > 0, 1.0, 0.0)
+    )
+
+
+@triton.jit
+def _copy_row(src_ptr, dst_ptr, V, BLOCK_V: tl.constexpr):
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=m, other=0.0).to(tl.float32), mask=m)
+
+
+@triton.jit
+def _residual_inplace(r_ptr, s_ptr, V, BLOCK_V: tl.constexpr):
+    """r <- Norm[(r - s)^+] in place, or r unchanged when the mass is numerically zero (spec §2.4)."""
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        r = tl.load(r_ptr + offs, mask=m, other=0.0)
+        s = tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tot += tl.sum(tl.maximum(r - s, 0.0), axis=0)
+    if tot > ZERO_MASS_TOL:
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            r = tl.load(r_ptr + offs, mask=m, other=0.0)
+            s = tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(r_ptr + offs, tl.maximum(r - s, 0.0) / tot, mask=m)
+
+
+@triton.jit
+def _remove_and_renormalize(s_ptr, x, V, BLOCK_V: tl.constexpr):
+    """SWOR: s(x) <- 0, s <- Norm[s] (p^{(k+1)} of spec §4.3)."""
+    tl.store(s_ptr + x, 0.0)
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        tot += tl.sum(tl.load(s_ptr + offs, mask=offs < V, other=0.0), axis=0)
+    if tot > 0:
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            tl.store(s_ptr + offs, tl.load(s_ptr + offs, mask=m, other=0.0) / tot, mask=m)
+
+
+@triton.jit
+def _kseq_sums(p_ptr, q_ptr, g, V, BLOCK_V: tl.constexpr):
+    """(sum min(g p, q), beta(g) = sum min(p, q / g)) in float64."""
+    a = tl.zeros((), tl.float64)
+    be = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        a += tl.sum(tl.minimum(g * p, q), axis=0)
+        be += tl.sum(tl.minimum(p, q / g), axis=0)
+    return a, be
+
+
+@triton.jit
+def _pow_int(x, k):
+    out = tl.full((), 1.0, tl.float64)
+    for _ in range(0, k):
+        out = out * x
+    return out
+
+
+@triton.jit
+def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
+    """Spec §4.4: smallest g in [1, k] with h(g) >= 0, 40 fp64 bisection steps, upper bracket."""
+    a1, be1 = _kseq_sums(p_ptr, q_ptr, tl.full((), 1.0, tl.float64), V, BLOCK_V)
+    h1 = a1 - 1.0 + _pow_int(1.0 - be1, k)
+    lo = tl.full((), 1.0, tl.float64)
+    hi = tl.full((), 1.0, tl.float64) * k
+    if (k <= 1) | (h1 >= 0.0):
+        hi = tl.full((), 1.0, tl.float64)
+    else:
+        for _ in range(0, 40):
+            mid = 0.5 * (lo + hi)
+            a, be = _kseq_sums(p_ptr, q_ptr, mid, V, BLOCK_V)
+            ok = (a - 1.0 + _pow_int(1.0 - be, k)) >= 0.0
+            hi = tl.where(ok, mid, hi)
+            lo = tl.where(ok, lo, mid)
+    _, beta = _kseq_sums(p_ptr, q_ptr, hi, V, BLOCK_V)
+    return hi, beta
+
+
+@triton.jit
+def _verify_node_row(
+    cand_ptr,  # [K] int64 candidate tokens by slot
+    cvalid_ptr,  # [K] int8
+    K,
+    p_ptr,  # [V] fp32 draft law
+    q_ptr,  # [V] fp32 target law
+    u_ptr,  # [K] fp64 acceptance uniforms by slot
+    hub,  # int64 hub token (spechub)
+    r_ptr,  # [V] fp32 scratch: current target residual; holds the final residual on return
+    s_ptr,  # [V] fp32 scratch: current draft law (rrsw)
+    ap_ptr,  # [K] fp32 accept_prob by slot (ANALYTIC)
+    V,
+    METHOD: tl.constexpr,
+    ANALYTIC: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Returns the accepted slot (-1 = none). The final residual is left normalized in r_ptr."""
+    chosen = tl.full((), -1, tl.int64)
+    _copy_row(q_ptr, r_ptr, V, BLOCK_V)
+    if METHOD == 1:
+        _copy_row(p_ptr, s_ptr, V, BLOCK_V)
+    if METHOD <= 1:
+        j = tl.zeros((), tl.int64)
+        while (j < K) & ((chosen < 0) | ANALYTIC):
+            if tl.load(cvalid_ptr + j) != 0:
+                x = tl.load(cand_ptr + j)
+                if METHOD == 1:
+                    den = tl.load(s_ptr + x)
+                else:
+                    den = tl.load(p_ptr + x).to(tl.float32)
+                num = tl.load(r_ptr + x)
+                if ANALYTIC:
+                    tl.store(ap_ptr + j, _ratio_prob(num, den))
+                if (chosen < 0) & (tl.load(u_ptr + j) * den.to(tl.float64) < num.to(tl.float64)):
+                    chosen = tl.zeros((), tl.int64) + j
+                if (chosen < 0) | ANALYTIC:
+                    if METHOD == 1:
+                        _residual_inplace(r_ptr, s_ptr, V, BLOCK_V)
+                        _remove_and_renormalize(s_ptr, x, V, BLOCK_V)
+                    else:
+                        _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+            j += 1
+    elif METHOD == 2:
+        n_valid = tl.zeros((), tl.int32)
+        for j in range(0, K):
+            n_valid += (tl.load(cvalid_ptr + j) != 0).to(tl.int32)
+        g, be = _kseq_gamma_row(p_ptr, q_ptr, n_valid, V, BLOCK_V)
+        g32 = g.to(tl.float32)
+        if be > 0.0:
+            for j in range(0, K):
+                if tl.load(cvalid_ptr + j) != 0:
+                    x = tl.load(cand_ptr + j)
+                    den = g32 * tl.load(p_ptr + x).to(tl.float32)
+                    num = tl.load(q_ptr + x).to(tl.float32)
+                    if ANALYTIC:
+                        tl.store(ap_ptr + j, _ratio_prob(num, den))
+                    if (chosen < 0) & (tl.load(u_ptr + j) * den.to(tl.float64) < num.to(tl.float64)):
+                        chosen = tl.zeros((), tl.int64) + j
+            c = ((1.0 - _pow_int(1.0 - be, n_valid)) / be).to(tl.float32)
+            tot = tl.zeros((), tl.float32)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                tot += tl.sum(tl.maximum(q - c * tl.minimum(p, q / g32), 0.0), axis=0)
+            if tot > ZERO_MASS_TOL:
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    tl.store(r_ptr + offs, tl.maximum(q - c * tl.minimum(p, q / g32), 0.0) / tot, mask=m)
+    else:
+        x0 = tl.load(cand_ptr)
+        if tl.load(cvalid_ptr + 1) == 0:  # p(hub) ~ 1: a single-candidate SD node
+            den = tl.load(p_ptr + x0).to(tl.float32)
+            num = tl.load(q_ptr + x0).to(tl.float32)
+            if ANALYTIC:
+                tl.store(ap_ptr, _ratio_prob(num, den))
+            if tl.load(u_ptr) * den.to(tl.float64) < num.to(tl.float64):
+                chosen = tl.zeros((), tl.int64)
+            _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+        else:
+            pa = tl.load(p_ptr + hub).to(tl.float32)
+            qa = tl.load(q_ptr + hub).to(tl.float32)
+            s_ai = tl.zeros((), tl.float32)
+            s_ia = tl.zeros((), tl.float32)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = (offs < V) & (offs != hub)
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                a1 = tl.minimum(p, q)
+                qai = pa * p / (1.0 - pa)
+                s_ia += tl.sum(p - a1, axis=0)
+                s_ai += tl.sum(qai - tl.minimum(qai, q - a1), axis=0)
+            a3 = tl.minimum(qa, s_ai)
+            a4 = tl.minimum(qa - a3, s_ia)
+            fin_a = tl.maximum(qa - a3 - a4, 0.0)
+            tot = fin_a
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = (offs < V) & (offs != hub)
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q1 = q - tl.minimum(p, q)
+                tot += tl.sum(q1 - tl.minimum(pa * p / (1.0 - pa), q1), axis=0)
+            if tot > ZERO_MASS_TOL:
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    q1 = q - tl.minimum(p, q)
+                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(pa * p / (1.0 - pa), q1))
+                    tl.store(r_ptr + offs, fin / tot, mask=m)
+            if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
+                i = tl.load(cand_ptr + 1)
+                p_i = tl.load(p_ptr + i).to(tl.float32)
+                q_i = tl.load(q_ptr + i).to(tl.float32)
+                den1 = pa * p_i / (1.0 - pa)
+                num1 = q_i - tl.minimum(p_i, q_i)
+                den0 = s_ai
+                num0 = qa
+            else:
+                den0 = tl.load(p_ptr + x0).to(tl.float32)
+                num0 = tl.load(q_ptr + x0).to(tl.float32)
+                den1 = s_ia
+                num1 = qa - a3
+            if ANALYTIC:
+                tl.store(ap_ptr, _ratio_prob(num0, den0))
+                tl.store(ap_ptr + 1, _ratio_prob(num1, den1))
+            ok0 = tl.load(u_ptr) * den0.to(tl.float64) < num0.to(tl.float64)
+            ok1 = tl.load(u_ptr + 1) * den1.to(tl.float64) < num1.to(tl.float64)
+            if x0 == hub:
+                chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
+            else:
+                chosen = tl.where(ok0, 0, tl.where(ok1, 1, -1)).to(tl.int64)
+    return chosen
+
+
+@triton.jit
+def _verify_node_kernel(
+    cand_ptr,  # [B, K] int64
+    cvalid_ptr,  # [B, K] int8
+    p_ptr,  # [B, V] fp32
+    q_ptr,  # [B, V] fp32
+    u_ptr,  # [B, K] fp64
+    fin_ptr,  # [B, V] fp64
+    hub_ptr,  # [B] int64
+    r_ptr,  # [B, V] fp32 scratch -> final residual
+    s_ptr,  # [B, V] fp32 scratch
+    ap_ptr,  # [B, K] fp32
+    slot_ptr,  # [B] int64
+    tok_ptr,  # [B] int64
+    K,
+    V,
+    METHOD: tl.constexpr,
+    ANALYTIC: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hub = tl.load(hub_ptr + b)
+    chosen = _verify_node_row(
+        cand_ptr + b * K,
+        cvalid_ptr + b * K,
+        K,
+        p_ptr + b * V,
+        q_ptr + b * V,
+        u_ptr + b * K,
+        hub,
+        r_ptr + b * V,
+        s_ptr + b * V,
+        ap_ptr + b * K,
+        V,
+        METHOD,
+        ANALYTIC,
+        BLOCK_V,
+    )
+    if chosen >= 0:
+        tok = tl.load(cand_ptr + b * K + chosen)
+    else:
+        tok = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, V, True, False, BLOCK_V)
+    tl.store(slot_ptr + b, chosen)
+    tl.store(tok_ptr + b, tok)
+
+
+def verify_node(
+    method: str,
+    cand: torch.Tensor,
+    cand_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    hub: torch.Tensor | None,
+    analytic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    batch, k = cand.shape
+    vocab = p.shape[-1]
+    dev = p.device
+    r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
+    s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method == "rrsw" else r
+    ap = torch.zeros((batch, k), dtype=torch.float32, device=dev)
+    slot = torch.empty(batch, dtype=torch.long, device=dev)
+    tok = torch.empty(batch, dtype=torch.long, device=dev)
+    hub_t = torch.zeros(batch, dtype=torch.long, device=dev) if hub is None else hub.long().contiguous()
+    if batch:
+        _verify_node_kernel[(batch,)](
+            cand.long().contiguous(),
+            cand_valid.to(torch.int8).contiguous(),
+            p.float().contiguous(),
+            q.float().contiguous(),
+            accept_u.contiguous(),
+            final_noise.contiguous(),
+            hub_t,
+            r,
+            s,
+            ap,
+            slot,
+            tok,
+            k,
+            vocab,
+            METHOD=METHOD_CODE[method],
+            ANALYTIC=bool(analytic),
+            BLOCK_V=_block(vocab),
+        )
+    if not analytic:
+        return slot, tok, None, None
+    return slot, tok, ap, r
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# verify_tree (spec §3.6): one program walks one row's tree
+
+
+@triton.jit
+def _verify_tree_kernel(
+    tok_ptr,  # [B, N] int64
+    par_ptr,  # [B, N] int64
+    valid_ptr,  # [B, N] int8
+    p_ptr,  # [B, N, V] fp32
+    q_ptr,  # [B, N, V] fp32
+    hub_ptr,  # [B, N] int64
+    u_ptr,  # [B, N, KU] fp64
+    fin_ptr,  # [B, V] fp64
+    eos_ptr,  # [n_eos] int64
+    n_eos,
+    alive_ptr,  # [B, N] int32 scratch, -1 initialised: generation in which a node is alive
+    ctok_ptr,  # [B, KC] int64 scratch: current candidate tokens
+    cnode_ptr,  # [B, KC] int64 scratch: their node ids
+    ones_ptr,  # [KC] int8 all ones (candidate validity)
+    r_ptr,  # [B, V] fp32 scratch
+    s_ptr,  # [B, V] fp32 scratch
+    ap_ptr,  # [B, KC] fp32 scratch (unused output)
+    acc_ptr,  # [B, L] int64 out, -1 initialised
+    rank_ptr,  # [B, L] int64 out, -1 initialised
+    nacc_ptr,  # [B] int64 out
+    next_ptr,  # [B] int64 out
+    N,
+    V,
+    KU,
+    KC,
+    L,
+    METHOD: tl.constexpr,
+    KSEQ: tl.constexpr,
+    GREEDY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    gen = tl.zeros((), tl.int32)
+    tl.store(alive_ptr + b * N, gen)
+    rep = tl.zeros((), tl.int64)
+    depth = tl.zeros((), tl.int64)
+    last = tl.zeros((), tl.int64)
+    nxt = tl.full((), -1, tl.int64)
+    state = tl.zeros((), tl.int32)  # 0 walking, 1 emitted a token, 2 stopped at EOS
+    while state == 0:
+        # candidates: valid nodes whose parent is alive, in flattened (= draft) order
+        cnt = tl.zeros((), tl.int64)
+        for n in range(1, N):
+            if tl.load(valid_ptr + b * N + n) != 0:
+                par = tl.load(par_ptr + b * N + n)
+                if tl.load(alive_ptr + b * N + par) == gen:
+                    tl.store(ctok_ptr + b * KC + cnt, tl.load(tok_ptr + b * N + n))
+                    tl.store(cnode_ptr + b * KC + cnt, n + tl.zeros((), tl.int64))
+                    cnt += 1
+        q_row = q_ptr + (b * N + rep) * V
+        chosen = tl.full((), -1, tl.int64)
+        if cnt == 0:
+            if GREEDY:
+                nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+            else:
+                nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, True, False, BLOCK_V)
+            state = 1
+        else:
+            if GREEDY:
+                target = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+                for j in range(0, cnt):
+                    if (chosen < 0) & (tl.load(ctok_ptr + b * KC + j) == target):
+                        chosen = tl.zeros((), tl.int64) + j
+                if chosen < 0:
+                    nxt = target
+                    state = 1
+            else:
+                chosen = _verify_node_row(
+                    ctok_ptr + b * KC,
+                    ones_ptr,
+                    cnt,
+                    p_ptr + (b * N + rep) * V,
+                    q_row,
+                    u_ptr + (b * N + rep) * KU,
+                    tl.load(hub_ptr + b * N + rep),
+                    r_ptr + b * V,
+                    s_ptr + b * V,
+                    ap_ptr + b * KC,
+                    V,
+                    METHOD,
+                    False,
+                    BLOCK_V,
+                )
+                if chosen < 0:
+                    nxt = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, V, True, False, BLOCK_V)
+                    state = 1
+        if chosen >= 0:
+            child = tl.load(cnode_ptr + b * KC + chosen)
+            ctok = tl.load(ctok_ptr + b * KC + chosen)
+            tl.store(rank_ptr + b * L + depth, chosen)
+            depth += 1
+            last = child
+            if _is_eos(ctok, eos_ptr, n_eos):
+                state = 2
+            gen += 1
+            rep = child
+            if KSEQ:  # SpecTr: every alive chain node carrying the accepted token stays alive; rows of the first
+                for j in range(0, cnt):  # one (same prefix as the others) are used next, as in the reference
+                    if tl.load(ctok_ptr + b * KC + j) == ctok:
+                        alive_node = tl.load(cnode_ptr + b * KC + j)
+                        rep = tl.minimum(rep, alive_node)
+                        tl.store(alive_ptr + b * N + alive_node, gen)
+            else:
+                tl.store(alive_ptr + b * N + child, gen)
+    # parent-consistent accepted path, rebuilt from the last accepted node
+    node = last
+    d = depth - 1
+    while d >= 0:
+        tl.store(acc_ptr + b * L + d, node)
+        node = tl.load(par_ptr + b * N + node)
+        d -= 1
+    tl.store(nacc_ptr + b, depth)
+    tl.store(next_ptr + b, nxt)
+
+
+def verify_tree(
+    tokens: torch.Tensor,
+    parent: torch.Tensor,
+    valid: torch.Tensor,
+    p_rows: torch.Tensor | None,
+    q_rows: torch.Tensor,
+    method: str,
+    hub: torch.Tensor | None,
+    accept_u: torch.Tensor,
+    final_noise: torch.Tensor,
+    greedy: bool,
+    eos: torch.Tensor | None,
+    max_depth: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, n = tokens.shape
+    vocab = q_rows.shape[-1]
+    dev = tokens.device
+    qf = q_rows.float().contiguous()
+    pf = qf if p_rows is None else p_rows.float().contiguous()
+    kc = max(n - 1, 1)
+    acc = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
+    rank = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
+    n_acc = torch.empty(batch, dtype=torch.long, device=dev)
+    nxt = torch.empty(batch, dtype=torch.long, device=dev)
+    eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
+    r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
+    if batch:
+        _verify_tree_kernel[(batch,)](
+            tokens.long().contiguous(),
+            parent.long().contiguous(),
+            valid.to(torch.int8).contiguous(),
+            pf,
+            qf,
+            (torch.zeros_like(tokens) if hub is None else hub).long().contiguous(),
+            accept_u.contiguous(),
+            final_noise.contiguous(),
+            eos_t if eos_t.numel() else n_acc,
+            eos_t.numel(),
+            torch.full((batch, n), -1, dtype=torch.int32, device=dev),
+            torch.empty((batch, kc), dtype=torch.long, device=dev),
+            torch.empty((batch, kc), dtype=torch.long, device=dev),
+            torch.ones(kc, dtype=torch.int8, device=dev),
+            r,
+            torch.empty_like(r) if method == "rrsw" else r,
+            torch.empty((batch, kc), dtype=torch.float32, device=dev),
+            acc if max_depth else n_acc,
+            rank if max_depth else n_acc,
+            n_acc,
+            nxt,
+            n,
+            vocab,
+            accept_u.shape[2],
+            kc,
+            max(max_depth, 1),
+            METHOD=METHOD_CODE[method],
+            KSEQ=method == "kseq",
+            GREEDY=bool(greedy),
+            BLOCK_V=_block(vocab),
+        )
+    return acc, n_acc, nxt, rank
