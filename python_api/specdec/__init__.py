@@ -1,1 +1,41 @@
-"""specdec: speculative decoding of HuggingFace causal LMs on top of the specdec_kernels ops."""
+"""specdec: exact speculative decoding of HuggingFace causal LMs on top of the specdec_kernels ops.
+
+Quick start::
+
+    import specdec
+    out = specdec.generate(target, draft, input_ids, method="rsd_c", branching=(2, 2), max_new_tokens=64,
+                           temperature=0.8, seed=0)
+    out.sequences, out.stats.block_efficiency
+
+Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub`` (see
+:func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any
+:class:`Drafter`, or ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup).
+"""
+
+from .config import METHODS, MethodConfig, SamplingConfig, make_method
+from .decoder import GenerationOutput, SpeculativeDecoder, generate
+from .drafting import Drafter, DraftLogits, ModelDrafter, NGramDrafter, max_gram_proposal
+from .metrics import GenerationStats
+from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
+from .tree import DraftTree
+
+__all__ = [
+    "METHODS",
+    "SUPPORTED_ATTENTION",
+    "SUPPORTED_MODEL_TYPES",
+    "DraftLogits",
+    "DraftTree",
+    "Drafter",
+    "GenerationOutput",
+    "GenerationStats",
+    "HFCausalLM",
+    "KVState",
+    "MethodConfig",
+    "ModelDrafter",
+    "NGramDrafter",
+    "SamplingConfig",
+    "SpeculativeDecoder",
+    "generate",
+    "make_method",
+    "max_gram_proposal",
+]

@@ -1,0 +1,257 @@
+"""Decoding configuration: the method with its tree parameters, and the sampling controls (spec §1.3, §5).
+
+Sampling controls are resolved once per ``generate`` call into a :class:`SamplingConfig`, whose
+:meth:`SamplingConfig.process` is the ONE function that turns draft and target logits into laws. Drafting and
+verification both use its output, so the ``p`` that verifies is exactly the ``p`` that drafted (spec §1.3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import specdec_kernels as sk
+
+METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub")
+
+# Which node verifier of specdec_kernels.verify_tree each decoder uses (spec §5).
+VERIFIER = {
+    "sd": "sd",
+    "rrs": "rrs",
+    "rrsw": "rrsw",
+    "rsd_c": "rrsw",
+    "rsd_s": "rrsw",
+    "spectr": "kseq",
+    "spechub": "spechub",
+}
+
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "ar": {},
+    "sd": {"draft_length": 4},
+    "rrs": {"branching": (2, 2)},
+    "rrsw": {"branching": (2, 2)},
+    "rsd_c": {"branching": (2, 2)},
+    "rsd_s": {"beam_width": 2, "draft_length": 3},
+    "spectr": {"num_chains": 2, "draft_length": 3},
+    "spechub": {"branching": (2, 2)},
+}
+_ALLOWED = {
+    "ar": set(),
+    "sd": {"draft_length"},
+    "rrs": {"branching", "parents"},
+    "rrsw": {"branching", "parents"},
+    "rsd_c": {"branching"},
+    "rsd_s": {"beam_width", "draft_length"},
+    "spectr": {"num_chains", "draft_length"},
+    "spechub": {"branching", "parents"},
+}
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A decoding method and its draft-tree parameters (validated by :func:`make_method`).
+
+    ``parents`` is the static tree (level order, node 0 = root, spec §3.1) for every method except ``ar`` and
+    ``rsd_s`` (whose tree is grown by stochastic beam search: ``beam_width`` W, ``draft_length`` L).
+    """
+
+    method: str
+    draft_length: int | None = None
+    branching: tuple[int, ...] | None = None
+    parents: tuple[int, ...] | None = None
+    beam_width: int | None = None
+    num_chains: int | None = None
+
+    @property
+    def verifier(self) -> str | None:
+        """Node verifier name for specdec_kernels.verify_tree (None for ``ar``)."""
+        return VERIFIER.get(self.method)
+
+    @property
+    def depth(self) -> int:
+        """Maximum draft length L (tree depth, root excluded); 0 for ``ar``."""
+        if self.method == "ar":
+            return 0
+        if self.method == "rsd_s":
+            return int(self.draft_length or 0)
+        assert self.parents is not None  # set by make_method for every static-tree method
+        depth = [0] * len(self.parents)
+        for n in range(1, len(self.parents)):
+            depth[n] = depth[self.parents[n]] + 1
+        return max(depth)
+
+    def describe(self) -> str:
+        """Short label, e.g. ``sd(L=4)`` or ``rsd_c(b=2,2)``."""
+        if self.method == "ar":
+            return "ar"
+        if self.method == "sd":
+            return f"sd(L={self.draft_length})"
+        if self.method == "rsd_s":
+            return f"rsd_s(W={self.beam_width},L={self.draft_length})"
+        if self.method == "spectr":
+            return f"spectr(K={self.num_chains},L={self.draft_length})"
+        if self.branching is not None:
+            return f"{self.method}(b={','.join(map(str, self.branching))})"
+        return f"{self.method}(N={len(self.parents or ())})"
+
+
+def make_method(
+    method: str,
+    *,
+    draft_length: int | None = None,
+    branching: Sequence[int] | None = None,
+    parents: Sequence[int] | None = None,
+    beam_width: int | None = None,
+    num_chains: int | None = None,
+) -> MethodConfig:
+    """Validate ``method`` and its tree parameters; fill defaults (sd L=4, trees b=(2,2), rsd_s W=2 L=3,
+    spectr K=2 L=3).
+
+    ar: none. sd: ``draft_length``. rrs, rrsw, spechub: ``branching`` (children per level) or ``parents`` (a
+    level-order parent list; spechub allows at most 2 children per node). rsd_c: ``branching``. rsd_s:
+    ``beam_width``, ``draft_length``. spectr: ``num_chains`` (K), ``draft_length`` (L).
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    given = {
+        k: v
+        for k, v in {
+            "draft_length": draft_length,
+            "branching": branching,
+            "parents": parents,
+            "beam_width": beam_width,
+            "num_chains": num_chains,
+        }.items()
+        if v is not None
+    }
+    extra = sorted(set(given) - _ALLOWED[method])
+    if extra:
+        allowed = sorted(_ALLOWED[method]) or "no tree parameters"
+        raise ValueError(f"method {method!r} does not take {', '.join(extra)} (it takes: {allowed})")
+    if "branching" in given and "parents" in given:
+        raise ValueError(f"method {method!r}: pass branching or parents, not both")
+    opts = dict(_DEFAULTS[method])
+    if "parents" in given:
+        opts.pop("branching", None)
+    opts.update(given)
+
+    if "draft_length" in opts:
+        opts["draft_length"] = _positive_int("draft_length", opts["draft_length"])
+    if "beam_width" in opts:
+        opts["beam_width"] = _positive_int("beam_width", opts["beam_width"])
+    if "num_chains" in opts:
+        opts["num_chains"] = _positive_int("num_chains", opts["num_chains"])
+    tree: list[int] | None = None
+    if "branching" in opts:
+        raw = opts["branching"]
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+            raise ValueError(f"branching must be a sequence of ints >= 1 (children per level), got {raw!r}")
+        opts["branching"] = tuple(raw)
+        try:
+            tree = sk.branching_parents(list(raw))
+        except ValueError as err:
+            raise ValueError(f"branching must be a non-empty sequence of ints >= 1, got {raw!r}") from err
+        if method == "spechub" and any(b > 2 for b in raw):
+            raise ValueError(f"branching for method 'spechub' must hold 1s and 2s (binary trees), got {tuple(raw)}")
+    if "parents" in opts:
+        raw = opts["parents"]
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+            raise ValueError(f"parents must be a level-order list of parent ids with parents[0] = -1, got {raw!r}")
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in raw):
+            raise ValueError(f"parents must hold ints, got {raw!r}")
+        try:
+            tree = sk.check_parents(list(raw))
+        except ValueError as err:
+            raise ValueError(f"parents is not a valid level-order tree: {err}") from err
+        if len(tree) < 2:
+            raise ValueError("parents must describe at least one draft node besides the root")
+        if method == "spechub":
+            counts: dict[int, int] = {}
+            for par in tree[1:]:
+                counts[par] = counts.get(par, 0) + 1
+            if max(counts.values()) > 2:
+                raise ValueError("parents for method 'spechub' must give every node at most 2 children (binary trees)")
+    if method == "sd":
+        tree = sk.chain_parents(opts["draft_length"])
+    elif method == "spectr":
+        tree = sk.kseq_chain_parents(opts["num_chains"], opts["draft_length"])
+    return MethodConfig(
+        method=method,
+        draft_length=opts.get("draft_length"),
+        branching=opts.get("branching"),
+        parents=None if tree is None else tuple(tree),
+        beam_width=opts.get("beam_width"),
+        num_chains=opts.get("num_chains"),
+    )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Resolved sampling controls, HF order: temperature, then top-k, then top-p (spec §1.3).
+
+    ``greedy`` is true when ``do_sample`` is false or ``temperature < 1e-5``; every decoder then returns exactly the
+    target's greedy decoding (spec §8).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    do_sample: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return (not self.do_sample) or sk.is_greedy(self.temperature)
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """The shared processing of draft AND target logits.
+
+        Shape: logits [..., V] (any float dtype) -> logp [..., V] float32, -inf for masked tokens (one-hot in greedy).
+        """
+        temperature = 0.0 if self.greedy else self.temperature
+        return sk.process_logits(logits, temperature, self.top_k, self.top_p)
+
+
+def resolve_sampling(
+    generation_config: Any | None,
+    *,
+    temperature: float | None,
+    top_k: int | None,
+    top_p: float | None,
+    do_sample: bool | None,
+) -> SamplingConfig:
+    """Explicit arguments win over ``generation_config`` fields, which win over the defaults
+    (temperature 1, top_k 0 = off, top_p 1 = off). ``do_sample`` defaults to ``temperature > 0``."""
+
+    def pick(name: str, value: Any) -> Any:
+        if value is not None:
+            return value
+        return getattr(generation_config, name, None) if generation_config is not None else None
+
+    t = pick("temperature", temperature)
+    k = pick("top_k", top_k)
+    p = pick("top_p", top_p)
+    ds = pick("do_sample", do_sample)
+    t = 1.0 if t is None else t
+    k = 0 if k is None else k
+    p = 1.0 if p is None else p
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {k!r}")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {p!r}")
+    if ds is None:
+        ds = not sk.is_greedy(float(t))
+    if not isinstance(ds, bool):
+        raise ValueError(f"do_sample must be a bool, got {ds!r}")
+    return SamplingConfig(temperature=float(t), top_k=int(k), top_p=float(p), do_sample=ds)

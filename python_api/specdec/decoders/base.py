@@ -1,0 +1,184 @@
+"""Level-synchronous growth of one round's draft trees (spec §3.4, §5), shared by every tree decoder.
+
+A builder asks the drafter for next-token logits level by level, turns them into the draft law with the shared
+processing function, samples children with its method's rule (``expand``) and records, per internal node, the
+exact law the children were drawn from. Greedy mode (spec §8) never samples: children are the top-K tokens of
+the raw draft logits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+import specdec_kernels as sk
+
+from ..config import MethodConfig, SamplingConfig
+from ..drafting import Drafter
+from ..tree import DraftTree, compact
+
+
+class Children(NamedTuple):
+    """One new level. Shape: tokens/parent/template [B, w], valid [B, w] (valid first per row), hub [B, n] for
+    the expanded level (SpecHub only)."""
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    valid: torch.Tensor
+    template: torch.Tensor | None = None
+    hub: torch.Tensor | None = None
+
+
+class TreeBuilder(ABC):
+    """Grows the draft trees of one round for a batch; ``verifier`` names the node verifier to use."""
+
+    def __init__(self, config: MethodConfig) -> None:
+        self.config = config
+        self.verifier = config.verifier
+        self.depth = config.depth
+
+    def reset(self, batch: int, device: torch.device) -> None:  # noqa: B027 (optional hook)
+        """Per-round state (beam scores for RSD-S); nothing for static trees."""
+
+    @abstractmethod
+    def expand(
+        self,
+        tree: DraftTree,
+        lo: int,
+        hi: int,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        live: torch.Tensor,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> Children:
+        """Children of nodes ``lo..hi-1``. Shape: logits/logp [B, n, V] (logp None when greedy), live [B, n]."""
+
+    def build(
+        self,
+        drafter: Drafter,
+        roots: torch.Tensor,
+        committed: list[list[int]],
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        max_depth: int,
+    ) -> DraftTree:
+        """One round of drafting. Shape: roots [B] -> a DraftTree of depth <= min(max_depth, L)."""
+        tree = DraftTree.from_roots(roots)
+        depth = min(max_depth, self.depth)
+        if depth < 1:
+            return tree
+        self.reset(tree.batch, tree.device)
+        out = drafter.propose_root(committed)
+        for level in range(depth):
+            lo, hi = tree.levels[-1]
+            logits = out.logits.to(tree.device)
+            live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
+            if not bool(live.any()):
+                break
+            if bool(torch.isnan(logits[live]).any()):
+                raise ValueError(f"the draft ({drafter.name}) produced NaN logits; NaN logits are rejected")
+            # Rows without a proposal are zeroed so that processing never sees an all -inf row.
+            logits = torch.where(live[..., None], logits, torch.zeros((), dtype=logits.dtype))
+            logp = None if sampling.greedy else sampling.process(logits)
+            kids = self.expand(tree, lo, hi, logits, logp, live, sampling.greedy, generator)
+            if logp is not None:
+                tree.set_level_laws(logp.exp(), kids.hub)
+            if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
+                break
+            new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
+            if level + 1 < depth:
+                out = drafter.propose_level(tree, new_lo, new_hi)
+        return tree
+
+
+def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k tokens of raw logits, descending, lowest id first on ties (spec §8); -inf entries are invalid.
+
+    Shape: logits [..., V] -> tokens [..., k], valid [..., k].
+    """
+    k = min(k, logits.shape[-1])
+    vals, idx = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    return idx[..., :k], torch.isfinite(vals[..., :k])
+
+
+def iid_children(
+    logits: torch.Tensor, logp: torch.Tensor | None, k: int, greedy: bool, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` i.i.d. draws per node (SD chains, SpecInfer RRS, SpecTr). Greedy: one copy of argmax, since the
+    other copies would be identical (spec §8).
+
+    Shape: logits/logp [B, n, V] -> tokens [B, n, k], valid [B, n, k].
+    """
+    if greedy:
+        tok, ok = greedy_topk(logits, 1)
+        tokens = tok.expand(*tok.shape[:-1], k).clone()
+        valid = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+        valid[..., 0] = ok[..., 0]
+        return tokens, valid
+    assert logp is not None
+    # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape: independent draws.
+    tokens = sk.sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), generator=generator)
+    return tokens, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
+
+
+class StaticTreeBuilder(TreeBuilder):
+    """Trees with a fixed topology (config.parents): node t of the template gets ``child_count[t]`` children,
+    sampled by ``sample`` in draft order; children that could not be drawn (zero draft mass) drop their whole
+    template subtree."""
+
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        parents = list(config.parents or ())
+        kids: list[list[int]] = [[] for _ in parents]
+        for node in range(1, len(parents)):
+            kids[parents[node]].append(node)
+        width = max(len(c) for c in kids)
+        table = torch.full((len(parents), max(width, 1)), -1, dtype=torch.long)
+        for t, c in enumerate(kids):
+            table[t, : len(c)] = torch.tensor(c, dtype=torch.long)
+        self.children = table
+        self.child_count = torch.tensor([len(c) for c in kids], dtype=torch.long)
+
+    @abstractmethod
+    def sample(
+        self,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        counts: torch.Tensor,
+        k: int,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Up to ``k`` children per node in draft order. Shape: logits/logp [B, n, V], counts [B, n] wanted
+        children -> tokens [B, n, k], valid [B, n, k], hub [B, n] or None."""
+
+    def expand(
+        self,
+        tree: DraftTree,
+        lo: int,
+        hi: int,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        live: torch.Tensor,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> Children:
+        dev = tree.device
+        tmpl = tree.template[:, lo:hi].clamp_min(0).cpu()
+        counts = torch.where(live.cpu(), self.child_count[tmpl], torch.zeros_like(tmpl)).to(dev)
+        k = min(int(counts.max()), logits.shape[-1])
+        batch, n = live.shape
+        if k == 0:
+            empty = torch.zeros((batch, 0), dtype=torch.long, device=dev)
+            return Children(empty, empty, empty.bool(), empty, None)
+        tokens, valid, hub = self.sample(logits, logp, counts, k, greedy, generator)
+        rank = torch.arange(k, device=dev)
+        valid = valid & (rank[None, None, :] < counts[..., None])
+        child_tmpl = self.children.to(dev)[tmpl.to(dev)][..., :k]
+        parent = (lo + torch.arange(n, device=dev))[None, :, None].expand(batch, n, k)
+        flat = [t.reshape(batch, n * k) for t in (tokens, parent, valid, child_tmpl)]
+        tok, par, val, tpl = compact(flat[0], flat[1], flat[2], flat[3])
+        return Children(tok, par, val, tpl, hub)

@@ -1,0 +1,73 @@
+"""RSD-S: draft trees grown by stochastic beam search with truncated Gumbels (spec §2.3, §5.5).
+
+Each level keeps the W (parent, token) pairs with the largest truncated scores; the level is regrouped by parent
+(stable, so each parent's children stay in descending score = draft order, spec §3.1 invariant 2) and becomes the
+next beam. Verification is RRSw against each node's *conditional* draft law. Greedy mode runs a deterministic
+beam search over summed draft log-probs (spec §8).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import specdec_kernels as sk
+
+from ..config import MethodConfig
+from ..tree import DraftTree
+from .base import Children, TreeBuilder
+
+
+class BeamTreeBuilder(TreeBuilder):
+    def __init__(self, config: MethodConfig) -> None:
+        super().__init__(config)
+        self.width = int(config.beam_width or 1)
+
+    def reset(self, batch: int, device: torch.device) -> None:
+        # Root: Sigma = Gamma = 0 (RSD footnote 1).
+        self.sigma = torch.zeros((batch, 1), dtype=torch.float64, device=device)
+        self.gamma = torch.zeros((batch, 1), dtype=torch.float64, device=device)
+
+    def expand(
+        self,
+        tree: DraftTree,
+        lo: int,
+        hi: int,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        live: torch.Tensor,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> Children:
+        batch, n, vocab = logits.shape
+        w_out = min(self.width, n * vocab)
+        dev = tree.device
+        slot = torch.full((batch, w_out), -1, dtype=torch.long, device=dev)
+        tokens = torch.zeros((batch, w_out), dtype=torch.long, device=dev)
+        sigma = torch.full((batch, w_out), float("-inf"), dtype=torch.float64, device=dev)
+        gamma = torch.full((batch, w_out), float("-inf"), dtype=torch.float64, device=dev)
+        valid = torch.zeros((batch, w_out), dtype=torch.bool, device=dev)
+        if greedy:
+            phi = self.sigma[..., None] + torch.log_softmax(logits.double(), dim=-1)
+            phi = phi.masked_fill(~live[..., None], float("-inf")).reshape(batch, n * vocab)
+            vals, idx = torch.sort(phi, dim=-1, descending=True, stable=True)
+            valid = torch.isfinite(vals[:, :w_out])
+            slot = torch.where(valid, idx[:, :w_out] // vocab, slot)
+            tokens = torch.where(valid, idx[:, :w_out] % vocab, tokens)
+            sigma = vals[:, :w_out]
+            gamma = sigma
+        else:
+            assert logp is not None
+            rows = live.any(dim=1).nonzero().squeeze(1)
+            step = sk.sbs_step(logp[rows], self.sigma[rows], self.gamma[rows], live[rows], w_out, generator=generator)
+            slot[rows], tokens[rows], valid[rows] = step.parent_slot, step.tokens.clamp_min(0), step.valid
+            sigma[rows], gamma[rows] = step.sigma, step.gamma
+        # Regroup by parent; invalid entries go last. Stable, so siblings keep descending scores (draft order).
+        key = torch.where(valid, slot, torch.full_like(slot, n))
+        order = torch.argsort(key, dim=1, stable=True)
+        width = int(valid.sum(dim=1).max())
+        order = order[:, :width]
+        pick = lambda t: torch.gather(t, 1, order)  # noqa: E731
+        valid = pick(valid)
+        self.sigma, self.gamma = pick(sigma), pick(gamma)
+        parent = lo + pick(slot).clamp_min(0)
+        return Children(pick(tokens), parent, valid, None, None)

@@ -1,0 +1,48 @@
+"""Static draft trees (spec §5.2, §5.4): SpecInfer RRS with i.i.d. siblings, RRSw and RSD-C with siblings drawn
+without replacement (Gumbel-top-k, whose descending order is the draft order the verifier must consume)."""
+
+from __future__ import annotations
+
+import torch
+
+import specdec_kernels as sk
+
+from .base import StaticTreeBuilder, greedy_topk, iid_children
+
+
+class IIDTreeBuilder(StaticTreeBuilder):
+    """rrs: every node's children are i.i.d. draws; duplicates stay separate nodes with their own subtrees (the
+    verifier applies one residual update per copy, spec §4.2)."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        counts: torch.Tensor,
+        k: int,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        tokens, valid = iid_children(logits, logp, k, greedy, generator)
+        return tokens, valid, None
+
+
+class SWORTreeBuilder(StaticTreeBuilder):
+    """rrsw / rsd_c: Gumbel-top-k without replacement; a node gets fewer children when the draft law has fewer
+    tokens with mass (spec §9.4). Greedy: top-k of the raw draft logits."""
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        counts: torch.Tensor,
+        k: int,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if greedy:
+            tokens, valid = greedy_topk(logits, k)
+            return tokens, valid, None
+        assert logp is not None
+        draw = sk.gumbel_topk(logp, k, generator=generator)
+        return draw.tokens, draw.valid, None

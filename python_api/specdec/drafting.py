@@ -1,0 +1,249 @@
+"""Drafters: what proposes draft tokens. A neural drafter (an HF model with its own KV cache) and the Max-Gram
+prompt-lookup drafter (spec §6.5), behind one interface that the decoders drive level by level (spec §3.4).
+
+A drafter returns raw logits for the next token after each requested node; the decoder turns them into the draft
+law with the shared processing function (config.SamplingConfig.process) and samples the children itself. A
+deterministic drafter returns one-hot logits (0 at its proposal, -inf elsewhere), whose law is the point mass on
+the proposal; verification against it is exact (spec §6.4).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .models import HFCausalLM, KVState
+from .tree import DraftTree
+
+
+class DraftLogits(NamedTuple):
+    """Shape: logits [B, n, V] (any float; rows where ``ok`` is false are ignored), ok [B, n] bool = the drafter
+    has a proposal after that node (a node without one gets no children)."""
+
+    logits: torch.Tensor
+    ok: torch.Tensor
+
+
+class Drafter(ABC):
+    """Interface of a drafter. One round: ``propose_root`` once, ``propose_level`` for deeper levels, then
+    ``accept`` with the verdict; ``select_rows`` drops finished rows between rounds.
+
+    ``num_parameters`` feeds the MBSU metric (r = draft params / target params); statistical drafters have 0.
+    """
+
+    name: str = "drafter"
+    num_parameters: int = 0
+    vocab_size: int
+
+    @abstractmethod
+    def start(self, prompts: list[list[int]]) -> None:
+        """Reset for a new batch of prompts (lists of token ids)."""
+
+    @abstractmethod
+    def propose_root(self, committed: list[list[int]]) -> DraftLogits:
+        """Next-token logits after each row's last committed token (the root). Shape: -> [B, 1, V]."""
+
+    @abstractmethod
+    def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
+        """Next-token logits after tree nodes ``lo..hi-1`` (one level). Shape: -> [B, hi - lo, V]."""
+
+    @abstractmethod
+    def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        """The round's verdict: row b kept nodes ``accepted_nodes[b, :n_accepted[b]]`` (by depth)."""
+
+    @abstractmethod
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (int64 [B']) of the batch."""
+
+
+class ModelDrafter(Drafter):
+    """A neural draft model (HF causal LM, same vocabulary as the target) with a KV cache kept in sync with the
+    committed tokens: after each round only the accepted nodes that the draft processed are kept (spec §3.7)."""
+
+    def __init__(self, model: Any, *, name: str = "draft") -> None:
+        self.lm = model if isinstance(model, HFCausalLM) else HFCausalLM(model, name=name)
+        self.name = name
+        self.num_parameters = self.lm.num_parameters
+        self.vocab_size = self.lm.vocab_size
+        self.state: KVState | None = None
+        self.calls = 0
+        self._round = False
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.state = self.lm.new_state(len(prompts))
+        self._round = False
+
+    def _state(self) -> KVState:
+        if self.state is None:
+            raise RuntimeError("call start(prompts) before drafting")
+        return self.state
+
+    def propose_root(self, committed: list[list[int]]) -> DraftLogits:
+        st = self._state()
+        start = st.length
+        done = st.n_cached.tolist()
+        pending = [c[n:] for c, n in zip(committed, done, strict=True)]
+        lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=self.lm.device)
+        logits = self.lm.forward_chain(st, pending, last_logits=True)
+        assert logits is not None
+        self.calls += 1
+        # Tree node n >= 1 will live in slot base + n - 1; the root stays where the chain put it.
+        self._root_slot = start + lens - 1
+        self._base = st.length
+        self._next = 1  # first tree node id not yet in the cache
+        self._round = True
+        return DraftLogits(logits[:, None], torch.ones((st.batch, 1), dtype=torch.bool, device=logits.device))
+
+    def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
+        st = self._state()
+        logits = self.lm.forward_level(st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base)
+        self.calls += 1
+        self._next = hi
+        return DraftLogits(logits, tree.valid[:, lo:hi].clone())
+
+    def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        if not self._round:
+            return  # the decoder did not draft this round; the committed tokens are caught up next time
+        self._round = False
+        st = self._state()
+        cols = torch.arange(accepted_nodes.shape[1], device=accepted_nodes.device)[None, :]
+        used = cols < n_accepted[:, None]
+        # Only nodes that went through the draft have KV; on a path they are a prefix (shallower levels first).
+        cached = used & (accepted_nodes < self._next) & (accepted_nodes >= 1)
+        n_keep = cached.sum(dim=1)
+        offsets = torch.where(
+            cached, self._base + accepted_nodes - 1 - self._root_slot[:, None], torch.full_like(accepted_nodes, -1)
+        )
+        HFCausalLM.keep_path(st, self._root_slot, offsets, n_keep)
+        st.n_cached = st.n_cached + n_keep
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self._state().select_rows(rows)
+
+
+def max_gram_proposal(seq: list[int] | np.ndarray, n: int, bigram: np.ndarray | None = None) -> list[int]:
+    """Max-Gram proposal of up to ``n`` tokens after ``seq`` (spec §6.5, decoder-only form).
+
+    The search text is ``seq`` without its last token (the prompt is part of ``seq``): find the longest suffix of
+    ``seq`` that occurs in it, take its earliest occurrence and propose the tokens that follow; if fewer than ``n``
+    came out, search once more from the extended sequence; then fill with the greedy ``bigram`` table, if any.
+    """
+    out = _longest_match_continuation(np.asarray(seq, dtype=np.int64), n)
+    if 0 < len(out) < n:
+        ext = np.concatenate([np.asarray(seq, dtype=np.int64), np.asarray(out, dtype=np.int64)])
+        out += _longest_match_continuation(ext, n - len(out))
+    if bigram is not None and len(seq) and len(out) < n:
+        last = out[-1] if out else int(seq[-1])
+        while len(out) < n:
+            last = int(bigram[last])
+            out.append(last)
+    return out
+
+
+def _longest_match_continuation(seq: np.ndarray, n: int) -> list[int]:
+    t = len(seq)
+    if t < 2 or n < 1:
+        return []
+    text = seq[:-1]
+    ends = np.nonzero(text == seq[-1])[0] + 1  # end (exclusive) of every occurrence of the 1-token suffix
+    if ends.size == 0:
+        return []
+    m = 1
+    while m < t - 1:
+        start = ends - (m + 1)
+        ok = start >= 0
+        nxt = ends[ok][text[start[ok]] == seq[t - 1 - m]]
+        if nxt.size == 0:
+            break
+        ends = nxt
+        m += 1
+    end = int(ends.min())  # earliest occurrence of the longest suffix
+    return [int(x) for x in text[end : end + n]]
+
+
+class NGramDrafter(Drafter):
+    """Max-Gram prompt-lookup drafter (spec §6.5): proposes the continuation of the longest earlier match of the
+    sequence's suffix. Deterministic, so its proposal law is one-hot and verification stays exact; costs no model
+    forward (MBSU r = 0).
+
+    ``max_tokens``: proposal length per round (the tree depth also caps it); ``bigram``: optional length-V greedy
+    bigram table used to fill short proposals (spec §6.5 step 5).
+    """
+
+    def __init__(self, vocab_size: int, *, max_tokens: int = 10, bigram: np.ndarray | None = None) -> None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if bigram is not None:
+            bigram = np.asarray(bigram, dtype=np.int64)
+            if bigram.shape != (vocab_size,) or bigram.min() < 0 or bigram.max() >= vocab_size:
+                raise ValueError(f"bigram must be a length-{vocab_size} table of token ids in [0, {vocab_size})")
+        self.name = "ngram"
+        self.vocab_size = vocab_size
+        self.max_tokens = max_tokens
+        self.bigram = bigram
+        self.num_parameters = 0
+        self.calls = 0
+        self._proposals: list[list[int]] = []
+
+    @staticmethod
+    def bigram_table(corpus: list[list[int]], vocab_size: int, default: int | None = None) -> np.ndarray:
+        """Greedy bigram table from token sequences: argmax_b count(a, b), ties to the lowest id, unseen ``a`` ->
+        ``default`` (the most frequent token when None)."""
+        counts: dict[tuple[int, int], int] = {}
+        freq = np.zeros(vocab_size, dtype=np.int64)
+        for seq in corpus:
+            for a, b in zip(seq[:-1], seq[1:], strict=False):
+                counts[(a, b)] = counts.get((a, b), 0) + 1
+            for a in seq:
+                freq[a] += 1
+        fill = int(np.argmax(freq)) if default is None else default
+        table = np.full(vocab_size, fill, dtype=np.int64)
+        best = np.zeros(vocab_size, dtype=np.int64)
+        for (a, b), c in sorted(counts.items()):
+            if c > best[a]:
+                best[a] = c
+                table[a] = b
+        return table
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self._proposals = [[] for _ in prompts]
+
+    def _one_hot(self, tokens: list[list[int | None]]) -> DraftLogits:
+        batch, width = len(tokens), max((len(r) for r in tokens), default=0)
+        logits = torch.full((batch, width, self.vocab_size), float("-inf"))
+        ok = torch.zeros((batch, width), dtype=torch.bool)
+        for b, row in enumerate(tokens):
+            for j, tok in enumerate(row):
+                if tok is not None:
+                    logits[b, j, tok] = 0.0
+                    ok[b, j] = True
+        return DraftLogits(logits, ok)
+
+    def propose_root(self, committed: list[list[int]]) -> DraftLogits:
+        self.calls += 1
+        self._proposals = [max_gram_proposal(c, self.max_tokens, self.bigram) for c in committed]
+        return self._one_hot([[p[0] if p else None] for p in self._proposals])
+
+    def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
+        self.calls += 1
+        rows: list[list[int | None]] = []
+        for b, prop in enumerate(self._proposals):
+            row: list[int | None] = []
+            for node in range(lo, hi):
+                path = tree.path_tokens(b, node) if bool(tree.valid[b, node]) else None
+                # The point mass is a function of the path: the proposal continues only along its own prefix.
+                on_track = path is not None and len(path) < len(prop) and path == prop[: len(path)]
+                row.append(prop[len(path)] if on_track and path is not None else None)
+            rows.append(row)
+        return self._one_hot(rows)
+
+    def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        return None
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self._proposals = [self._proposals[int(r)] for r in rows.tolist()] if self._proposals else []

@@ -1,0 +1,263 @@
+"""HuggingFace causal-LM adapter: tree forwards with a 4-D additive mask, per-row KV validity, KV filtering.
+
+Cache layout (one common length S for the whole batch, spec §3.7-§3.8): every row owns the same slots
+``[0, S)`` of a ``DynamicCache``; ``KVState.valid[b, s]`` says whether slot s holds one of row b's committed
+tokens. Rows accept different numbers of tokens per step, so after filtering a row may have stale slots
+(marked invalid and hidden by the mask) below the common length. Position ids come from the number of committed
+tokens of the row, never from the slot index, so the holes are invisible to the model.
+
+Only architectures whose attention takes a 4-D additive float mask plus explicit ``position_ids`` are accepted
+(Llama/SmolLM, Mistral, Qwen2) with the ``sdpa`` or ``eager`` attention implementation; FlashAttention and
+flex-attention cannot take an arbitrary tree mask (DESIGN.md §8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import specdec_kernels as sk
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass
+class KVState:
+    """A model's KV cache for a batch plus which slots each row may attend.
+
+    Shape: valid [B, S] bool (S = cache length), n_cached [B] int64 = committed tokens of the row whose KV is in
+    the cache (they sit at positions 0 .. n_cached-1).
+    """
+
+    cache: Any
+    valid: torch.Tensor
+    n_cached: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return int(self.valid.shape[1])
+
+    @property
+    def batch(self) -> int:
+        return int(self.valid.shape[0])
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (int64 [B']) of the batch, e.g. after other rows finished."""
+        if self.length:
+            self.cache.batch_select_indices(rows)
+        self.valid = self.valid[rows]
+        self.n_cached = self.n_cached[rows]
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop trailing slots that no remaining row uses (cheap: a view of every layer)."""
+        if not self.length:
+            return
+        used = self.valid.any(dim=0).nonzero()
+        new_len = int(used.max()) + 1 if used.numel() else 0
+        if new_len < self.length:
+            self.cache.crop(new_len - self.length)
+            self.valid = self.valid[:, :new_len]
+
+    def layer_tensors(self) -> list[torch.Tensor]:
+        """Every layer's keys and values, [B, H, S, D] each (the tensors filter_kv edits in place)."""
+        out = []
+        for layer in self.cache.layers:
+            out.extend([layer.keys, layer.values])
+        return out
+
+
+def chain_mask(past_valid: torch.Tensor, block_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask for appending a right-padded chain of new tokens per row (prompt catch-up, draft roots).
+
+    Shape: past_valid [B, S] bool, block_valid [B, n] bool (a prefix of each row) -> mask [B, 1, n, S + n].
+    Token j sees the row's valid past and chain tokens 0..j; padding tokens see only themselves (as padding
+    nodes do in specdec_kernels.tree_mask), so no softmax row is empty.
+    """
+    n = block_valid.shape[1]
+    causal = torch.ones((n, n), dtype=torch.bool, device=block_valid.device).tril()
+    chain = causal[None] & block_valid[:, None, :] & block_valid[:, :, None]
+    chain |= torch.eye(n, dtype=torch.bool, device=block_valid.device)[None]
+    past = past_valid[:, None, :] & block_valid[:, :, None]
+    allowed = torch.cat([past, chain], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
+
+
+class HFCausalLM:
+    """Adapter around a HuggingFace causal LM for tree decoding.
+
+    Runs the base model (``model.get_decoder()``) with a 4-D mask and explicit position ids, then applies the
+    output embedding (lm_head) only to the rows whose logits are needed. Raises ``ValueError`` for unsupported
+    architectures or attention implementations.
+    """
+
+    def __init__(self, model: Any, *, name: str = "model") -> None:
+        config = getattr(model, "config", None)
+        if config is None or not callable(getattr(model, "get_decoder", None)):
+            raise TypeError(f"{name} must be a HuggingFace causal LM (PreTrainedModel), got {type(model).__name__}")
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"{name}: architecture {model_type!r} is not supported; tree decoding needs a model that takes a 4-D "
+                f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}"
+            )
+        attn = getattr(config, "_attn_implementation", None)
+        if attn not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"{name}: attn_implementation {attn!r} cannot take a custom tree mask; load the model with "
+                f"attn_implementation='sdpa' or 'eager'"
+            )
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{name} has no output embedding (lm_head); pass a *ForCausalLM model")
+        self.model = model
+        self.name = name
+        self.base = model.get_decoder()
+        self.head = head
+        self.vocab_size = int(head.weight.shape[0])
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+
+    def new_state(self, batch: int) -> KVState:
+        """An empty cache for ``batch`` rows."""
+        from transformers import DynamicCache
+
+        return KVState(
+            cache=DynamicCache(config=self.model.config),
+            valid=torch.zeros((batch, 0), dtype=torch.bool, device=self.device),
+            n_cached=torch.zeros((batch,), dtype=torch.long, device=self.device),
+        )
+
+    def _run(
+        self,
+        state: KVState,
+        tokens: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        block_valid: torch.Tensor,
+        want: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] fp32 at ``want`` rows (else 0)."""
+        out = self.base(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=state.cache,
+            use_cache=True,
+        )
+        state.valid = torch.cat([state.valid, block_valid], dim=1)
+        if want is None:
+            return None
+        hidden = out.last_hidden_state
+        logits = torch.zeros((*tokens.shape, self.vocab_size), dtype=torch.float32, device=tokens.device)
+        if bool(want.any()):
+            rows = self.head(hidden[want]).float()
+            if bool(torch.isnan(rows).any()):
+                raise ValueError(f"{self.name} produced NaN logits; NaN logits are rejected (check the model/dtype)")
+            logits[want] = rows
+        return logits
+
+    def forward_chain(self, state: KVState, chains: list[list[int]], *, last_logits: bool) -> torch.Tensor | None:
+        """Append each row's ``chains[b]`` (committed tokens, possibly empty) to the cache.
+
+        Shape: returns logits [B, V] fp32 of the last token of every chain when ``last_logits`` (every chain must
+        then be non-empty), else None.
+        """
+        batch = state.batch
+        lens = torch.tensor([len(c) for c in chains], dtype=torch.long, device=self.device)
+        width = int(lens.max()) if batch else 0
+        if width == 0:
+            if last_logits:
+                raise ValueError("forward_chain: every row needs a token to produce logits")
+            return None
+        tokens = torch.zeros((batch, width), dtype=torch.long, device=self.device)
+        for b, c in enumerate(chains):
+            if c:
+                tokens[b, : len(c)] = torch.tensor(c, dtype=torch.long)
+        cols = torch.arange(width, device=self.device)
+        block_valid = cols[None, :] < lens[:, None]
+        mask = chain_mask(state.valid, block_valid, self.dtype)
+        pos = state.n_cached[:, None] + cols[None, :]
+        want = None
+        if last_logits:
+            if int(lens.min()) < 1:
+                raise ValueError("forward_chain: every row needs a token to produce logits")
+            want = cols[None, :] == (lens - 1)[:, None]
+        logits = self._run(state, tokens, pos, mask, block_valid, want)
+        state.n_cached = state.n_cached + lens
+        if logits is None:
+            return None
+        return logits[want].reshape(batch, self.vocab_size)
+
+    def forward_tree(
+        self,
+        state: KVState,
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        valid: torch.Tensor,
+        depth: torch.Tensor,
+    ) -> torch.Tensor:
+        """Target evaluation of a batch of draft trees whose root is NOT cached yet (spec §3.5).
+
+        Shape: tokens/parent/depth [B, N] (node 0 = root = each row's last committed token), valid [B, N] bool
+        -> logits [B, N, V] fp32 (valid nodes; zero rows for padding). Node n lands in slot S + n (S = cache
+        length before the call); the root's position is n_cached, node n's position n_cached + depth[n].
+        """
+        past = state.length
+        mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype)
+        pos = sk.tree_positions(depth, state.n_cached + 1)
+        logits = self._run(state, tokens.clamp_min(0), pos, mask, valid, valid)
+        assert logits is not None
+        return logits
+
+    def forward_level(
+        self,
+        state: KVState,
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        valid: torch.Tensor,
+        depth: torch.Tensor,
+        lo: int,
+        hi: int,
+        base: int,
+    ) -> torch.Tensor:
+        """Level-synchronous drafting (spec §3.4): append tree nodes ``lo..hi-1`` of a tree whose root is cached.
+
+        Shape: tokens/parent/valid/depth [B, >= hi]; the root (node 0) is a committed cached token; nodes
+        1..lo-1 sit in slots base .. base+lo-2 (``base`` = cache length right after the root's block) and node n
+        goes to slot base + n - 1. Returns logits [B, hi - lo, V] fp32 of the new nodes (valid ones).
+        """
+        if state.length != base + lo - 1:
+            raise RuntimeError(f"draft cache holds {state.length} slots, expected {base + lo - 1} before level {lo}")
+        # The mask of the partial tree with the past = everything up to and including the root's block; the
+        # root's own column is dropped because the root is already part of that past.
+        full = sk.tree_mask(parent[:, :hi], valid[:, :hi], base, past_valid=state.valid[:, :base], dtype=self.dtype)
+        rows = full[:, :, lo:hi]
+        mask = torch.cat([rows[..., :base], rows[..., base + 1 :]], dim=-1)
+        pos = sk.tree_positions(depth[:, lo:hi], state.n_cached)
+        logits = self._run(state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi])
+        assert logits is not None
+        return logits
+
+    @staticmethod
+    def keep_path(state: KVState, root_slot: torch.Tensor, offsets: torch.Tensor, n_keep: torch.Tensor) -> None:
+        """Keep an accepted path after the root and forget the rest of the tree (spec §3.7).
+
+        Shape: root_slot [B] slot of each row's root, offsets [B, L] slot of the j-th accepted node minus
+        root_slot (-1 padded), n_keep [B]. The path moves to slots root_slot+1 .. root_slot+n_keep in place
+        (specdec_kernels.filter_kv, only the moved slots are copied); later slots become invalid and the cache is
+        cropped to the longest row. ``n_cached`` is left to the caller.
+        """
+        if offsets.shape[1] and int(n_keep.max()) > 0:
+            sk.filter_kv(state.layer_tensors(), root_slot + 1, offsets, n_keep)
+        new_len = root_slot + 1 + n_keep
+        slots = torch.arange(state.length, device=root_slot.device)[None, :]
+        keep_old = slots <= root_slot[:, None]
+        state.valid = torch.where(keep_old, state.valid, slots < new_len[:, None])
+        state._trim()

@@ -1,0 +1,132 @@
+"""A batch of draft trees grown level by level in the flattened layout of spec §3.1.
+
+Each level is appended as one block of columns; rows with fewer nodes than the widest row at that level get
+padding nodes (``valid = False``) at the end of the block, so a row's valid nodes stay in level order and grouped
+by parent, with siblings in draft order. ``levels[l] = (lo, hi)`` are the node ids of level l (level 0 = root).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """Shape: tokens/parent/depth [B, N] int64, valid [B, N] bool, p_rows [B, N, V] fp32 draft laws of internal
+    nodes (None in greedy mode), hub [B, N] int64 (SpecHub only), template [B, N] int64 id of the node in the
+    method's static tree (-1 for padding or dynamic trees)."""
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    valid: torch.Tensor
+    depth: torch.Tensor
+    template: torch.Tensor
+    levels: list[tuple[int, int]] = field(default_factory=list)
+    p_levels: list[torch.Tensor] = field(default_factory=list)
+    hub_levels: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def from_roots(cls, roots: torch.Tensor) -> DraftTree:
+        """Trees holding only their root. Shape: roots [B] int64."""
+        batch = roots.shape[0]
+        dev = roots.device
+        return cls(
+            tokens=roots.reshape(batch, 1).clone(),
+            parent=torch.full((batch, 1), -1, dtype=torch.long, device=dev),
+            valid=torch.ones((batch, 1), dtype=torch.bool, device=dev),
+            depth=torch.zeros((batch, 1), dtype=torch.long, device=dev),
+            template=torch.zeros((batch, 1), dtype=torch.long, device=dev),
+            levels=[(0, 1)],
+        )
+
+    @property
+    def batch(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def size(self) -> int:
+        """N, the number of node columns (padding included)."""
+        return int(self.tokens.shape[1])
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    def append_level(
+        self, tokens: torch.Tensor, parent: torch.Tensor, valid: torch.Tensor, template: torch.Tensor | None = None
+    ) -> tuple[int, int]:
+        """Append one level. Shape: tokens/parent/template [B, w], valid [B, w] (valid nodes first in each row)."""
+        lo = self.size
+        width = tokens.shape[1]
+        par = parent.masked_fill(~valid, 0)
+        depth = torch.gather(self.depth, 1, par) + 1
+        self.tokens = torch.cat([self.tokens, tokens.masked_fill(~valid, 0)], dim=1)
+        self.parent = torch.cat([self.parent, par], dim=1)
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        self.depth = torch.cat([self.depth, depth], dim=1)
+        if template is None:
+            template = torch.full_like(tokens, -1)
+        self.template = torch.cat([self.template, template.masked_fill(~valid, -1)], dim=1)
+        self.levels.append((lo, lo + width))
+        return lo, lo + width
+
+    def set_level_laws(self, probs: torch.Tensor, hub: torch.Tensor | None = None) -> None:
+        """Store the draft laws (and SpecHub hubs) of the newest level, in level order of calls.
+
+        Shape: probs [B, w, V] fp32 (w = width of that level), hub [B, w] int64.
+        """
+        self.p_levels.append(probs)
+        if hub is not None:
+            self.hub_levels.append(hub)
+
+    def p_rows(self, vocab: int) -> torch.Tensor:
+        """Draft laws of every node, [B, N, V] fp32; zero rows for leaves and padding (never read)."""
+        rows = list(self.p_levels)
+        have = sum(int(r.shape[1]) for r in rows)
+        if have < self.size:
+            rows.append(torch.zeros((self.batch, self.size - have, vocab), dtype=torch.float32, device=self.device))
+        return torch.cat(rows, dim=1)
+
+    def hub(self) -> torch.Tensor:
+        """SpecHub hub token of every node, [B, N] int64 (0 where unused)."""
+        rows = list(self.hub_levels)
+        have = sum(int(r.shape[1]) for r in rows)
+        if have < self.size:
+            rows.append(torch.zeros((self.batch, self.size - have), dtype=torch.long, device=self.device))
+        return torch.cat(rows, dim=1)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    def has_children(self) -> torch.Tensor:
+        """[B, N] bool: the node has at least one valid child."""
+        child = self.valid.clone()
+        child[:, 0] = False
+        counts = torch.zeros(self.valid.shape, dtype=torch.long, device=self.device)
+        counts.scatter_add_(1, self.parent.clamp_min(0), child.long())
+        return counts > 0
+
+    def path_tokens(self, b: int, node: int) -> list[int]:
+        """Tokens on the path root -> node (root excluded) of row ``b``."""
+        out = []
+        while node > 0:
+            out.append(int(self.tokens[b, node]))
+            node = int(self.parent[b, node])
+        return out[::-1]
+
+
+def compact(
+    tokens: torch.Tensor, parent: torch.Tensor, valid: torch.Tensor, *extra: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Move each row's valid candidates to the front, keeping their order, and cut the common padding.
+
+    Shape: all inputs [B, M]; returns the same tensors [B, w] with w = max valid count (at least 0).
+    """
+    order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+    width = int(valid.sum(dim=1).max()) if valid.numel() else 0
+    idx = order[:, :width]
+    out = [torch.gather(t, 1, idx) for t in (tokens, parent, valid, *extra)]
+    return tuple(out)
