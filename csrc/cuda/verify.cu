@@ -1,0 +1,403 @@
+// CUDA kernels: verify_chain, verify_node, verify_tree (spec §2.4, §3.6, §4). One block per batch row; the block
+// strides over the vocabulary for every residual pass. The arithmetic mirrors the torch reference (fp32 residuals,
+// division-free acceptance tests compared in float64) so identical noise gives identical decisions.
+#include <cuda_runtime.h>
+
+#include "common.cuh"
+#include "launchers.h"
+
+namespace specdec {
+namespace cuda {
+
+constexpr float kZeroMassTol = 1e-6f;  // spec §2.4, fp32 rule
+enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3 };
+
+__device__ __forceinline__ float ratio_prob(float num, float den) {
+  if (den > 0.0f) return fminf(fmaxf(num / den, 0.0f), 1.0f);
+  return num > 0.0f ? 1.0f : 0.0f;
+}
+
+__device__ __forceinline__ bool passes(double u, float den, float num) {
+  return u * static_cast<double>(den) < static_cast<double>(num);
+}
+
+__device__ void copy_row(const float* src, float* dst, int64_t V) {
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dst[v] = src[v];
+  __syncthreads();
+}
+
+// r <- Norm[(r - scale * s)^+] in place, or unchanged when the mass is numerically zero.
+__device__ void residual_inplace(float* r, const float* s, int64_t V) {
+  float tot = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += fmaxf(r[v] - s[v], 0.0f);
+  tot = block_sum<float>(tot);
+  if (tot > kZeroMassTol) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) r[v] = fmaxf(r[v] - s[v], 0.0f) / tot;
+  }
+  __syncthreads();
+}
+
+__device__ void remove_and_renormalize(float* s, int64_t x, int64_t V) {
+  if (threadIdx.x == 0) s[x] = 0.0f;
+  __syncthreads();
+  float tot = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += s[v];
+  tot = block_sum<float>(tot);
+  if (tot > 0.0f) {
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s[v] /= tot;
+  }
+  __syncthreads();
+}
+
+// Gumbel-max sample of Norm[(q - s)^+] (q itself when the mass is numerically zero).
+__device__ int64_t sample_residual(const float* q, const float* s, const double* noise, int64_t V) {
+  float tot = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += fmaxf(q[v] - s[v], 0.0f);
+  tot = block_sum<float>(tot);
+  const bool use_q = tot <= kZeroMassTol;
+  ArgBest best{-CUDART_INF, INT64_MAX};
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float r = use_q ? q[v] : fmaxf(q[v] - s[v], 0.0f) / tot;
+    const double sc = (r > 0.0f ? ::log(static_cast<double>(r)) : -CUDART_INF) + gumbel(noise[v]);
+    best = pick(best, ArgBest{sc, v});
+  }
+  return block_argbest(best).i;
+}
+
+__device__ void kseq_sums(const float* p, const float* q, double g, int64_t V, double* a, double* be) {
+  double sa = 0.0, sb = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const double pv = p[v], qv = q[v];
+    sa += fmin(g * pv, qv);
+    sb += fmin(pv, qv / g);
+  }
+  *a = block_sum<double>(sa);
+  *be = block_sum<double>(sb);
+}
+
+// spec §4.4: smallest g in [1, k] with h(g) >= 0 by 40 float64 bisection steps (upper bracket).
+__device__ void kseq_gamma_row(const float* p, const float* q, int k, int64_t V, double* gamma, double* beta) {
+  double a, be;
+  kseq_sums(p, q, 1.0, V, &a, &be);
+  double hi = 1.0;
+  if (k > 1 && a - 1.0 + ::pow(1.0 - be, k) < 0.0) {
+    double lo = 1.0;
+    hi = static_cast<double>(k);
+    for (int it = 0; it < 40; ++it) {
+      const double mid = 0.5 * (lo + hi);
+      kseq_sums(p, q, mid, V, &a, &be);
+      if (a - 1.0 + ::pow(1.0 - be, k) >= 0.0) hi = mid; else lo = mid;
+    }
+  }
+  kseq_sums(p, q, hi, V, &a, &be);
+  *gamma = hi;
+  *beta = be;
+}
+
+// One node: returns the accepted slot (-1 = none); the final residual is left normalized in r.
+__device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
+                                   const bool* cvalid,     // [K]
+                                   int64_t K,
+                                   const float* p,         // [V] draft law
+                                   const float* q,         // [V] target law
+                                   const double* u,        // [K] acceptance uniforms by slot
+                                   int64_t hub,
+                                   float* r,               // [V] scratch -> final residual
+                                   float* s,               // [V] scratch (rrsw)
+                                   float* ap,              // [K] accept_prob or nullptr
+                                   int64_t V, int method) {
+  int64_t chosen = -1;
+  const bool analytic = ap != nullptr;
+  copy_row(q, r, V);
+  if (method == kRrs || method == kRrsw) {
+    if (method == kRrsw) copy_row(p, s, V);
+    for (int64_t j = 0; j < K && (chosen < 0 || analytic); ++j) {
+      if (!cvalid[j]) continue;
+      const int64_t x = cand[j];
+      const float den = method == kRrsw ? s[x] : p[x];
+      const float num = r[x];
+      if (analytic && threadIdx.x == 0) ap[j] = ratio_prob(num, den);
+      if (chosen < 0 && passes(u[j], den, num)) chosen = j;
+      if (chosen < 0 || analytic) {
+        __syncthreads();  // every thread has read r[x] / s[x] before they change
+        if (method == kRrsw) {
+          residual_inplace(r, s, V);
+          remove_and_renormalize(s, x, V);
+        } else {
+          residual_inplace(r, p, V);
+        }
+      }
+    }
+  } else if (method == kKseq) {
+    int n_valid = 0;
+    for (int64_t j = 0; j < K; ++j) n_valid += cvalid[j];
+    double g, be;
+    kseq_gamma_row(p, q, n_valid, V, &g, &be);
+    const float g32 = static_cast<float>(g);
+    if (be > 0.0) {
+      for (int64_t j = 0; j < K; ++j) {
+        if (!cvalid[j]) continue;
+        const int64_t x = cand[j];
+        const float den = g32 * p[x], num = q[x];
+        if (analytic && threadIdx.x == 0) ap[j] = ratio_prob(num, den);
+        if (chosen < 0 && passes(u[j], den, num)) chosen = j;
+      }
+      const float c = static_cast<float>((1.0 - ::pow(1.0 - be, n_valid)) / be);
+      float tot = 0.0f;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += fmaxf(q[v] - c * fminf(p[v], q[v] / g32), 0.0f);
+      tot = block_sum<float>(tot);
+      if (tot > kZeroMassTol) {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+          r[v] = fmaxf(q[v] - c * fminf(p[v], q[v] / g32), 0.0f) / tot;
+      }
+      __syncthreads();
+    }
+  } else {  // SpecHub (spec §4.5)
+    const int64_t x0 = cand[0];
+    if (!cvalid[1]) {  // p(hub) ~ 1: a single-candidate SD node
+      const float den = p[x0], num = q[x0];
+      if (analytic && threadIdx.x == 0) ap[0] = ratio_prob(num, den);
+      if (passes(u[0], den, num)) chosen = 0;
+      residual_inplace(r, p, V);
+    } else {
+      const float pa = p[hub], qa = q[hub];
+      float s_ai = 0.0f, s_ia = 0.0f;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+        if (v == hub) continue;
+        const float a1 = fminf(p[v], q[v]), qai = pa * p[v] / (1.0f - pa);
+        s_ia += p[v] - a1;
+        s_ai += qai - fminf(qai, q[v] - a1);
+      }
+      s_ai = block_sum<float>(s_ai);
+      s_ia = block_sum<float>(s_ia);
+      const float a3 = fminf(qa, s_ai), a4 = fminf(qa - a3, s_ia);
+      const float fin_a = fmaxf(qa - a3 - a4, 0.0f);
+      float tot = 0.0f;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+        if (v == hub) continue;
+        const float q1 = q[v] - fminf(p[v], q[v]);
+        tot += q1 - fminf(pa * p[v] / (1.0f - pa), q1);
+      }
+      tot = block_sum<float>(tot) + fin_a;
+      if (tot > kZeroMassTol) {
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+          const float q1 = q[v] - fminf(p[v], q[v]);
+          r[v] = (v == hub ? fin_a : q1 - fminf(pa * p[v] / (1.0f - pa), q1)) / tot;
+        }
+      }
+      __syncthreads();
+      float den0, num0, den1, num1;
+      if (x0 == hub) {  // pair type (a, i): the non-hub token (slot 1) is tested first
+        const int64_t i = cand[1];
+        den1 = pa * p[i] / (1.0f - pa);
+        num1 = q[i] - fminf(p[i], q[i]);
+        den0 = s_ai;
+        num0 = qa;
+      } else {
+        den0 = p[x0];
+        num0 = q[x0];
+        den1 = s_ia;
+        num1 = qa - a3;
+      }
+      if (analytic && threadIdx.x == 0) {
+        ap[0] = ratio_prob(num0, den0);
+        ap[1] = ratio_prob(num1, den1);
+      }
+      const bool ok0 = passes(u[0], den0, num0), ok1 = passes(u[1], den1, num1);
+      chosen = x0 == hub ? (ok1 ? 1 : (ok0 ? 0 : -1)) : (ok0 ? 0 : (ok1 ? 1 : -1));
+    }
+  }
+  __syncthreads();
+  return chosen;
+}
+
+__device__ bool is_eos(int64_t x, const int64_t* eos, int64_t n_eos) {
+  for (int64_t e = 0; e < n_eos; ++e)
+    if (x == eos[e]) return true;
+  return false;
+}
+
+__global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, L]
+                                    const float* __restrict__ p,         // [B, L, V] (unused when greedy)
+                                    const float* __restrict__ q,         // [B, L+1, V]
+                                    const int64_t* __restrict__ lengths, // [B]
+                                    const double* __restrict__ accept_u, // [B, L]
+                                    const double* __restrict__ fin,      // [B, V]
+                                    const int64_t* __restrict__ eos, int64_t n_eos,
+                                    int64_t* __restrict__ n_acc,         // [B]
+                                    int64_t* __restrict__ next,          // [B]
+                                    int64_t L, int64_t V, bool greedy) {
+  const int64_t b = blockIdx.x;
+  int64_t j = 0;
+  int state = 0;  // 0 running, 1 rejected at j, 2 stopped at EOS
+  while (state == 0 && j < lengths[b]) {
+    const int64_t x = draft[b * L + j];
+    const float* qrow = q + (b * (L + 1) + j) * V;
+    const bool ok = greedy ? x == row_argmax<true>(qrow, nullptr, V)
+                           : passes(accept_u[b * L + j], p[(b * L + j) * V + x], qrow[x]);
+    if (ok) {
+      ++j;
+      if (is_eos(x, eos, n_eos)) state = 2;
+    } else {
+      state = 1;
+    }
+  }
+  const float* qrow = q + (b * (L + 1) + j) * V;
+  int64_t out;
+  if (state == 2) out = -1;
+  else if (greedy) out = row_argmax<true>(qrow, nullptr, V);
+  else if (state == 1) out = sample_residual(qrow, p + (b * L + j) * V, fin + b * V, V);
+  else out = row_argmax<false>(qrow, fin + b * V, V);
+  if (threadIdx.x == 0) {
+    n_acc[b] = j;
+    next[b] = out;
+  }
+}
+
+__global__ void verify_node_kernel(const int64_t* __restrict__ cand, const bool* __restrict__ cvalid,  // [B, K]
+                                   const float* __restrict__ p, const float* __restrict__ q,           // [B, V]
+                                   const double* __restrict__ accept_u,                                // [B, K]
+                                   const double* __restrict__ fin,                                     // [B, V]
+                                   const int64_t* __restrict__ hub,                                    // [B]
+                                   float* __restrict__ r, float* __restrict__ s,                       // [B, V]
+                                   float* __restrict__ ap,                                             // [B, K] or null
+                                   int64_t* __restrict__ slot, int64_t* __restrict__ token,            // [B]
+                                   int64_t K, int64_t V, int method) {
+  const int64_t b = blockIdx.x;
+  const int64_t chosen = verify_node_row(cand + b * K, cvalid + b * K, K, p + b * V, q + b * V, accept_u + b * K,
+                                         hub[b], r + b * V, s + b * V, ap ? ap + b * K : nullptr, V, method);
+  const int64_t tok = chosen >= 0 ? cand[b * K + chosen] : row_argmax<false>(r + b * V, fin + b * V, V);
+  if (threadIdx.x == 0) {
+    slot[b] = chosen;
+    token[b] = tok;
+  }
+}
+
+// spec §3.6 tree walk; candidates of a step = valid nodes whose parent is alive (one node, or for SpecTr every
+// alive chain node carrying the accepted token).
+__global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B, N]
+                                   const bool* __restrict__ valid,                                          // [B, N]
+                                   const float* __restrict__ p, const float* __restrict__ q,                // [B,N,V]
+                                   const int64_t* __restrict__ hub,                                         // [B, N]
+                                   const double* __restrict__ accept_u,                                     // [B,N,KU]
+                                   const double* __restrict__ fin,                                          // [B, V]
+                                   const int64_t* __restrict__ eos, int64_t n_eos,
+                                   int* __restrict__ alive,                                                 // [B, N]
+                                   int64_t* __restrict__ ctok, int64_t* __restrict__ cnode,                 // [B, KC]
+                                   const bool* __restrict__ ones,                                           // [KC]
+                                   float* __restrict__ r, float* __restrict__ s,                            // [B, V]
+                                   int64_t* __restrict__ acc, int64_t* __restrict__ rank,                   // [B, L]
+                                   int64_t* __restrict__ n_acc, int64_t* __restrict__ next,                 // [B]
+                                   int64_t N, int64_t V, int64_t KU, int64_t KC, int64_t L, int method,
+                                   bool kseq, bool greedy) {
+  const int64_t b = blockIdx.x;
+  __shared__ int64_t cnt;
+  int gen = 0;
+  if (threadIdx.x == 0) alive[b * N] = 0;
+  int64_t rep = 0, depth = 0, last = 0, out = -1;
+  int state = 0;
+  while (state == 0) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      cnt = 0;
+      for (int64_t n = 1; n < N; ++n) {
+        if (valid[b * N + n] && alive[b * N + parent[b * N + n]] == gen) {
+          ctok[b * KC + cnt] = tokens[b * N + n];
+          cnode[b * KC + cnt] = n;
+          ++cnt;
+        }
+      }
+    }
+    __syncthreads();
+    const float* qrow = q + (b * N + rep) * V;
+    int64_t chosen = -1;
+    if (cnt == 0) {
+      out = greedy ? row_argmax<true>(qrow, nullptr, V) : row_argmax<false>(qrow, fin + b * V, V);
+      state = 1;
+    } else if (greedy) {
+      const int64_t target = row_argmax<true>(qrow, nullptr, V);
+      for (int64_t j = 0; j < cnt && chosen < 0; ++j)
+        if (ctok[b * KC + j] == target) chosen = j;
+      if (chosen < 0) {
+        out = target;
+        state = 1;
+      }
+    } else {
+      chosen = verify_node_row(ctok + b * KC, ones, cnt, p + (b * N + rep) * V, qrow, accept_u + (b * N + rep) * KU,
+                               hub[b * N + rep], r + b * V, s + b * V, nullptr, V, method);
+      if (chosen < 0) {
+        out = row_argmax<false>(r + b * V, fin + b * V, V);
+        state = 1;
+      }
+    }
+    if (chosen >= 0) {
+      const int64_t child = cnode[b * KC + chosen], tok = ctok[b * KC + chosen];
+      if (threadIdx.x == 0) rank[b * L + depth] = chosen;
+      ++depth;
+      last = child;
+      if (is_eos(tok, eos, n_eos)) state = 2;
+      ++gen;
+      rep = child;
+      __syncthreads();
+      if (kseq) {
+        for (int64_t j = 0; j < cnt; ++j) {
+          if (ctok[b * KC + j] == tok) {
+            const int64_t node = cnode[b * KC + j];
+            rep = node < rep ? node : rep;
+            if (threadIdx.x == 0) alive[b * N + node] = gen;
+          }
+        }
+      } else if (threadIdx.x == 0) {
+        alive[b * N + child] = gen;
+      }
+    }
+  }
+  if (threadIdx.x == 0) {
+    int64_t node = last;
+    for (int64_t d = depth - 1; d >= 0; --d) {  // parent-consistent path from the last accepted node
+      acc[b * L + d] = node;
+      node = parent[b * N + node];
+    }
+    n_acc[b] = depth;
+    next[b] = out;
+  }
+}
+
+}  // namespace cuda
+}  // namespace specdec
+
+using namespace specdec::cuda;
+
+extern "C" int specdec_cuda_verify_chain(const int64_t* draft, const float* p, const float* q, const int64_t* lengths,
+                                         const double* accept_u, const double* fin, const int64_t* eos, int64_t n_eos,
+                                         int64_t* n_acc, int64_t* next, int64_t B, int64_t L, int64_t V, bool greedy,
+                                         void* stream) {
+  if (B == 0) return 0;
+  verify_chain_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(draft, p, q, lengths, accept_u, fin, eos,
+                                                                            n_eos, n_acc, next, L, V, greedy);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int specdec_cuda_verify_node(const int64_t* cand, const bool* cvalid, const float* p, const float* q,
+                                        const double* accept_u, const double* fin, const int64_t* hub, float* r,
+                                        float* s, float* ap, int64_t* slot, int64_t* token, int64_t B, int64_t K,
+                                        int64_t V, int method, void* stream) {
+  if (B == 0) return 0;
+  verify_node_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(cand, cvalid, p, q, accept_u, fin, hub, r,
+                                                                           s, ap, slot, token, K, V, method);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int specdec_cuda_verify_tree(const int64_t* tokens, const int64_t* parent, const bool* valid,
+                                        const float* p, const float* q, const int64_t* hub, const double* accept_u,
+                                        const double* fin, const int64_t* eos, int64_t n_eos, int* alive,
+                                        int64_t* ctok, int64_t* cnode, const bool* ones, float* r, float* s,
+                                        int64_t* acc, int64_t* rank, int64_t* n_acc, int64_t* next, int64_t B,
+                                        int64_t N, int64_t V, int64_t KU, int64_t KC, int64_t L, int method, bool kseq,
+                                        bool greedy, void* stream) {
+  if (B == 0) return 0;
+  verify_tree_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      tokens, parent, valid, p, q, hub, accept_u, fin, eos, n_eos, alive, ctok, cnode, ones, r, s, acc, rank, n_acc,
+      next, N, V, KU, KC, L, method, kseq, greedy);
+  return static_cast<int>(cudaGetLastError());
+}
