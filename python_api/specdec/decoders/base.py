@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-import specdec_kernels as sk
+from specdec_kernels import sample_categorical
 
 from ..config import MethodConfig, SamplingConfig
 from ..drafting import Drafter
@@ -120,7 +120,7 @@ def iid_children(
         return tokens, valid
     assert logp is not None
     # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape: independent draws.
-    tokens = sk.sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), generator=generator)
+    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), generator=generator)
     return tokens, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
 
 

@@ -1,0 +1,125 @@
+"""HF adapter: tree forwards equal path-by-path forwards, KV filtering equals a from-scratch run (spec §10.8)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specdec.models import HFCausalLM
+from specdec.tree import DraftTree
+from tiny_models import tiny_llama
+
+# Two rows with different prompt lengths and different trees laid out level by level as the decoders do
+# (spec §3.1): each level is a block of columns, row 1 has fewer nodes and padding at the end of each block.
+PROMPTS = [[3, 17, 5, 9, 21], [11, 2, 30]]
+LEVEL_PARENTS = [
+    [[0, 0, 0], [1, 1, 2, 3, 3], [4, 5, 6, 7], [9, 9]],
+    [[0, 0], [1, 1, 2], [4, 5, 6], [9, 10]],
+]
+
+
+def _trees(seed: int = 0) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree.from_roots(torch.tensor([p[-1] for p in PROMPTS]))
+    for level in range(len(LEVEL_PARENTS[0])):
+        width = max(len(rows[level]) for rows in LEVEL_PARENTS)
+        parent = torch.zeros((2, width), dtype=torch.long)
+        valid = torch.zeros((2, width), dtype=torch.bool)
+        for b, rows in enumerate(LEVEL_PARENTS):
+            parent[b, : len(rows[level])] = torch.tensor(rows[level])
+            valid[b, : len(rows[level])] = True
+        tree.append_level(torch.randint(0, 32, (2, width), generator=g), parent, valid)
+    return tree
+
+
+@torch.no_grad()
+def _path_logits(model, seq: list[int]) -> torch.Tensor:
+    return model(torch.tensor([seq])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_tree_forward_equals_path_forwards(attn: str) -> None:
+    model = tiny_llama(0, attn=attn)
+    lm = HFCausalLM(model)
+    tree = _trees()
+    with torch.inference_mode():
+        state = lm.new_state(2)
+        lm.forward_chain(state, [p[:-1] for p in PROMPTS], last_logits=False)
+        logits = lm.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
+    worst = 0.0
+    for b in range(2):
+        for n in tree.valid[b].nonzero().squeeze(1).tolist():
+            ref = _path_logits(model, PROMPTS[b] + tree.path_tokens(b, n))
+            worst = max(worst, float((logits[b, n] - ref).abs().max()))
+    assert worst <= 1e-4, f"tree forward differs from path forwards by {worst:.2e} ({attn})"
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_level_forwards_equal_path_forwards(attn: str) -> None:
+    """Draft-style drafting: root cached first, then one forward per level (spec §3.4)."""
+    model = tiny_llama(1, attn=attn)
+    lm = HFCausalLM(model)
+    tree = _trees(1)
+    with torch.inference_mode():
+        state = lm.new_state(2)
+        lm.forward_chain(state, PROMPTS, last_logits=True)
+        base = state.length
+        got = torch.zeros((2, tree.size, 32))
+        for lo, hi in tree.levels[1:]:
+            got[:, lo:hi] = lm.forward_level(state, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, base)
+    worst = 0.0
+    for b in range(2):
+        for n in tree.valid[b].nonzero().squeeze(1).tolist()[1:]:
+            ref = _path_logits(model, PROMPTS[b] + tree.path_tokens(b, n))
+            worst = max(worst, float((got[b, n] - ref).abs().max()))
+    assert worst <= 1e-4, f"level forwards differ from path forwards by {worst:.2e} ({attn})"
+
+
+def test_keep_path_equals_from_scratch_run() -> None:
+    model = tiny_llama(2)
+    lm = HFCausalLM(model)
+    tree = _trees(2)
+    tokens = tree.tokens
+    # Row 0 keeps the path 0 -> 1 -> 4 -> 9 -> 13, row 1 keeps 0 -> 2 -> 6 (ids in the padded layout).
+    accepted = torch.tensor([[1, 4, 9, 13], [2, 6, -1, -1]])
+    n_acc = torch.tensor([4, 2])
+    nxt = [7, 19]
+    with torch.inference_mode():
+        state = lm.new_state(2)
+        lm.forward_chain(state, [p[:-1] for p in PROMPTS], last_logits=False)
+        lm.forward_tree(state, tokens, tree.parent, tree.valid, tree.depth)
+        root_slot = torch.full((2,), state.length - tokens.shape[1])
+        HFCausalLM.keep_path(state, root_slot, accepted, n_acc)
+        state.n_cached = state.n_cached + 1 + n_acc
+        after = lm.forward_chain(state, [[t] for t in nxt], last_logits=True)
+        # The same sequences from scratch, one row at a time, with a plain HF cache.
+        for b in range(2):
+            seq = PROMPTS[b] + [int(tokens[b, n]) for n in accepted[b, : n_acc[b]]]
+            out = model(torch.tensor([seq]), use_cache=True)
+            ref = model(torch.tensor([[nxt[b]]]), past_key_values=out.past_key_values).logits[0, -1]
+            assert float((after[b] - ref).abs().max()) <= 1e-4
+            # Filtered cache: the row's valid slots hold exactly the sequential cache (both now end with nxt).
+            slots = state.valid[b].nonzero().squeeze(1)
+            for layer, ref_layer in zip(state.cache.layers, out.past_key_values.layers, strict=True):
+                k = layer.keys[b][:, slots]
+                v = layer.values[b][:, slots]
+                assert float((k - ref_layer.keys[0]).abs().max()) <= 1e-5
+                assert float((v - ref_layer.values[0]).abs().max()) <= 1e-5
+
+
+def test_unsupported_architecture_is_rejected() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=32, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    with pytest.raises(ValueError, match="architecture 'gpt2' is not supported"):
+        HFCausalLM(transformers.GPT2LMHeadModel(cfg))
+
+
+def test_attention_without_custom_masks_is_rejected() -> None:
+    model = tiny_llama(0)
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="attn_implementation 'flash_attention_2' cannot take a custom tree mask"):
+        HFCausalLM(model, name="target")
+
+
+def test_not_a_model_is_rejected() -> None:
+    with pytest.raises(TypeError, match="target must be a HuggingFace causal LM"):
+        HFCausalLM(object(), name="target")
