@@ -24,6 +24,11 @@ OPS = (
     "verify_chain",
     "verify_node",
     "verify_tree",
+    "process_logits",
+    "spechub_sample",
+    "kseq_gamma",
+    "filter_kv",
+    "sbs_step",
 )
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None

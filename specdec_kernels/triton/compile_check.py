@@ -22,6 +22,18 @@ SIGNATURES: dict[str, tuple[list[str], dict[str, object]]] = {
         {"GREEDY": False, "BLOCK_V": 1024},
     ),
 }
+SIGNATURES["_process_logits_kernel"] = ([P32, P32, "i32", "fp32", "i32", "fp64"], {"GREEDY": False, "BLOCK_V": 1024})
+SIGNATURES["_process_logits_kernel[greedy]"] = (
+    [P32, P32, "i32", "fp32", "i32", "fp64"],
+    {"GREEDY": True, "BLOCK_V": 1024},
+)
+SIGNATURES["_spechub_sample_kernel"] = ([P32, P64, PI64, PI64, PI8, "i32"], {"BLOCK_V": 1024})
+SIGNATURES["_kseq_gamma_kernel"] = ([P32, P32, PI64, P64, P64, "i32"], {"BLOCK_V": 1024})
+SIGNATURES["_filter_kv_kernel"] = ([P32, PI64, PI64, PI64, "i32", "i32", "i32", "i32"], {"BLOCK_D": 64})
+SIGNATURES["_sbs_step_kernel"] = (
+    [P32, P64, P64, PI8, P64, P64, PI64, P64, PI64, PI64, P64, P64, PI8, "i32", "i32", "i32", "i32"],
+    {"BLOCK_V": 1024, "BLOCK_C": 64},
+)
 SIGNATURES["_verify_chain_kernel[greedy]"] = (SIGNATURES["_verify_chain_kernel"][0], {"GREEDY": True, "BLOCK_V": 1024})
 for _m in range(4):
     SIGNATURES[f"_verify_node_kernel[{_m}]"] = (

@@ -870,3 +870,414 @@ def verify_tree(
             BLOCK_V=_block(vocab),
         )
     return acc, n_acc, nxt, rank
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# process_logits (spec §1.3)
+
+
+@triton.jit
+def _order_key(x):
+    """Monotone map float32 -> int64 key (larger float, larger key), for exact selection by bisection."""
+    b = x.to(tl.int32, bitcast=True).to(tl.int64)
+    return tl.where(b < 0, -1 - b - 2147483648, b)
+
+
+@triton.jit
+def _process_logits_kernel(
+    x_ptr,  # [R, V] fp32 logits
+    out_ptr,  # [R, V] fp32 log-probs
+    V,
+    temperature,
+    top_k,
+    top_p,
+    GREEDY: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * V
+    o_row = out_ptr + row * V
+    if GREEDY:
+        a = _argmax_chunked(x_row, x_row, V, False, True, BLOCK_V)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            tl.store(o_row + offs, tl.where(offs == a, 0.0, float("-inf")), mask=offs < V)
+    else:
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            tl.store(o_row + offs, tl.load(x_row + offs, mask=m, other=0.0) / temperature, mask=m)
+        if (top_k > 0) & (top_k < V):
+            # largest key t with count(key >= t) >= k is the key of the k-th largest value (ties kept)
+            lo = tl.full((), -2147483648, tl.int64)
+            hi = tl.full((), 2147483647, tl.int64)
+            while lo < hi:
+                mid = lo + (hi - lo + 1) // 2
+                c = tl.zeros((), tl.int64)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    x = tl.load(o_row + offs, mask=offs < V, other=float("-inf"))
+                    c += tl.sum(((_order_key(x) >= mid) & (offs < V)).to(tl.int64), axis=0)
+                lo = tl.where(c >= top_k, mid, lo)
+                hi = tl.where(c >= top_k, hi, mid - 1)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                x = tl.load(o_row + offs, mask=m, other=0.0)
+                tl.store(o_row + offs, tl.where(_order_key(x) >= lo, x, float("-inf")), mask=m)
+        mx = tl.full((), float("-inf"), tl.float32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            mx = tl.maximum(mx, tl.max(tl.load(o_row + offs, mask=offs < V, other=float("-inf")), axis=0))
+        se = tl.zeros((), tl.float32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            se += tl.sum(tl.exp(tl.load(o_row + offs, mask=offs < V, other=float("-inf")) - mx), axis=0)
+        if top_p < 1.0:
+            # t* = smallest probability whose strictly-greater mass is < top_p (a present value by construction)
+            plo = tl.full((), 0, tl.int32)
+            phi = tl.full((), 2139095040, tl.int32)  # bits of +inf
+            while plo < phi:
+                pmid = plo + (phi - plo) // 2
+                t = pmid.to(tl.float32, bitcast=True)
+                mass = tl.zeros((), tl.float64)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    pv = tl.exp(tl.load(o_row + offs, mask=offs < V, other=float("-inf")) - mx) / se
+                    mass += tl.sum(tl.where(pv > t, pv.to(tl.float64), 0.0), axis=0)
+                phi = tl.where(mass < top_p, pmid, phi)
+                plo = tl.where(mass < top_p, plo, pmid + 1)
+            t_star = plo.to(tl.float32, bitcast=True)
+            above = tl.zeros((), tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                pv = tl.exp(tl.load(o_row + offs, mask=offs < V, other=float("-inf")) - mx) / se
+                above += tl.sum(tl.where(pv > t_star, pv.to(tl.float64), 0.0), axis=0)
+            ties_before = tl.zeros((), tl.int64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                x = tl.load(o_row + offs, mask=m, other=float("-inf"))
+                pv = tl.exp(x - mx) / se
+                tie = (pv == t_star) & m
+                rank = ties_before + tl.cumsum(tie.to(tl.int64), axis=0) - tie.to(tl.int64)
+                keep = (pv > t_star) | (tie & (above + t_star.to(tl.float64) * rank.to(tl.float64) < top_p))
+                tl.store(o_row + offs, tl.where(keep, x, float("-inf")), mask=m)
+                ties_before += tl.sum(tie.to(tl.int64), axis=0)
+            se = tl.zeros((), tl.float32)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                se += tl.sum(tl.exp(tl.load(o_row + offs, mask=offs < V, other=float("-inf")) - mx), axis=0)
+        lse = tl.log(se)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            tl.store(o_row + offs, tl.load(o_row + offs, mask=m, other=0.0) - mx - lse, mask=m)
+
+
+def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    x = logits.float().reshape(-1, vocab).contiguous()
+    out = torch.empty_like(x)
+    if x.shape[0]:
+        greedy = temperature < 1e-5
+        _process_logits_kernel[(x.shape[0],)](
+            x,
+            out,
+            vocab,
+            1.0 if greedy else float(temperature),
+            int(top_k),
+            float(top_p),
+            GREEDY=greedy,
+            BLOCK_V=_block(vocab),
+        )
+    return out.reshape(logits.shape)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# spechub_sample, kseq_gamma, filter_kv
+
+
+@triton.jit
+def _spechub_sample_kernel(
+    logp_ptr,  # [R, V] fp32
+    noise_ptr,  # [R, V] fp64
+    tok_ptr,  # [R, 2] int64
+    hub_ptr,  # [R] int64
+    valid_ptr,  # [R, 2] int8
+    V,
+    BLOCK_V: tl.constexpr,
+):
+    """Hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a) (spec §4.5)."""
+    row = tl.program_id(0).to(tl.int64)
+    lp_row = logp_ptr + row * V
+    u_row = noise_ptr + row * V
+    hub = _argmax_chunked(lp_row, u_row, V, False, True, BLOCK_V)
+    y1 = _argmax_chunked(lp_row, u_row, V, True, True, BLOCK_V)
+    s1 = tl.load(lp_row + y1).to(tl.float64) + _gumbel(tl.load(u_row + y1))
+    best_val = tl.full((), float("-inf"), tl.float64)
+    y2 = tl.full((), 0, tl.int64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        s = tl.load(lp_row + offs, mask=m, other=float("-inf")).to(tl.float64) + _gumbel(
+            tl.load(u_row + offs, mask=m, other=0.5)
+        )
+        s = tl.where(m & ((s < s1) | ((s == s1) & (offs > y1))), s, float("-inf"))
+        cmax = tl.max(s, axis=0)
+        cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
+        y2 = tl.where(cmax > best_val, cidx, y2)
+        best_val = tl.maximum(cmax, best_val)
+    p1 = tl.exp(tl.load(lp_row + y1).to(tl.float64))
+    v2_topk = (best_val > float("-inf")) & ((1.0 - p1) > SWOR_MASS_EPS)
+    single = (1.0 - tl.exp(tl.load(lp_row + hub).to(tl.float64))) <= SWOR_MASS_EPS
+    first_is_hub = y1 == hub
+    x2 = tl.where(first_is_hub, y2, hub)
+    v2 = tl.where(first_is_hub, v2_topk, True) & (not single)
+    tl.store(tok_ptr + row * 2, tl.where(first_is_hub, hub, y1))
+    tl.store(tok_ptr + row * 2 + 1, tl.where(v2, x2, -1))
+    tl.store(valid_ptr + row * 2, tl.full((), 1, tl.int8))
+    tl.store(valid_ptr + row * 2 + 1, v2.to(tl.int8))
+    tl.store(hub_ptr + row, hub)
+
+
+def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    vocab = logp.shape[-1]
+    lp = logp.float().reshape(-1, vocab).contiguous()
+    rows = lp.shape[0]
+    tok = torch.empty((rows, 2), dtype=torch.long, device=lp.device)
+    hub = torch.empty(rows, dtype=torch.long, device=lp.device)
+    valid = torch.empty((rows, 2), dtype=torch.int8, device=lp.device)
+    if rows:
+        _spechub_sample_kernel[(rows,)](
+            lp, noise.reshape(-1, vocab).contiguous(), tok, hub, valid, vocab, BLOCK_V=_block(vocab)
+        )
+    lead = logp.shape[:-1]
+    return tok.reshape(*lead, 2), hub.reshape(lead), valid.bool().reshape(*lead, 2)
+
+
+@triton.jit
+def _kseq_gamma_kernel(
+    p_ptr,  # [B, V] fp32
+    q_ptr,  # [B, V] fp32
+    k_ptr,  # [B] int64
+    gamma_ptr,  # [B] fp64
+    beta_ptr,  # [B] fp64
+    V,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    g, be = _kseq_gamma_row(p_ptr + b * V, q_ptr + b * V, tl.load(k_ptr + b).to(tl.int32), V, BLOCK_V)
+    tl.store(gamma_ptr + b, g)
+    tl.store(beta_ptr + b, be)
+
+
+def kseq_gamma(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, vocab = p.shape
+    gamma = torch.empty(batch, dtype=torch.float64, device=p.device)
+    beta = torch.empty(batch, dtype=torch.float64, device=p.device)
+    if batch:
+        _kseq_gamma_kernel[(batch,)](
+            p.float().contiguous(),
+            q.float().contiguous(),
+            k.long().contiguous(),
+            gamma,
+            beta,
+            vocab,
+            BLOCK_V=_block(vocab),
+        )
+    return gamma, beta
+
+
+@triton.jit
+def _filter_kv_kernel(
+    kv_ptr,  # [B, H, S, D] contiguous
+    plen_ptr,  # [B] int64
+    acc_ptr,  # [B, L] int64
+    nacc_ptr,  # [B] int64
+    H,
+    S,
+    D,
+    L,
+    BLOCK_D: tl.constexpr,
+):
+    """One program per (row, head); depth order keeps the in-place moves safe (source slot >= destination)."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // H
+    base = kv_ptr + pid * S * D
+    p = tl.load(plen_ptr + b)
+    for j in range(0, tl.load(nacc_ptr + b)):
+        src = p - 1 + tl.load(acc_ptr + b * L + j)
+        dst = p + j
+        for start in range(0, D, BLOCK_D):
+            offs = start + tl.arange(0, BLOCK_D)
+            m = offs < D
+            tl.store(base + dst * D + offs, tl.load(base + src * D + offs, mask=m), mask=m)
+
+
+def filter_kv(
+    kv: list[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
+) -> torch.Tensor:
+    batch, max_len = accepted_nodes.shape
+    plen = prefix_len.long().contiguous()
+    acc = accepted_nodes.long().contiguous()
+    nacc = n_accepted.long().contiguous()
+    for t in kv:
+        if not t.is_contiguous():
+            raise ValueError("filter_kv (triton): kv tensors must be contiguous [B, H, S, D]")
+        _, heads, slots, dim = t.shape
+        if batch and heads and max_len:
+            _filter_kv_kernel[(batch * heads,)](t, plen, acc, nacc, heads, slots, dim, max_len, BLOCK_D=_block(dim))
+    return prefix_len + n_accepted
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sbs_step (spec §2.3): per-parent top-W by perturbed score, truncation of those candidates, then a global top-W
+
+
+@triton.jit
+def _expm1(x):
+    """exp(x) - 1 accurate for small |x| (Kahan's trick; the interpreter has no libdevice)."""
+    u = tl.exp(x)
+    um1 = u - 1.0
+    safe = tl.where((u == 1.0) | (um1 == -1.0), 1.0, um1 / tl.log(tl.where(u == 1.0, 2.0, u)))
+    return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, safe * x))
+
+
+@triton.jit
+def _log1p(x):
+    u = 1.0 + x
+    return tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+
+
+@triton.jit
+def _truncated_gumbel(u, phit, z):
+    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)), with the guards of spec §2.3."""
+    a = tl.minimum(phit - z, 0.0)
+    l1m = tl.where(a > -0.6931471805599453, tl.log(-_expm1(a)), _log1p(-tl.exp(a)))
+    v = u - phit + l1m
+    out = u - (tl.maximum(v, 0.0) + _log1p(tl.exp(-tl.abs(v))))
+    out = tl.where(phit == z, u, out)
+    return tl.where(phit == float("-inf"), float("-inf"), out)
+
+
+@triton.jit
+def _sbs_step_kernel(
+    logp_ptr,  # [B, Win, V] fp32
+    sigma_ptr,  # [B, Win] fp64
+    gamma_ptr,  # [B, Win] fp64
+    bvalid_ptr,  # [B, Win] int8
+    noise_ptr,  # [B, Win, V] fp64
+    cpsi_ptr,  # [B, C] fp64 scratch, C = Win * WSEL
+    cidx_ptr,  # [B, C] int64 scratch (flattened parent * V + token)
+    cphi_ptr,  # [B, C] fp64 scratch
+    par_ptr,  # [B, Wout] int64 out
+    tok_ptr,  # [B, Wout] int64 out
+    sig_out_ptr,  # [B, Wout] fp64 out
+    gam_out_ptr,  # [B, Wout] fp64 out
+    valid_ptr,  # [B, Wout] int8 out
+    WIN,
+    V,
+    WSEL,
+    WOUT,
+    BLOCK_V: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    C = WIN * WSEL
+    for k in range(0, WIN):
+        live = tl.load(bvalid_ptr + b * WIN + k) != 0
+        sig = tl.where(live, tl.load(sigma_ptr + b * WIN + k), 0.0)
+        gam = tl.where(live, tl.load(gamma_ptr + b * WIN + k), 0.0)
+        lp_row = logp_ptr + (b * WIN + k) * V
+        u_row = noise_ptr + (b * WIN + k) * V
+        prev_s = tl.full((), float("inf"), tl.float64)
+        prev_i = tl.full((), -1, tl.int64)
+        z = tl.full((), float("-inf"), tl.float64)
+        for j in range(0, WSEL):
+            best_val = tl.full((), float("-inf"), tl.float64)
+            best_idx = tl.full((), 0, tl.int64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                lp = tl.load(lp_row + offs, mask=m, other=float("-inf")).to(tl.float64)
+                s = (sig + lp) + _gumbel(tl.load(u_row + offs, mask=m, other=0.5))
+                s = tl.where(m & ((s < prev_s) | ((s == prev_s) & (offs > prev_i))), s, float("-inf"))
+                cmax = tl.max(s, axis=0)
+                cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
+                better = cmax > best_val
+                best_idx = tl.where(better, cidx, best_idx)
+                best_val = tl.where(better, cmax, best_val)
+            z = tl.where(j == 0, best_val, z)
+            psi = _truncated_gumbel(gam, best_val, z)
+            psi = tl.where(live, psi, float("-inf"))
+            slot = b * C + k * WSEL + j
+            tl.store(cpsi_ptr + slot, psi)
+            tl.store(cidx_ptr + slot, k * V + best_idx)
+            tl.store(cphi_ptr + slot, sig + tl.load(lp_row + best_idx).to(tl.float64))
+            prev_s = best_val
+            prev_i = best_idx
+    offs = tl.arange(0, BLOCK_C)
+    cm = offs < C
+    psi_all = tl.load(cpsi_ptr + b * C + offs, mask=cm, other=float("-inf"))
+    idx_all = tl.load(cidx_ptr + b * C + offs, mask=cm, other=0)
+    prev_s = tl.full((), float("inf"), tl.float64)
+    prev_i = tl.full((), -1, tl.int64)
+    for j in range(0, WOUT):
+        after = cm & ((psi_all < prev_s) | ((psi_all == prev_s) & (idx_all > prev_i)))
+        # best = largest psi, then smallest flattened index
+        cand = tl.where(after, psi_all, float("-inf"))
+        best_val = tl.max(cand, axis=0)
+        is_best = after & (psi_all == best_val)
+        best_idx = tl.min(tl.where(is_best, idx_all, 9223372036854775807), axis=0)
+        pos = tl.argmax((is_best & (idx_all == best_idx)).to(tl.int32), axis=0, tie_break_left=True)
+        ok = best_val > float("-inf")
+        phi = tl.load(cphi_ptr + b * C + pos)
+        out = b * WOUT + j
+        tl.store(par_ptr + out, tl.where(ok, best_idx // V, -1))
+        tl.store(tok_ptr + out, tl.where(ok, best_idx % V, -1))
+        tl.store(sig_out_ptr + out, tl.where(ok, phi, float("-inf")))
+        tl.store(gam_out_ptr + out, tl.where(ok, best_val, float("-inf")))
+        tl.store(valid_ptr + out, ok.to(tl.int8))
+        prev_s = best_val
+        prev_i = best_idx
+
+
+def sbs_step(
+    logp: torch.Tensor,
+    sigma: torch.Tensor,
+    gamma: torch.Tensor,
+    beam_valid: torch.Tensor,
+    w_out: int,
+    noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, w_in, vocab = logp.shape
+    dev = logp.device
+    wsel = min(w_out, vocab)  # at most w_out children of one parent can survive (spec §2.3 kernel note)
+    c = w_in * wsel
+    outs = (
+        torch.empty((batch, w_out), dtype=torch.long, device=dev),
+        torch.empty((batch, w_out), dtype=torch.long, device=dev),
+        torch.empty((batch, w_out), dtype=torch.float64, device=dev),
+        torch.empty((batch, w_out), dtype=torch.float64, device=dev),
+        torch.empty((batch, w_out), dtype=torch.int8, device=dev),
+    )
+    if batch:
+        _sbs_step_kernel[(batch,)](
+            logp.float().contiguous(),
+            sigma.double().contiguous(),
+            gamma.double().contiguous(),
+            beam_valid.to(torch.int8).contiguous(),
+            noise.contiguous(),
+            torch.empty((batch, c), dtype=torch.float64, device=dev),
+            torch.empty((batch, c), dtype=torch.long, device=dev),
+            torch.empty((batch, c), dtype=torch.float64, device=dev),
+            *outs,
+            w_in,
+            vocab,
+            wsel,
+            w_out,
+            BLOCK_V=_block(vocab),
+            BLOCK_C=max(16, triton.next_power_of_2(c)),
+        )
+    return outs[0], outs[1], outs[2], outs[3], outs[4].bool()
