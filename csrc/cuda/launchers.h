@@ -33,3 +33,15 @@ int specdec_cuda_verify_tree(const int64_t* tokens, const int64_t* parent, const
                              int64_t* next, int64_t B, int64_t N, int64_t V, int64_t KU, int64_t KC, int64_t L,
                              int method, bool kseq, bool greedy, void* stream);
 }
+
+extern "C" {
+int specdec_cuda_spechub_sample(const float* logp, const double* noise, int64_t* tokens, int64_t* hub, bool* valid,
+                                int64_t rows, int64_t V, void* stream);
+int specdec_cuda_kseq_gamma(const float* p, const float* q, const int64_t* k, double* gamma, double* beta, int64_t B,
+                            int64_t V, void* stream);
+// scratch: cpsi/cphi [B, Win * min(Wout, V)] fp64, cidx [B, Win * min(Wout, V)] int64
+int specdec_cuda_sbs_step(const float* logp, const double* sigma, const double* gamma, const bool* bvalid,
+                          const double* noise, double* cpsi, int64_t* cidx, double* cphi, int64_t* parent_slot,
+                          int64_t* tokens, double* sigma_out, double* gamma_out, bool* valid, int64_t B, int64_t Win,
+                          int64_t V, int64_t Wout, void* stream);
+}

@@ -15,7 +15,7 @@ NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/u
 
 def test_there_are_cuda_sources():
     names = {os.path.basename(s) for s in SOURCES}
-    assert {"sampling.cu", "tree.cu", "verify.cu"} <= names
+    assert {"sampling.cu", "tree.cu", "verify.cu", "beam.cu"} <= names
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found on this machine")
