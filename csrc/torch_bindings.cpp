@@ -20,10 +20,19 @@ TORCH_LIBRARY(specdec, m) {
   m.def("tree_mask(Tensor parent, Tensor valid, Tensor past_valid, ScalarType dtype) -> Tensor");
   // spec §3.7: in place on every [B, H, S, D] tensor of kv; returns the new lengths [B]
   m.def("filter_kv(Tensor(a!)[] kv, Tensor prefix_len, Tensor accepted_nodes, Tensor n_accepted) -> Tensor");
+  // spec §2.1: logp [..., V], noise [..., V] float64 uniforms -> tokens [...] int64
+  m.def("sample_categorical(Tensor logp, Tensor noise) -> Tensor");
+  // spec §2.2: logp [..., V], noise [..., V] -> tokens [..., k] int64, valid [..., k] bool, score [..., k] float64
+  m.def("gumbel_topk(Tensor logp, int k, Tensor noise) -> (Tensor, Tensor, Tensor)");
+  // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked)
+  m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("tree_positions", &specdec::cpu::tree_positions);
   m.impl("tree_mask", &specdec::cpu::tree_mask);
   m.impl("filter_kv", &specdec::cpu::filter_kv);
+  m.impl("sample_categorical", &specdec::cpu::sample_categorical);
+  m.impl("gumbel_topk", &specdec::cpu::gumbel_topk);
+  m.impl("process_logits", &specdec::cpu::process_logits);
 }

@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 mark_missing("cuda", "no CUDA build of the extension on this machine")
 
 #: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
-CPU_OPS = ("tree_positions", "tree_mask", "filter_kv")
+CPU_OPS = ("tree_positions", "tree_mask", "filter_kv", "sample_categorical", "gumbel_topk", "process_logits")
 
 
 def _on_cpu(device: torch.device) -> bool:
@@ -68,3 +68,36 @@ if HAVE_CPU:
         kv: list[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
     ) -> torch.Tensor:
         return prefix_len.new_empty(prefix_len.shape, dtype=torch.long)
+
+    # ---- sampling (spec §1.3, §2.1, §2.2) ----
+
+    @register("process_logits", "cpu", supports=_on_cpu)
+    def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+        return ops.process_logits(logits, temperature, top_k, top_p)
+
+    @register("sample_categorical", "cpu", supports=_on_cpu)
+    def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return ops.sample_categorical(logp, noise)
+
+    @register("gumbel_topk", "cpu", supports=_on_cpu)
+    def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.gumbel_topk(logp, k, noise)
+
+    @torch.library.register_fake("specdec::process_logits")
+    def _process_logits_fake(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+        return logits.new_empty(logits.shape, dtype=torch.float32)
+
+    @torch.library.register_fake("specdec::sample_categorical")
+    def _sample_categorical_fake(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return logp.new_empty(logp.shape[:-1], dtype=torch.long)
+
+    @torch.library.register_fake("specdec::gumbel_topk")
+    def _gumbel_topk_fake(
+        logp: torch.Tensor, k: int, noise: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        shape = (*logp.shape[:-1], k)
+        return (
+            logp.new_empty(shape, dtype=torch.long),
+            logp.new_empty(shape, dtype=torch.bool),
+            logp.new_empty(shape, dtype=torch.float64),
+        )

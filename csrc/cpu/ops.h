@@ -6,6 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <optional>
+#include <tuple>
 
 namespace specdec::cpu {
 
@@ -15,5 +16,10 @@ at::Tensor tree_mask(const at::Tensor& parent, const at::Tensor& valid, const at
                      at::ScalarType dtype);
 at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::Tensor& accepted_nodes,
                      const at::Tensor& n_accepted);
+
+// sampling.cpp (spec §1.3, §2.1, §2.2); noise = float64 uniforms in (0, 1) of the shape of logp
+at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k, const at::Tensor& noise);
+at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p);
 
 }  // namespace specdec::cpu

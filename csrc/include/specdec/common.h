@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define SPECDEC_HD __host__ __device__ __forceinline__
@@ -12,10 +13,70 @@
 
 namespace specdec {
 
+constexpr double kLn2 = 0.69314718055994530942;
+
+SPECDEC_HD uint64_t bits_of(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+SPECDEC_HD uint32_t bits_of(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+SPECDEC_HD float float_of(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
 // Standard Gumbel from a uniform in (0, 1), in double like the torch reference (spec §1.4, §2.1).
 SPECDEC_HD double gumbel(double u) { return -::log(-::log(u)); }
 
+// Cheap upper bound of gumbel(u) for pruning Gumbel races (no transcendental call, vectorises):
+// -log u >= 1 - u gives G(u) <= -log(1 - u), and 1 - u >= 2^e (e = binary exponent of 1 - u) gives
+// G(u) <= -e ln 2. Exact skips need a margin only for the rounding of the exact score (see race_margin).
+SPECDEC_HD double gumbel_upper(double u) {
+  const double w = 1.0 - u;
+  const int64_t e = static_cast<int64_t>((bits_of(w) >> 52) & 0x7ff) - 1023;
+  return -static_cast<double>(e) * kLn2;
+}
+
+// Upper bound of log(x) for x >= 0 from its binary exponent: x < 2^(e+1). x = 0 gives a very negative bound
+// (-1024 ln 2 ~ -710, below any finite log-probability of a float), subnormals round up safely.
+SPECDEC_HD double log_upper(float x) {
+  const int64_t e = static_cast<int64_t>((bits_of(x) >> 23) & 0xff) - 127;
+  return x > 0.0f ? static_cast<double>(e + 1) * kLn2 : -1024.0 * kLn2;
+}
+
+// An element whose bound is below (best - race_margin(best)) cannot beat or tie best: the bound is exact in real
+// arithmetic and the computed scores carry relative errors of a few 1e-16.
+SPECDEC_HD double race_margin(double best) { return 1e-9 * (1.0 + ::fabs(best)); }
+
 // Total order of the Gumbel races: larger score first, ties to the lower index (DESIGN.md §3).
 SPECDEC_HD bool beats(double a, int64_t ia, double b, int64_t ib) { return a > b || (a == b && ia < ib); }
+
+// exp for x <= 0 in fp32 (Cephes polynomial, ~1 ulp), branch-free so loops over it vectorise; x below -87 (incl.
+// -inf) returns exp(-87) ~ 1.6e-38, which is negligible wherever it is used (sums that contain exp(0) = 1).
+SPECDEC_HD float exp_nonpos(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  // round to nearest by the 1.5 * 2^23 trick: floorf would block vectorisation (it may trap on inexact)
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  const float r2 = r * r;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r2 + r + 1.0f;
+  const int32_t ni = static_cast<int32_t>(n);
+  return y * float_of(static_cast<uint32_t>(ni + 127) << 23);
+}
 
 }  // namespace specdec

@@ -1,0 +1,147 @@
+// CPU adapters for the sampling ops (spec §1.3, §2.1, §2.2); kernels in specdec/sampling.h.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/_softmax.h>
+#include <ATen/ops/empty.h>
+
+#include <vector>
+
+#include "cpu/common.h"
+#include "cpu/ops.h"
+#include "specdec/sampling.h"
+
+namespace specdec::cpu {
+namespace {
+
+// Rows of a [..., V] float tensor and its float64 noise, both contiguous.
+struct Rows {
+  at::Tensor data, noise;
+  int64_t rows, vocab;
+};
+
+Rows as_rows(const at::Tensor& logp, const at::Tensor& noise) {
+  check_cpu(logp, "logp");
+  check_cpu(noise, "noise");
+  TORCH_CHECK(at::isFloatingType(logp.scalar_type()), "logp must be floating, got ", logp.scalar_type());
+  TORCH_CHECK(logp.dim() >= 1 && logp.size(-1) > 0, "logp must be [..., V] with V > 0, got ", logp.sizes());
+  TORCH_CHECK(noise.sizes() == logp.sizes(), "noise must have the shape of logp ", logp.sizes(), ", got ",
+              noise.sizes());
+  const int64_t vocab = logp.size(-1);
+  return {logp.contiguous(), noise.to(at::kDouble).contiguous(), logp.numel() / vocab, vocab};
+}
+
+std::vector<int64_t> lead_shape(const at::Tensor& t, int64_t last) {
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end() - 1);
+  if (last >= 0) shape.push_back(last);
+  return shape;
+}
+
+template <typename T>
+void sample_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int64_t* out) {
+#pragma omp parallel for num_threads(omp_threads(rows, rows * vocab)) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) out[i] = sample_categorical_row(lp + i * vocab, u + i * vocab, vocab);
+}
+
+template <typename T>
+void topk_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int64_t k, int64_t* tok, bool* val,
+               double* sc) {
+  const bool big_k = k > kTopkBuffer;
+#pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
+  {
+    std::vector<double> scratch_scores(big_k ? vocab : 0);
+    std::vector<int64_t> scratch_idx(big_k ? vocab : 0);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i)
+      gumbel_topk_row(lp + i * vocab, u + i * vocab, vocab, k, tok + i * k, val + i * k, sc + i * k,
+                      scratch_scores.data(), scratch_idx.data());
+  }
+}
+
+// Greedy rows, or temperature + top-k (+ the final log-softmax when there is no top-p step).
+template <typename T>
+void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float temperature, int64_t top_k,
+                     bool finish, float* out) {
+#pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = out + i * vocab;
+      if (greedy) {
+        greedy_row(x + i * vocab, vocab, row);
+        continue;
+      }
+      temperature_row(x + i * vocab, vocab, temperature, row);
+      if (top_k > 0) top_k_row(row, vocab, top_k, scratch);
+      if (finish) log_softmax_row(row, vocab);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise) {
+  const Rows r = as_rows(logp, noise);
+  at::Tensor out = at::empty(lead_shape(logp, -1), logp.options().dtype(at::kLong));
+  int64_t* o = out.mutable_data_ptr<int64_t>();
+  const double* u = r.noise.const_data_ptr<double>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.data.scalar_type(), "specdec_sample_categorical", [&] {
+    sample_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, o);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k, const at::Tensor& noise) {
+  const Rows r = as_rows(logp, noise);
+  TORCH_CHECK(k >= 0 && k <= r.vocab, "k must be in [0, V=", r.vocab, "], got ", k);
+  const auto shape = lead_shape(logp, k);
+  at::Tensor tokens = at::empty(shape, logp.options().dtype(at::kLong));
+  at::Tensor valid = at::empty(shape, logp.options().dtype(at::kBool));
+  at::Tensor score = at::empty(shape, logp.options().dtype(at::kDouble));
+  int64_t* tok = tokens.mutable_data_ptr<int64_t>();
+  bool* val = valid.mutable_data_ptr<bool>();
+  double* sc = score.mutable_data_ptr<double>();
+  const double* u = r.noise.const_data_ptr<double>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.data.scalar_type(), "specdec_gumbel_topk", [&] {
+    topk_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, k, tok, val, sc);
+  });
+  return {tokens, valid, score};
+}
+
+at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64_t top_k, double top_p) {
+  check_cpu(logits_in, "logits");
+  TORCH_CHECK(at::isFloatingType(logits_in.scalar_type()), "logits must be floating, got ",
+              logits_in.scalar_type());
+  TORCH_CHECK(logits_in.dim() >= 1 && logits_in.size(-1) > 0, "logits must be [..., V] with V > 0");
+  TORCH_CHECK(temperature >= 0.0, "temperature must be >= 0, got ", temperature);
+  TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
+  const at::Tensor logits = logits_in.contiguous();
+  const int64_t vocab = logits.size(-1), rows = logits.numel() / vocab;
+  at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
+  float* o = out.mutable_data_ptr<float>();
+  const bool greedy = temperature < 1e-5;  // spec §1.3 / ops.sampling.GREEDY_TEMPERATURE
+  const bool use_top_k = top_k > 0 && top_k < vocab;
+  const bool use_top_p = top_p < 1.0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "specdec_process_logits", [&] {
+    first_pass_rows(logits.const_data_ptr<scalar_t>(), rows, vocab, greedy, static_cast<float>(temperature),
+                    use_top_k ? top_k : 0, !use_top_p, o);
+  });
+  if (greedy || !use_top_p) return out;
+  // The top-p boundary compares a cumulative sum of fp32 probabilities with top_p; computing them with torch's own
+  // softmax kernel keeps them bitwise equal to the reference's, so the kept set is identical (a different exp or
+  // summation order would move the boundary in a noticeable fraction of large-vocabulary rows).
+  const at::Tensor probs = at::_softmax(out, -1, false);
+  const float* p = probs.const_data_ptr<float>();
+#pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
+  {
+    std::vector<std::pair<float, int64_t>> cand;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      top_p_row(o + i * vocab, p + i * vocab, vocab, top_p, cand);
+      log_softmax_row(o + i * vocab, vocab);
+    }
+  }
+  return out;
+}
+
+}  // namespace specdec::cpu

@@ -1,0 +1,271 @@
+// Sampling kernels (spec §1.3, §2.1, §2.2): one row per call, raw pointers + sizes.
+//
+// Every Gumbel race computes the exact score of an element as the torch reference does, in double:
+// (double)logp[v] + (-log(-log u[v])), and breaks ties to the lower index. Elements whose cheap upper bound
+// (gumbel_upper) cannot reach the current k-th best score are skipped without evaluating logs; the skip test has a
+// margin, so the decisions are exactly those of the full evaluation.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <queue>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specdec/common.h"
+
+namespace specdec {
+
+constexpr int64_t kRaceChunk = 64;     // elements bounded together before any exact evaluation
+constexpr double kSworMassEps = 1e-7;  // spec §2.2: stop drawing once the remaining draft mass is this small
+
+// Generic race: argmax_v score(v) + gumbel(u[v]) over v in [0, n), ties -> lowest v.
+// score(v) is the exact double score without noise (may be -inf); bound(v) >= score(v) is cheap.
+template <class Score, class Bound>
+int64_t gumbel_argmax(int64_t n, const double* u, Score score, Bound bound) {
+  int64_t best_i = 0;
+  double best = score(0) + gumbel(u[0]);
+  for (int64_t c = 1; c < n; c += kRaceChunk) {
+    const int64_t end = std::min(n, c + kRaceChunk);
+    const double thr = best - race_margin(best);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= (bound(v) + gumbel_upper(u[v]) >= thr);
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v) {
+      const double s = score(v);
+      if (s == -INFINITY) continue;
+      const double total = s + gumbel(u[v]);
+      if (total > best) {
+        best = total;
+        best_i = v;
+      }
+    }
+  }
+  return best_i;
+}
+
+// Spec §2.1: token = argmax_v (double)logp[v] + G(u[v]).
+// Exact double value of a log-prob element, as the reference's `logp.double()` (fp16/bf16 convert exactly).
+template <typename T>
+SPECDEC_HD double as_double(T x) {
+  if constexpr (std::is_same_v<T, double>) {
+    return x;
+  } else {
+    return static_cast<double>(static_cast<float>(x));
+  }
+}
+
+// Spec §2.1: token = argmax_v (double)logp[v] + G(u[v]).
+template <typename T>
+int64_t sample_categorical_row(const T* logp,    // [V]
+                               const double* u,  // [V] uniforms in (0, 1)
+                               int64_t vocab) {
+  auto lp = [logp](int64_t v) { return as_double(logp[v]); };
+  return gumbel_argmax(vocab, u, lp, lp);
+}
+
+// Spec §2.2 Gumbel-top-k of one row: the k largest perturbed scores, descending, ties -> lower token id; then
+// candidate j is valid iff its score is finite and the draft mass left before it, computed as the reference does
+// (sequential double cumsum of exp(logp) minus the candidate's own term), exceeds 1e-7.
+// scratch_scores/scratch_idx: [V] each, only used when k > kTopkBuffer.
+constexpr int64_t kTopkBuffer = 64;
+
+template <typename T>
+void gumbel_topk_row(const T* logp,     // [V]
+                     const double* u,   // [V] uniforms in (0, 1)
+                     int64_t vocab, int64_t k,
+                     int64_t* tokens,   // [k] out, -1 where invalid
+                     bool* valid,       // [k] out
+                     double* score,     // [k] out, -inf where invalid
+                     double* scratch_scores, int64_t* scratch_idx) {
+  auto lp = [logp](int64_t v) { return as_double(logp[v]); };
+  if (k == 0) return;
+  int64_t count = 0;
+  if (k <= kTopkBuffer) {
+    // sorted buffer of the best k so far; a later index never wins a tie, so it goes after equal scores
+    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+      const int64_t end = std::min(vocab, c + kRaceChunk);
+      if (count == k) {
+        const double thr = score[k - 1] - race_margin(score[k - 1]);
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int64_t v = c; v < end; ++v) any |= (lp(v) + gumbel_upper(u[v]) >= thr);
+        if (!any) continue;
+      }
+      for (int64_t v = c; v < end; ++v) {
+        const double s = lp(v) + gumbel(u[v]);
+        if (count == k && !(s > score[k - 1])) continue;
+        int64_t j = count < k ? count : k - 1;
+        while (j > 0 && score[j - 1] < s) {
+          score[j] = score[j - 1];
+          tokens[j] = tokens[j - 1];
+          --j;
+        }
+        score[j] = s;
+        tokens[j] = v;
+        if (count < k) ++count;
+      }
+    }
+  } else {
+    for (int64_t v = 0; v < vocab; ++v) {
+      scratch_scores[v] = lp(v) + gumbel(u[v]);
+      scratch_idx[v] = v;
+    }
+    std::partial_sort(scratch_idx, scratch_idx + k, scratch_idx + vocab, [scratch_scores](int64_t a, int64_t b) {
+      return beats(scratch_scores[a], a, scratch_scores[b], b);
+    });
+    for (int64_t j = 0; j < k; ++j) {
+      tokens[j] = scratch_idx[j];
+      score[j] = scratch_scores[scratch_idx[j]];
+    }
+  }
+  double cum = 0.0;
+  for (int64_t j = 0; j < k; ++j) {
+    bool ok = score[j] > -INFINITY;
+    const double picked = ok ? ::exp(lp(tokens[j])) : 0.0;
+    cum += picked;
+    const double mass_before = cum - picked;
+    ok = ok && (1.0 - mass_before) > kSworMassEps;
+    valid[j] = ok;
+    if (!ok) {
+      tokens[j] = -1;
+      score[j] = -INFINITY;
+    }
+  }
+}
+
+// ---- process_logits (spec §1.3): temperature -> top-k -> top-p -> fp32 log-softmax ----
+
+// Greedy row (T < 1e-5): the one-hot log-law of argmax (first maximum), never dividing by T.
+template <typename T>
+void greedy_row(const T* logits, int64_t vocab, float* out) {
+  int64_t best_i = 0;
+  float best = static_cast<float>(logits[0]);
+  for (int64_t v = 1; v < vocab; ++v) {
+    const float x = static_cast<float>(logits[v]);
+    if (x > best) {
+      best = x;
+      best_i = v;
+    }
+  }
+  for (int64_t v = 0; v < vocab; ++v) out[v] = -INFINITY;
+  out[best_i] = 0.0f;
+}
+
+// x = fp32(logits) / fp32(T): one IEEE division per element like the reference's `x.float() / T`.
+template <typename T>
+void temperature_row(const T* logits, int64_t vocab, float temperature, float* out) {
+  for (int64_t v = 0; v < vocab; ++v) out[v] = static_cast<float>(logits[v]) / temperature;
+}
+
+// Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).
+// Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.
+inline void top_k_row(float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
+  float kth;
+  if (k <= 1024) {
+    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+      const int64_t end = std::min(vocab, c + kRaceChunk);
+      if (static_cast<int64_t>(heap.size()) == k) {
+        const float lo = heap.top();
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int64_t v = c; v < end; ++v) any |= x[v] > lo;
+        if (!any) continue;
+      }
+      for (int64_t v = c; v < end; ++v) {
+        if (static_cast<int64_t>(heap.size()) < k) {
+          heap.push(x[v]);
+        } else if (x[v] > heap.top()) {
+          heap.pop();
+          heap.push(x[v]);
+        }
+      }
+    }
+    kth = heap.top();
+  } else {
+    scratch.assign(x, x + vocab);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+    kth = scratch[k - 1];
+  }
+  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] >= kth ? x[v] : -INFINITY;
+}
+
+// Top-p on fp32 probabilities (bitwise those of the reference's fp32 softmax of x): keep the shortest prefix of the
+// stable descending order whose double cumulative mass reaches top_p (a token is kept iff the mass before it is
+// < top_p; the first always), then x[v] = -inf outside it. The cumulative sum runs in the same order and precision
+// as the reference's cumsum, so the kept set is identical. Only the head of the order is sorted: tokens are
+// bucketed by binary exponent and whole buckets are added (largest first) until the prefix is decided.
+inline void top_p_row(float* x, const float* probs, int64_t vocab, double top_p,
+                      std::vector<std::pair<float, int64_t>>& cand) {
+  double bucket_mass[256] = {0.0};
+  int64_t bucket_count[256] = {0};
+  for (int64_t v = 0; v < vocab; ++v) {
+    const uint32_t b = bits_of(probs[v]) >> 23;
+    bucket_mass[b] += static_cast<double>(probs[v]);
+    ++bucket_count[b];
+  }
+  int bucket = 255;
+  double head = 0.0;
+  while (bucket > 0 && head + bucket_mass[bucket] < top_p) head += bucket_mass[bucket--];
+  while (bucket > 0 && bucket_count[bucket] == 0) --bucket;
+  // candidates: every token in buckets >= bucket; extend one bucket at a time if their prefix falls short
+  cand.clear();
+  double mass_before = 0.0;
+  int64_t done = 0;  // candidates already consumed by the cumulative walk
+  int64_t last = -1;
+  float last_p = 0.0f;
+  int hi = 256;
+  while (true) {
+    const size_t start = cand.size();
+    for (int64_t v = 0; v < vocab; ++v) {
+      const int b = static_cast<int>(bits_of(probs[v]) >> 23);
+      if (b >= bucket && b < hi) cand.emplace_back(probs[v], v);
+    }
+    std::sort(cand.begin() + start, cand.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    bool decided = false;
+    for (; done < static_cast<int64_t>(cand.size()); ++done) {
+      if (done > 0 && !(mass_before < top_p)) {
+        decided = true;
+        break;
+      }
+      last = cand[done].second;
+      last_p = cand[done].first;
+      mass_before += static_cast<double>(cand[done].first);
+    }
+    if (decided || bucket == 0) break;
+    hi = bucket;
+    --bucket;
+    while (bucket > 0 && bucket_count[bucket] == 0) --bucket;
+  }
+  // kept = every token ordered before or at `last` in (p desc, index asc)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const bool keep = probs[v] > last_p || (probs[v] == last_p && v <= last);
+    x[v] = keep ? x[v] : -INFINITY;
+  }
+}
+
+// In-place fp32 log-softmax of one row with a double sum: x - max - log(sum exp(x - max)); -inf stays -inf.
+inline void log_softmax_row(float* x, int64_t vocab) {
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < vocab; ++v) mx = x[v] > mx ? x[v] : mx;
+  // fp32 partial sums over short chunks (vectorised), accumulated in double
+  double sum = 0.0;
+  for (int64_t c = 0; c < vocab; c += 256) {
+    const int64_t end = std::min(vocab, c + 256);
+    float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+    for (int64_t v = c; v < end; ++v) part += exp_nonpos(x[v] - mx);
+    sum += static_cast<double>(part);
+  }
+  const float shift = mx + static_cast<float>(::log(sum));
+  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] - shift;
+}
+
+}  // namespace specdec
