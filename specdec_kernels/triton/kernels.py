@@ -531,7 +531,10 @@ def _verify_node_row(
                     tl.store(r_ptr + offs, tl.maximum(q - c * tl.minimum(p, q / g32), 0.0) / tot, mask=m)
     else:
         x0 = tl.load(cand_ptr)
-        if tl.load(cvalid_ptr + 1) == 0:  # p(hub) ~ 1: a single-candidate SD node
+        single = K < 2  # a tree node with one child; never read slot 1 then (it does not exist)
+        if K >= 2:
+            single = tl.load(cvalid_ptr + 1) == 0  # p(hub) ~ 1
+        if single:  # a single-candidate SD node
             den = tl.load(p_ptr + x0).to(tl.float32)
             num = tl.load(q_ptr + x0).to(tl.float32)
             if ANALYTIC:
