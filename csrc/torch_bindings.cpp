@@ -26,6 +26,11 @@ TORCH_LIBRARY(specdec, m) {
   m.def("gumbel_topk(Tensor logp, int k, Tensor noise) -> (Tensor, Tensor, Tensor)");
   // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked)
   m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p) -> Tensor");
+  // spec §4.1/§8: draft [B, L], p [B, L, V] (None when greedy), q [B, L+1, V], lengths [B], accept_u [B, L],
+  // final_noise [B, V], eos [E] -> n_accepted [B], next_token [B]
+  m.def(
+      "verify_chain(Tensor draft, Tensor? p, Tensor q, Tensor lengths, Tensor accept_u, Tensor final_noise, "
+      "bool greedy, Tensor? eos) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -35,4 +40,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample_categorical", &specdec::cpu::sample_categorical);
   m.impl("gumbel_topk", &specdec::cpu::gumbel_topk);
   m.impl("process_logits", &specdec::cpu::process_logits);
+  m.impl("verify_chain", &specdec::cpu::verify_chain);
 }

@@ -24,7 +24,15 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 mark_missing("cuda", "no CUDA build of the extension on this machine")
 
 #: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
-CPU_OPS = ("tree_positions", "tree_mask", "filter_kv", "sample_categorical", "gumbel_topk", "process_logits")
+CPU_OPS = (
+    "tree_positions",
+    "tree_mask",
+    "filter_kv",
+    "sample_categorical",
+    "gumbel_topk",
+    "process_logits",
+    "verify_chain",
+)
 
 
 def _on_cpu(device: torch.device) -> bool:
@@ -101,3 +109,32 @@ if HAVE_CPU:
             logp.new_empty(shape, dtype=torch.bool),
             logp.new_empty(shape, dtype=torch.float64),
         )
+
+    # ---- verification (spec §4.1, §8) ----
+
+    @register("verify_chain", "cpu", supports=_on_cpu)
+    def verify_chain(
+        draft: torch.Tensor,
+        p: torch.Tensor | None,
+        q: torch.Tensor,
+        lengths: torch.Tensor,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        greedy: bool,
+        eos: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.verify_chain(draft, None if greedy else p, q, lengths, accept_u, final_noise, greedy, eos)
+
+    @torch.library.register_fake("specdec::verify_chain")
+    def _verify_chain_fake(
+        draft: torch.Tensor,
+        p: torch.Tensor | None,
+        q: torch.Tensor,
+        lengths: torch.Tensor,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        greedy: bool,
+        eos: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = draft.shape[0]
+        return draft.new_empty((batch,), dtype=torch.long), draft.new_empty((batch,), dtype=torch.long)

@@ -22,4 +22,10 @@ at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k, const at::Tensor& noise);
 at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p);
 
+// verify.cpp (spec §4.1, §8)
+std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const std::optional<at::Tensor>& p,
+                                                const at::Tensor& q, const at::Tensor& lengths,
+                                                const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
+                                                const std::optional<at::Tensor>& eos);
+
 }  // namespace specdec::cpu

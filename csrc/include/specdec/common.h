@@ -45,11 +45,16 @@ SPECDEC_HD double gumbel_upper(double u) {
   return -static_cast<double>(e) * kLn2;
 }
 
-// Upper bound of log(x) for x >= 0 from its binary exponent: x < 2^(e+1). x = 0 gives a very negative bound
-// (-1024 ln 2 ~ -710, below any finite log-probability of a float), subnormals round up safely.
+// Upper bounds of log(x) for x >= 0 from the binary exponent: x < 2^(e+1); log(0) = -inf. Subnormals get the
+// bound of the smallest normal, which is still above their log.
 SPECDEC_HD double log_upper(float x) {
   const int64_t e = static_cast<int64_t>((bits_of(x) >> 23) & 0xff) - 127;
-  return x > 0.0f ? static_cast<double>(e + 1) * kLn2 : -1024.0 * kLn2;
+  return x > 0.0f ? static_cast<double>(e + 1) * kLn2 : -INFINITY;
+}
+
+SPECDEC_HD double log_upper(double x) {
+  const int64_t e = static_cast<int64_t>((bits_of(x) >> 52) & 0x7ff) - 1023;
+  return x > 0.0 ? static_cast<double>(e + 1) * kLn2 : -INFINITY;
 }
 
 // An element whose bound is below (best - race_margin(best)) cannot beat or tie best: the bound is exact in real
