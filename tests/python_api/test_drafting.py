@@ -1,0 +1,61 @@
+"""Max-Gram drafter semantics (spec §6.5) and statistics bookkeeping (spec §11)."""
+
+from __future__ import annotations
+
+import numpy as np
+import specdec
+import torch
+from specdec import max_gram_proposal
+from specdec.metrics import GenerationStats
+from tiny_models import tiny_llama
+
+
+def test_longest_suffix_earliest_occurrence() -> None:
+    # Suffix [4, 5] occurs at positions 3-4 and 8-9 of the search text; the earliest one is used.
+    seq = [9, 1, 2, 4, 5, 6, 7, 8, 4, 5, 3, 0, 4, 5]
+    assert max_gram_proposal(seq, 3) == [6, 7, 8]
+    # The longest suffix that occurs is [3, 4, 5] (only at the start), not the later [4, 5].
+    seq2 = [3, 4, 5, 1, 1, 4, 5, 2, 3, 4, 5]
+    assert max_gram_proposal(seq2, 2) == [1, 1]
+
+
+def test_second_search_extends_short_proposals() -> None:
+    # The first match ends near the end of the search text; the second search continues from the extension.
+    seq = [1, 2, 3, 1, 2]
+    assert max_gram_proposal(seq, 4) == [3, 1, 2, 3]
+
+
+def test_no_match_and_bigram_fill() -> None:
+    assert max_gram_proposal([1, 2, 3], 4) == []
+    bigram = np.array([1, 2, 3, 0])
+    assert max_gram_proposal([1, 2, 3], 3, bigram) == [0, 1, 2]
+    table = specdec.NGramDrafter.bigram_table([[0, 1, 0, 1, 0, 2, 3]], 5)
+    assert table.tolist() == [1, 0, 3, 0, 0]
+
+
+def test_ngram_sampling_is_exact_on_one_hot_laws() -> None:
+    """A one-hot draft under sampling: every emitted token still comes from the target (smoke: runs, accepts)."""
+    target = tiny_llama(0, vocab=16, hidden=32)
+    prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
+    out = specdec.generate(target, "ngram", prompt, method="sd", max_new_tokens=10, temperature=1.0, seed=0)
+    assert len(out.new_tokens[0]) == 10
+    assert out.stats.draft_params == 0 and out.stats.draft_calls > 0
+
+
+def test_stats_bookkeeping() -> None:
+    target, draft = tiny_llama(0, vocab=16, hidden=32), tiny_llama(1, vocab=16, hidden=32)
+    out = specdec.generate(target, draft, torch.tensor([[1, 2, 3]]), method="rsd_c", max_new_tokens=15, seed=0)
+    s = out.stats
+    assert s.emitted == s.new_tokens == 15
+    assert s.row_rounds == s.target_calls  # batch 1
+    assert abs(s.block_efficiency - 15 / s.target_calls) < 1e-12
+    assert sum(s.accepted_hist) == s.row_rounds
+    assert abs(sum(s.acceptance_by_rank) - s.acceptance_rate) < 1e-12
+    assert 0 < s.draft_ratio < 1.5 and s.mbsu <= s.block_efficiency
+    assert s.wall_time >= sum(v for k, v in s.times.items()) * 0.99
+    d = s.as_dict()
+    assert d["method"] == "rsd_c(b=2,2)" and d["new_tokens"] == 15
+    total = GenerationStats(method="x")
+    total.merge(s)
+    total.merge(s)
+    assert total.new_tokens == 30 and total.block_efficiency == s.block_efficiency

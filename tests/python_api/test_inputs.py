@@ -1,0 +1,129 @@
+"""Bad inputs give clear errors that name the argument; reproducibility with seeds and generators."""
+
+from __future__ import annotations
+
+import pytest
+import specdec
+import torch
+from tiny_models import tiny_llama
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_llama(0, vocab=16, hidden=32), tiny_llama(1, vocab=16, hidden=32)
+
+
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+def test_mismatched_vocabularies(pair) -> None:
+    target, _ = pair
+    other = tiny_llama(2, vocab=24, hidden=32)
+    with pytest.raises(ValueError, match="draft vocabulary size 24 differs from the target's 16"):
+        specdec.generate(target, other, PROMPT, method="sd")
+
+
+def test_missing_draft(pair) -> None:
+    with pytest.raises(ValueError, match="draft is required for method 'rsd_c'"):
+        specdec.generate(pair[0], None, PROMPT, method="rsd_c")
+
+
+def test_unknown_draft_string(pair) -> None:
+    with pytest.raises(ValueError, match="draft must be a model, a Drafter or the string 'ngram'"):
+        specdec.generate(pair[0], "bigram", PROMPT, method="sd")
+
+
+@pytest.mark.parametrize(
+    ("ids", "mask", "match"),
+    [
+        (torch.zeros((1, 0), dtype=torch.long), None, "input_ids must hold at least one prompt token per row"),
+        (torch.tensor([[1, 2], [3, 4]]), torch.tensor([[1, 1], [0, 0]]), "attention_mask row 1 selects no token"),
+        (torch.tensor([[1, 2]]), torch.tensor([[1, 1, 1]]), "attention_mask must have the shape of input_ids"),
+        (torch.tensor([[1, 2]]), torch.tensor([[1, 2]]), "attention_mask must hold only 0"),
+        (torch.tensor([[1, 99]]), None, r"input_ids must hold token ids in \[0, 16\)"),
+        (torch.tensor([[1.0, 2.0]]), None, "input_ids must be an integer tensor"),
+    ],
+)
+def test_bad_prompts(pair, ids, mask, match) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        specdec.generate(pair[0], pair[1], ids, method="sd", attention_mask=mask)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens must be an int >= 1, got 0"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"top_k": -2}, "top_k must be an int >= 0"),
+        ({"eos_token_id": 16}, r"eos_token_id must hold token ids in \[0, 16\)"),
+        ({"seed": 1, "generator": torch.Generator()}, "pass either seed= or generator="),
+    ],
+)
+def test_bad_generation_arguments(pair, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        specdec.generate(pair[0], pair[1], PROMPT, method="sd", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("method", "kwargs", "match"),
+    [
+        ("beam", {}, "method must be one of"),
+        ("sd", {"draft_length": 0}, "draft_length must be an int >= 1, got 0"),
+        ("rsd_c", {"branching": (2, 0)}, "branching must be a non-empty sequence of ints >= 1"),
+        ("rsd_c", {"branching": ()}, "branching must be a non-empty sequence of ints >= 1"),
+        ("rrsw", {"parents": (0, 0)}, r"parents is not a valid level-order tree: parents\[0\] must be -1"),
+        ("rrs", {"parents": (-1, 0, 2)}, "parents is not a valid level-order tree"),
+        ("rrs", {"parents": (-1,)}, "parents must describe at least one draft node"),
+        ("rrs", {"branching": (2,), "parents": (-1, 0)}, "pass branching or parents, not both"),
+        ("spechub", {"branching": (3,)}, "branching for method 'spechub' must hold 1s and 2s"),
+        ("spechub", {"parents": (-1, 0, 0, 0)}, "parents for method 'spechub' must give every node at most 2"),
+        ("rsd_s", {"beam_width": 0}, "beam_width must be an int >= 1"),
+        ("spectr", {"num_chains": -1}, "num_chains must be an int >= 1"),
+        ("rsd_c", {"draft_length": 3}, "method 'rsd_c' does not take draft_length"),
+        ("ar", {"branching": (2,)}, "method 'ar' does not take branching"),
+    ],
+)
+def test_invalid_method_and_tree_specs(pair, method, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        specdec.SpeculativeDecoder(pair[0], pair[1], method=method, **kwargs)
+
+
+def _nan_model(seed: int):
+    model = tiny_llama(seed, vocab=16, hidden=32)
+    with torch.no_grad():
+        model.lm_head.weight[3] = float("nan")
+    return model
+
+
+def test_nan_target_logits(pair) -> None:
+    with pytest.raises(ValueError, match="target produced NaN logits"):
+        specdec.generate(_nan_model(5), pair[1], PROMPT, method="sd", seed=0)
+
+
+def test_nan_draft_logits(pair) -> None:
+    with pytest.raises(ValueError, match="draft produced NaN logits"):
+        specdec.generate(pair[0], _nan_model(6), PROMPT, method="rsd_c", seed=0)
+
+
+def test_ngram_drafter_arguments() -> None:
+    with pytest.raises(ValueError, match="vocab_size must be an int >= 1"):
+        specdec.NGramDrafter(0)
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
+        specdec.NGramDrafter(16, max_tokens=0)
+    with pytest.raises(ValueError, match="bigram must be a length-16 table"):
+        specdec.NGramDrafter(16, bigram=[0, 1])
+
+
+def test_seed_reproducibility(pair) -> None:
+    target, draft = pair
+    ids = PROMPT.expand(4, -1)
+    runs = [
+        specdec.generate(target, draft, ids, method="rsd_s", max_new_tokens=12, seed=s).new_tokens for s in (7, 7, 8)
+    ]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g1).new_tokens
+    b = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g2).new_tokens
+    assert a == b
