@@ -154,7 +154,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
     }
   } else {  // SpecHub (spec §4.5)
     const int64_t x0 = cand[0];
-    if (!cvalid[1]) {  // p(hub) ~ 1: a single-candidate SD node
+    if (K < 2 || !cvalid[1]) {  // a one-child tree node, or p(hub) ~ 1: a single-candidate SD node
       const float den = p[x0], num = q[x0];
       if (analytic && threadIdx.x == 0) ap[0] = ratio_prob(num, den);
       if (passes(u[0], den, num)) chosen = 0;
