@@ -42,12 +42,12 @@ class DataConfig:
     """How much data to build. Defaults fit the ~100 minute budget of a 2-core CPU (see train/README)."""
 
     seed: int = 0
-    n_magpie: int = 256
+    n_magpie: int = 128
     n_gsm8k_sample: int = 64
-    n_gsm8k_label: int = 1600
+    n_gsm8k_label: int = 640
     max_instruction_tokens: int = 48
     max_new_tokens: int = 96
-    batch_size: int = 32
+    batch_size: int = 64
     label_batch_size: int = 16
     top_k: int = 32
     shard_size: int = 64

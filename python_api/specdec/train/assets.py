@@ -1,0 +1,132 @@
+"""Shipped drafts: small bf16 safetensors under ``specdec/assets`` (plus a JSON manifest), loadable by name.
+
+A draft file holds only what was trained (projection, layers, norm, reduced head, head_ids) and a fingerprint of
+the target embedding it was trained against; the embedding table itself is taken from the target at load time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import file_sha256, write_json_atomic
+from .draft import (
+    DraftConfig,
+    build_draft,
+    check_compatible,
+    check_fingerprint,
+    target_fingerprint,
+    trainable_state,
+)
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_DRAFT = "smollm2-distill"
+
+
+def _resolve(name_or_path: str | Path, suffix: str = ".safetensors") -> Path:
+    p = Path(name_or_path)
+    if p.suffix == suffix and p.is_file():
+        return p
+    cand = ASSETS_DIR / f"{name_or_path}{suffix}"
+    if cand.is_file():
+        return cand
+    known = sorted(f.stem for f in ASSETS_DIR.glob(f"*{suffix}")) if ASSETS_DIR.is_dir() else []
+    raise FileNotFoundError(f"no draft asset {name_or_path!r}: not a {suffix} file and not one of {known}")
+
+
+def save_draft(draft: Any, path: Path, cfg: DraftConfig, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the trainable weights (``dtype``), head_ids and the target fingerprint as one safetensors file."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in trainable_state(draft).items()}
+    tensors["target_fingerprint"] = target_fingerprint(draft.model.embed_tokens.table)
+    meta = {"draft_config": json.dumps(asdict(cfg)), "vocab_size": str(draft.config.vocab_size), "format": "1"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def _embed_table(target: Any) -> torch.Tensor:
+    return target.get_input_embeddings().weight.detach()
+
+
+def load_draft(
+    name_or_path: str | Path = DEFAULT_DRAFT, target: Any = None, *, dtype: torch.dtype = torch.bfloat16
+) -> Any:
+    """Load a shipped (or saved) draft as an HF ``LlamaForCausalLM`` in eval mode.
+
+    ``target``: the target model whose input embedding the draft reuses (shared, not copied, when dtypes match);
+    default: SmolLM2-135M-Instruct via :func:`specdec.smollm2.load_smollm2`. Raises ValueError when the target's
+    vocabulary or embedding differs from the one the draft was trained with.
+    """
+    from safetensors import safe_open
+
+    path = _resolve(name_or_path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    cfg = DraftConfig(**json.loads(meta["draft_config"]))
+    if target is None:
+        from ..smollm2 import load_smollm2
+
+        target, _ = load_smollm2(dtype)
+    vocab = int(meta["vocab_size"])
+    if int(target.config.vocab_size) != vocab:
+        raise ValueError(
+            f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
+            "a draft must share the target's tokenizer and vocabulary"
+        )
+    table = _embed_table(target)
+    check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
+    draft = build_draft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.endswith("embed_tokens.table")]
+    if missing or unexpected:
+        raise ValueError(f"{path.name}: weights do not match the draft config (missing {missing}, extra {unexpected})")
+    draft = draft.to(dtype).eval()
+    check_compatible(draft, target)
+    return draft
+
+
+def draft_from_checkpoint(path: Path, target: Any) -> Any:
+    """The draft from a ``distill`` checkpoint (``final.pt``), in fp32, sharing the target's embedding values."""
+    ck = torch.load(path, weights_only=False)
+    cfg = DraftConfig(**ck["config"]["draft"])
+    table = _embed_table(target).to(torch.bfloat16).float()
+    draft = build_draft(cfg, target.config, table, ck["head_ids"])
+    draft.load_state_dict(ck["state"], strict=False)
+    return draft.eval()
+
+
+def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = None) -> dict[str, Any]:
+    """Copy the trained draft (and acceptance head, if trained) into the assets folder with a manifest."""
+    from ..smollm2 import load_smollm2
+
+    out = assets_dir or ASSETS_DIR
+    target, _ = load_smollm2("bf16")
+    ck = torch.load(workdir / "distill" / "final.pt", weights_only=False)
+    draft = draft_from_checkpoint(workdir / "distill" / "final.pt", target)
+    files = {"draft": save_draft(draft, out / f"{name}.safetensors", DraftConfig(**ck["config"]["draft"]))}
+    head_src = workdir / "head" / "head.safetensors"
+    if head_src.is_file():
+        files["head"] = out / f"{name}-head.safetensors"
+        shutil.copyfile(head_src, files["head"])
+    wm = workdir / "manifest.json"
+    manifest = json.loads(wm.read_text()) if wm.is_file() else {}
+    manifest["files"] = {
+        k: {"file": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for k, p in files.items()
+    }
+    manifest["retrain"] = f"python -m specdec.train all --seed {ck['config']['seed']} --name {name}"
+    write_json_atomic(out / f"{name}.json", manifest)
+    return {"files": {k: str(p) for k, p in files.items()}, "bytes": {k: p.stat().st_size for k, p in files.items()}}
+
+
+def asset_manifest(name: str = DEFAULT_DRAFT) -> dict[str, Any]:
+    """The JSON manifest shipped next to a draft asset (config, data hash, steps, metrics)."""
+    return json.loads(_resolve(name, ".json").read_text())

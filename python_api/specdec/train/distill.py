@@ -1,0 +1,224 @@
+"""Stage ``distill``: train the draft on the target's top-k distributions (soft cross-entropy + TV term).
+
+Loss per labelled position (q = target top-k probabilities inside the draft's head, p = draft softmax over the
+head): ``-sum q log p`` (forward KL up to a constant) plus ``tv_weight * (1 - sum min(p, q))``; the second term
+is exactly what the acceptance rate alpha = sum min(p, q) rewards. Step-based schedule (warmup + cosine), fixed
+batch order from the seed, checkpoints every ``ckpt_every`` steps: a rerun with the same seed and data resumes or
+reproduces the same weights (up to float non-determinism of the CPU kernels).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
+from .data import load_records
+from .draft import DraftConfig, build_draft, init_from_target, select_head_ids, trainable_state
+
+
+@dataclass
+class DistillConfig:
+    seed: int = 0
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    steps: int = 1200
+    batch_size: int = 16
+    max_len: int = 320
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.01
+    tv_weight: float = 1.0
+    grad_clip: float = 1.0
+    val_every_nth: int = 40  # every 40th sequence is held out from training (validation loss / alpha)
+    eval_every: int = 200
+    ckpt_every: int = 100
+    autocast_bf16: bool = True
+
+
+def lr_at(step: int, cfg: DistillConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def head_index_map(head_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Full-vocabulary id -> position in the head, -1 outside."""
+    m = torch.full((vocab,), -1, dtype=torch.long)
+    m[head_ids] = torch.arange(head_ids.numel())
+    return m
+
+
+def collate(recs: list[dict[str, Any]], max_len: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch; labelled positions (the hidden state that predicts each response token) flattened."""
+    lens = [min(len(r["tokens"]), max_len) for r in recs]
+    L = max(lens)
+    ids = torch.zeros((len(recs), L), dtype=torch.long)
+    mask = torch.zeros((len(recs), L), dtype=torch.long)
+    rows, cols, tk_ids, tk_lp = [], [], [], []
+    for b, (r, n) in enumerate(zip(recs, lens, strict=True)):
+        ids[b, :n] = r["tokens"][:n].long()
+        mask[b, :n] = 1
+        start = int(r["start"])
+        m = n - start  # labelled response tokens that fit
+        if m <= 0:
+            continue
+        rows.append(torch.full((m,), b))
+        cols.append(torch.arange(start - 1, start - 1 + m))
+        tk_ids.append(r["topk_ids"][:m].long())
+        tk_lp.append(r["topk_logp"][:m].float())
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "rows": torch.cat(rows),
+        "cols": torch.cat(cols),
+        "topk_ids": torch.cat(tk_ids),
+        "topk_logp": torch.cat(tk_lp),
+    }
+
+
+def distill_loss(
+    draft: Any, batch: dict[str, torch.Tensor], hmap: torch.Tensor, tv_weight: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    hidden = draft.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    h = hidden[batch["rows"], batch["cols"]]
+    logp = torch.log_softmax(draft.lm_head.reduced(h).float(), dim=-1)  # [N, Vr]
+    idx = hmap[batch["topk_ids"]]  # [N, K], -1 outside the head
+    inside = idx >= 0
+    q = batch["topk_logp"].exp() * inside
+    lp = logp.gather(1, idx.clamp_min(0))
+    ce = -(q * lp).sum(-1).mean()
+    alpha_topk = (torch.minimum(lp.exp(), q) * inside).sum(-1).mean()
+    loss = ce + tv_weight * (1 - alpha_topk)
+    return loss, {"ce": ce.item(), "alpha_topk": alpha_topk.item(), "positions": int(h.shape[0])}
+
+
+def _split(records: list[dict[str, Any]], nth: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    train = [r for i, r in enumerate(records) if i % nth != nth - 1]
+    val = [r for i, r in enumerate(records) if i % nth == nth - 1]
+    return train, val
+
+
+def batch_indices(step: int, n: int, bs: int, seed: int) -> list[int]:
+    """Indices of the batch at ``step``: epoch-wise permutations from the seed (resumable, reproducible)."""
+    out: list[int] = []
+    pos = step * bs
+    while len(out) < bs:
+        epoch, off = divmod(pos, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(sub_seed(seed, "epoch", epoch)))
+        take = min(bs - len(out), n - off)
+        out += perm[off : off + take].tolist()
+        pos += take
+    return out
+
+
+@torch.no_grad()
+def validate(draft: Any, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: DistillConfig) -> dict[str, float]:
+    draft.eval()
+    tot = {"ce": 0.0, "alpha_topk": 0.0}
+    n = 0
+    for lo in range(0, len(val), cfg.batch_size):
+        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            _, m = distill_loss(draft, batch, hmap, cfg.tv_weight)
+        for k in tot:
+            tot[k] += m[k] * m["positions"]
+        n += m["positions"]
+    draft.train()
+    return {f"val_{k}": v / max(1, n) for k, v in tot.items()}
+
+
+def run_distill(
+    workdir: Path,
+    cfg: DistillConfig,
+    *,
+    target: Any = None,
+    records: list[dict[str, Any]] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train (or resume) the draft; writes ``<workdir>/distill/{ckpt.pt,final.pt}`` and the manifest record."""
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    if target is None:
+        from ..smollm2 import load_smollm2
+
+        target, _ = load_smollm2("bf16")
+    records = load_records(workdir) if records is None else records
+    if not records:
+        raise ValueError(f"no training data under {workdir}/data; run the data stage first")
+    train, val = _split(records, cfg.val_every_nth)
+    vocab = int(target.config.vocab_size)
+    # The draft reads the target's embedding in the target's inference dtype (bf16): train on the same values.
+    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
+    eos = target.config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((int(eos),) if eos is not None else ())
+    head_ids = select_head_ids(train, vocab, min(cfg.draft.head_vocab, vocab), always=eos_ids)
+    draft = build_draft(cfg.draft, target.config, table, head_ids)
+    init_from_target(draft, table)
+    hmap = head_index_map(head_ids, vocab)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    out_dir = workdir / "distill"
+    ckpt_path = out_dir / "ckpt.pt"
+    step, history = 0, []
+    if ckpt_path.is_file():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["config"] != asdict(cfg):
+            raise ValueError(f"{ckpt_path} was written with a different configuration; use another --workdir")
+        draft.load_state_dict(ck["state"], strict=False)
+        opt.load_state_dict(ck["opt"])
+        step, history = ck["step"], ck["history"]
+    draft.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="distill", disable=not progress)
+    run = {"loss": 0.0, "alpha_topk": 0.0, "n": 0}
+    while step < cfg.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        batch = collate([train[i] for i in batch_indices(step, len(train), cfg.batch_size, cfg.seed)], cfg.max_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            loss, m = distill_loss(draft, batch, hmap, cfg.tv_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        run["loss"] += loss.item()
+        run["alpha_topk"] += m["alpha_topk"]
+        run["n"] += 1
+        bar.update(1)
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{run['loss'] / run['n']:.3f}", alpha_topk=f"{run['alpha_topk'] / run['n']:.3f}")
+            history.append({"step": step, "loss": run["loss"] / run["n"], "alpha_topk": run["alpha_topk"] / run["n"]})
+            run = {"loss": 0.0, "alpha_topk": 0.0, "n": 0}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            history.append({"step": step, **validate(draft, val, hmap, cfg)})
+            tqdm.write(f"step {step}: {history[-1]}")
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            ck = {"config": asdict(cfg), "state": trainable_state(draft), "opt": opt.state_dict(), "step": step}
+            save_atomic({**ck, "history": history}, ckpt_path)
+    bar.close()
+    final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
+    save_atomic(final, out_dir / "final.pt")
+    vals = [h for h in history if "val_ce" in h]
+    info = {
+        "config": asdict(cfg),
+        "steps": step,
+        "train_sequences": len(train),
+        "val_sequences": len(val),
+        "train_positions": int(sum(r["topk_ids"].shape[0] for r in train)),
+        "head_ids_sha256": tensors_sha256([head_ids]),
+        "weights_sha256": tensors_sha256(trainable_state(draft).values()),
+        "first_loss": history[0]["loss"] if history else None,
+        "last_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
+        "metrics": vals[-1] if vals else {},
+        "seconds_this_run": round(time.time() - t0, 1),
+    }
+    update_manifest(workdir, "distill", info)
+    return info

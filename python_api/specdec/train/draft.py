@@ -1,0 +1,182 @@
+"""The distilled draft: a narrow Llama that reuses the target's frozen embedding and has a reduced-vocabulary head.
+
+* Input: ``embed_proj(E_target[token])`` — the target's (frozen, shared) input embedding followed by a learned
+  Linear(E, H). Only the projection is shipped; the table comes from the target at load time (it is always there).
+* Body: ``num_layers`` standard HF Llama decoder layers of width H (a real ``LlamaForCausalLM``, so the driver's
+  HF adapter, KV cache, tree masks and position ids all work unchanged).
+* Output: :class:`ReducedHead` scores only ``head_ids`` (the tokens that carry most of the target's mass) and
+  returns full-vocabulary logits with ``-inf`` elsewhere, so p = softmax(logits) is a proper distribution over the
+  full vocabulary with exact zeros outside the head. Speculative decoding stays exact for any p (a drafted token
+  always has p > 0; tokens with p = 0 are simply never proposed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+PROBE_ROWS = (0, 1, 2, 100, 1000, 10000, 30000, 49151)  # embedding rows stored to recognise the target
+
+
+@dataclass
+class DraftConfig:
+    """Shape of the draft. Defaults: ~2.6M trained body parameters + 2.1M head (see train/README for costs)."""
+
+    hidden_size: int = 256
+    num_layers: int = 2
+    intermediate_size: int = 768
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_vocab: int = 8192
+
+
+class ProjectedEmbedding(nn.Module):
+    """Frozen target embedding table (not a parameter, not saved) followed by a trained Linear(E, H)."""
+
+    def __init__(self, table: torch.Tensor, hidden_size: int) -> None:
+        super().__init__()
+        self.register_buffer("table", table.detach(), persistent=False)
+        self.proj = nn.Linear(table.shape[1], hidden_size, bias=False)
+
+    @property
+    def weight(self) -> torch.Tensor:  # HF helpers read embed_tokens.weight for dtype/device
+        return self.proj.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.table[input_ids].to(self.proj.weight.dtype))
+
+
+class ReducedHead(nn.Module):
+    """Linear head over ``head_ids`` only; full-vocabulary output with ``-inf`` outside the head.
+
+    Shape: hidden [..., H] -> logits [..., vocab_size]; :meth:`reduced` gives the [..., len(head_ids)] scores.
+    """
+
+    def __init__(self, hidden_size: int, head_ids: torch.Tensor, vocab_size: int) -> None:
+        super().__init__()
+        ids = torch.as_tensor(head_ids, dtype=torch.long)
+        if ids.ndim != 1 or ids.numel() == 0:
+            raise ValueError(f"head_ids must be a non-empty 1-D tensor, got shape {tuple(ids.shape)}")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"head_ids must lie in [0, {vocab_size}), got range [{int(ids.min())}, {int(ids.max())}]")
+        if torch.unique(ids).numel() != ids.numel():
+            raise ValueError("head_ids must not repeat a token")
+        self.vocab_size = int(vocab_size)
+        self.register_buffer("head_ids", ids)
+        self.weight = nn.Parameter(torch.empty(ids.numel(), hidden_size))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        z = self.reduced(hidden)
+        out = z.new_full((*z.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.head_ids, z)
+
+
+def build_draft(cfg: DraftConfig, target_config: Any, embed_table: torch.Tensor, head_ids: torch.Tensor) -> Any:
+    """A ``LlamaForCausalLM`` draft for a target with config ``target_config`` and input embedding ``embed_table``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    vocab = int(target_config.vocab_size)
+    if embed_table.shape[0] != vocab:
+        raise ValueError(f"embed_table has {embed_table.shape[0]} rows but the target vocabulary is {vocab}")
+    lcfg = LlamaConfig(
+        vocab_size=8,  # the real embedding/head are swapped in below; avoids allocating two V x H matrices
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 8192)),
+        rope_parameters=getattr(target_config, "rope_parameters", None),
+        rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-5)),
+        tie_word_embeddings=False,
+        bos_token_id=getattr(target_config, "bos_token_id", None),
+        eos_token_id=getattr(target_config, "eos_token_id", None),
+        pad_token_id=None,
+    )
+    model = LlamaForCausalLM(lcfg)
+    model.config.vocab_size = vocab
+    model.model.embed_tokens = ProjectedEmbedding(embed_table, cfg.hidden_size)
+    model.lm_head = ReducedHead(cfg.hidden_size, head_ids, vocab)
+    model.config.specdec_draft = asdict(cfg)
+    return model
+
+
+@torch.no_grad()
+def init_from_target(draft: Any, embed_table: torch.Tensor) -> None:
+    """SVD initialisation: project onto the top-H principal directions of the target embedding; the head starts
+    as the target's tied output embedding seen through the same projection (helps early, per ENVIRONMENT.md)."""
+    table = embed_table.float()
+    _, _, vt = torch.linalg.svd(
+        table[torch.randperm(table.shape[0], generator=torch.Generator().manual_seed(0))[:8192]], full_matrices=False
+    )
+    h = draft.config.hidden_size
+    basis = vt[:h]  # [H, E]
+    draft.model.embed_tokens.proj.weight.copy_(basis)
+    head = draft.lm_head
+    head.weight.copy_(table[head.head_ids] @ basis.T)
+
+
+def select_head_ids(
+    records: list[dict[str, Any]], vocab_size: int, k: int, always: tuple[int, ...] = ()
+) -> torch.Tensor:
+    """The k tokens with the largest target probability mass over the training positions (sorted ids).
+
+    ``always`` (e.g. EOS) are forced in. Ties break to the lower token id.
+    """
+    if k > vocab_size:
+        raise ValueError(f"head_vocab={k} exceeds the vocabulary size {vocab_size}")
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for r in records:
+        mass.index_add_(0, r["topk_ids"].reshape(-1).long(), r["topk_logp"].reshape(-1).double().exp())
+    for t in always:
+        mass[t] = float("inf")
+    order = torch.argsort(-mass, stable=True)[:k]
+    return torch.sort(order).values
+
+
+def trainable_state(draft: Any) -> dict[str, torch.Tensor]:
+    """Everything that is shipped: every parameter plus head_ids (the frozen embedding table is excluded)."""
+    return {k: v for k, v in draft.state_dict().items() if not k.endswith("embed_tokens.table")}
+
+
+def target_fingerprint(embed_table: torch.Tensor) -> torch.Tensor:
+    """A few rows of the target's input embedding: identifies the target a draft was trained against."""
+    return embed_table[list(PROBE_ROWS)].detach().float().clone()
+
+
+def check_fingerprint(stored: torch.Tensor, embed_table: torch.Tensor, where: str) -> None:
+    rows = [r for r in PROBE_ROWS if r < embed_table.shape[0]]
+    if len(rows) != len(PROBE_ROWS) or not torch.allclose(stored, embed_table[rows].float(), atol=2e-2, rtol=2e-2):
+        raise ValueError(
+            f"{where}: the target's input embedding does not match the one this draft was trained with; "
+            "the draft reuses that embedding, so it only works with its own target (SmolLM2-135M-Instruct "
+            "for the shipped draft)"
+        )
+
+
+def check_compatible(draft: Any, target: Any, draft_tokenizer: Any = None, target_tokenizer: Any = None) -> None:
+    """Raise ValueError unless draft and target share the vocabulary (and tokenizers, when given)."""
+    vd, vt = int(draft.config.vocab_size), int(target.config.vocab_size)
+    if vd != vt:
+        raise ValueError(
+            f"draft and target vocabularies differ: draft vocab_size={vd}, target vocab_size={vt}; a draft must "
+            "share the target's tokenizer and vocabulary"
+        )
+    if draft_tokenizer is not None and target_tokenizer is not None:
+        if draft_tokenizer.get_vocab() != target_tokenizer.get_vocab():
+            raise ValueError(
+                "draft and target tokenizers differ (different token -> id maps); speculative decoding needs the "
+                "same tokenizer for both models"
+            )
+
+
+def config_json(cfg: DraftConfig, extra: dict[str, Any]) -> str:
+    return json.dumps({"draft": asdict(cfg), **extra}, sort_keys=True)
