@@ -109,7 +109,9 @@ def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = 
     from ..smollm2 import load_smollm2
 
     out = assets_dir or ASSETS_DIR
-    target, _ = load_smollm2("bf16")
+    from .evaluate import check_set_alpha
+
+    target, tok = load_smollm2("bf16")
     ck = torch.load(workdir / "distill" / "final.pt", weights_only=False)
     draft = draft_from_checkpoint(workdir / "distill" / "final.pt", target)
     files = {"draft": save_draft(draft, out / f"{name}.safetensors", DraftConfig(**ck["config"]["draft"]))}
@@ -122,6 +124,8 @@ def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = 
     manifest["files"] = {
         k: {"file": p.name, "bytes": p.stat().st_size, "sha256": file_sha256(p)} for k, p in files.items()
     }
+    shipped = load_draft(files["draft"], target)
+    manifest["check_set"] = {"dtype": "bf16", **check_set_alpha(shipped, target, tok)}
     manifest["retrain"] = f"python -m specdec.train all --seed {ck['config']['seed']} --name {name}"
     write_json_atomic(out / f"{name}.json", manifest)
     return {"files": {k: str(p) for k, p in files.items()}, "bytes": {k: p.stat().st_size for k, p in files.items()}}

@@ -91,6 +91,32 @@ def expected_speedup(alpha: float, cost: float, max_len: int = 8) -> dict[str, f
     return {"best_k": best_k, "expected_speedup": best}
 
 
+CHECK_PROMPTS = (
+    "Write a short note to a friend about a trip to the mountains.",
+    "What are three tips for learning a new language?",
+    "Explain why the sky is blue in simple words.",
+    "Give me a recipe idea for a quick dinner.",
+)
+
+
+@torch.no_grad()
+def check_set_alpha(draft: Any, target: Any, tokenizer: Any, *, new_tokens: int = 24) -> dict[str, float]:
+    """alpha / greedy agreement on a tiny fixed check set: 4 fixed chat prompts + the target's greedy
+    continuation (deterministic), used by the tests to confirm that a shipped draft loads with its recorded
+    quality."""
+    from .common import chat_ids
+
+    recs = []
+    for text in CHECK_PROMPTS:
+        ids = chat_ids(tokenizer, text)
+        seq = list(ids)
+        for _ in range(new_tokens):
+            nxt = int(target(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax())
+            seq.append(nxt)
+        recs.append({"tokens": torch.tensor(seq), "start": len(ids)})
+    return acceptance_metrics(draft, target, recs)
+
+
 def run_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None) -> dict[str, Any]:
     """Score the distilled draft (``<workdir>/distill/final.pt`` unless given) on the cached Vicuna eval set."""
     from ..smollm2 import load_smollm2
