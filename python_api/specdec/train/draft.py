@@ -147,14 +147,19 @@ def trainable_state(draft: Any) -> dict[str, torch.Tensor]:
     return {k: v for k, v in draft.state_dict().items() if not k.endswith("embed_tokens.table")}
 
 
+def _probe_rows(vocab: int) -> list[int]:
+    return sorted({r % vocab for r in PROBE_ROWS})
+
+
 def target_fingerprint(embed_table: torch.Tensor) -> torch.Tensor:
     """A few rows of the target's input embedding: identifies the target a draft was trained against."""
-    return embed_table[list(PROBE_ROWS)].detach().float().clone()
+    return embed_table[_probe_rows(embed_table.shape[0])].detach().float().clone()
 
 
 def check_fingerprint(stored: torch.Tensor, embed_table: torch.Tensor, where: str) -> None:
-    rows = [r for r in PROBE_ROWS if r < embed_table.shape[0]]
-    if len(rows) != len(PROBE_ROWS) or not torch.allclose(stored, embed_table[rows].float(), atol=2e-2, rtol=2e-2):
+    rows = _probe_rows(embed_table.shape[0])
+    same = stored.shape == (len(rows), embed_table.shape[1])
+    if not same or not torch.allclose(stored, embed_table[rows].float(), atol=2e-2, rtol=2e-2):
         raise ValueError(
             f"{where}: the target's input embedding does not match the one this draft was trained with; "
             "the draft reuses that embedding, so it only works with its own target (SmolLM2-135M-Instruct "

