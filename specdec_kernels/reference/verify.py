@@ -184,6 +184,11 @@ def verify_node(
     return slot, token, accept_prob, final
 
 
+def _compute_dtype(p: torch.Tensor | None, q: torch.Tensor) -> torch.dtype:
+    """float64 when any input is float64 (oracle mode), else float32; ``p`` is None in greedy mode."""
+    return torch.float64 if torch.float64 in (q.dtype, None if p is None else p.dtype) else torch.float32
+
+
 @register("verify_chain", "torch")
 def verify_chain(
     draft: torch.Tensor,
@@ -200,7 +205,7 @@ def verify_chain(
     n_acc = torch.zeros((batch,), dtype=torch.long, device=draft.device)
     nxt = torch.empty((batch,), dtype=torch.long, device=draft.device)
     eos_set = set() if eos is None else {int(e) for e in eos}
-    cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
+    cd = _compute_dtype(p, q)
     for b in range(batch):
         out: int | None = None
         j = 0
@@ -250,7 +255,7 @@ def verify_tree(
     n_acc = torch.zeros((batch,), dtype=torch.long, device=dev)
     nxt = torch.empty((batch,), dtype=torch.long, device=dev)
     eos_set = set() if eos is None else {int(e) for e in eos}
-    cd = torch.float64 if torch.float64 in (p_rows.dtype, q_rows.dtype) else torch.float32
+    cd = _compute_dtype(p_rows, q_rows)
     for b in range(batch):
         children: list[list[int]] = [[] for _ in range(n)]
         for m in range(1, n):

@@ -1,0 +1,542 @@
+"""Toy Markov ("bigram") models and whole speculative decoding loops built from the public ops (spec §5, §8, §10.8).
+
+A toy model is a pair of V x V row-stochastic matrices: row x of ``draft`` / ``target`` is p(.|x) / q(.|x), so
+the next-token law depends on the last token only and a prefix is summarized by its last token. A ``Decoder``
+runs one speculative iteration for a batch of rows: it drafts a tree with the public sampling ops
+(``sample_categorical``, ``gumbel_topk``, ``sbs_step``, ``spechub_sample``), looks up p and q rows for every
+node (what a draft and a target forward would return) and verifies with ``verify_chain`` / ``verify_tree``.
+``generate`` repeats iterations for many independent generations at once (one batch row each) until every row
+holds enough tokens. Exact decoders reproduce the target's law; the ``wrong_*`` variants (spec §10.10) change
+one drafting or verification detail and must fail the same law check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..ops import gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
+from ..trees import branching_parents, check_parents, kseq_chain_parents
+from . import oracles_tree
+from .stats import LawCheck, law_check
+
+NEG_INF = float("-inf")
+
+__all__ = [
+    "PEAKED_TOY",
+    "RAGGED_TOY",
+    "SPEC_TOY",
+    "Decoder",
+    "Generation",
+    "ToyModel",
+    "Tree",
+    "check_first_tokens",
+    "first_tokens_counts",
+    "generate",
+    "joint_law",
+    "random_toy",
+    "rrs_tree",
+    "rrsw_tree",
+    "rsd_c",
+    "rsd_s",
+    "rsd_s_untruncated",
+    "sd",
+    "spechub",
+    "spectr",
+    "target_greedy",
+    "wrong_rrs_skip_duplicates",
+    "wrong_rrsw_unrenormalized",
+    "wrong_rsd_c_token_order",
+    "wrong_rsd_s_token_order",
+    "wrong_spechub_token_order",
+    "wrong_spectr_gamma_one",
+]
+
+
+@dataclass(frozen=True)
+class ToyModel:
+    """Bigram draft and target: ``draft[x]`` = p(.|x), ``target[x]`` = q(.|x), float64 [V, V]."""
+
+    draft: torch.Tensor
+    target: torch.Tensor
+    start: int = 0
+
+    @property
+    def vocab(self) -> int:
+        return self.draft.shape[-1]
+
+    @property
+    def draft_logp(self) -> torch.Tensor:
+        return torch.log(self.draft)
+
+    @property
+    def target_logp(self) -> torch.Tensor:
+        return torch.log(self.target)
+
+
+def _model(draft: list[list[float]], target: list[list[float]]) -> ToyModel:
+    return ToyModel(torch.tensor(draft, dtype=torch.float64), torch.tensor(target, dtype=torch.float64))
+
+
+# Spec §10.8: V = 3, start token 0.
+SPEC_TOY = _model(
+    [[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]],
+    [[0.2, 0.5, 0.3], [0.3, 0.3, 0.4], [0.5, 0.1, 0.4]],
+)
+
+# Zeros on purpose (spec §1.3, §9.3-§9.5): tokens p never drafts, drafted tokens with q = 0, a point-mass draft row
+# (SpecHub's second draft and SWOR's later candidates do not exist there), so trees are ragged within a batch.
+RAGGED_TOY = _model(
+    [[0.5, 0.3, 0.2, 0.0], [0.0, 1.0, 0.0, 0.0], [0.1, 0.0, 0.45, 0.45], [0.25, 0.25, 0.25, 0.25]],
+    [[0.1, 0.2, 0.3, 0.4], [0.3, 0.3, 0.0, 0.4], [0.0, 0.5, 0.2, 0.3], [0.4, 0.1, 0.1, 0.4]],
+)
+
+
+# Peaked draft rows (row 0 is instance I3 of spec §10.3): i.i.d. drafts repeat often, so the duplicate-handling
+# and renormalization errors of the negative controls (§10.10) show at the loop level with few generations.
+PEAKED_TOY = _model(
+    [[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.6, 0.1, 0.3]],
+    [[0.3, 0.3, 0.4], [0.4, 0.2, 0.4], [0.2, 0.5, 0.3]],
+)
+
+
+def random_toy(vocab: int, seed: int, *, temperature: float = 1.0, agreement: float = 0.7) -> ToyModel:
+    """Random tie-free bigram pair: target logits ~ N(0, 1) / T, draft logits = agreement * target logits +
+    (1 - agreement) * fresh noise, so the draft's argmax often (not always) matches the target's."""
+    g = torch.Generator().manual_seed(seed)
+    zt = torch.randn((vocab, vocab), dtype=torch.float64, generator=g) / temperature
+    zn = torch.randn((vocab, vocab), dtype=torch.float64, generator=g) / temperature
+    zd = agreement * zt + (1.0 - agreement) * zn
+    return ToyModel(torch.softmax(zd, -1), torch.softmax(zt, -1))
+
+
+def joint_law(model: ToyModel, n_tokens: int = 2, start: int | None = None) -> np.ndarray:
+    """Exact law of the first ``n_tokens`` generated tokens, shape [V] * n_tokens: prod_t q(y_t | y_{t-1})."""
+    q = model.target.numpy()
+    law = q[model.start if start is None else start]
+    for _ in range(n_tokens - 1):
+        law = law[..., None] * q  # law[..., y, z] = law[..., y] * q(z | y)
+    return law
+
+
+class Tree(NamedTuple):
+    tokens: torch.Tensor  # [B, N] int64, node 0 = root = last committed token, 0 on padding
+    parent: torch.Tensor  # [B, N] int64, -1 at the root, 0 on padding
+    valid: torch.Tensor  # [B, N] bool
+    p_rows: torch.Tensor  # [B, N, V] draft law at each node (the law its children were drawn from)
+    q_rows: torch.Tensor  # [B, N, V] target law (greedy: log-probs used as logits)
+    hub: torch.Tensor | None  # [B, N] SpecHub hub token per node
+
+
+Step = Callable[[ToyModel, torch.Tensor, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """One speculative iteration: ``step(model, last [B], generator) -> (tokens [B, S], n_emitted [B])``."""
+
+    name: str
+    step: Step
+
+
+class Generation(NamedTuple):
+    tokens: np.ndarray  # [n, n_tokens] the first generated tokens of every row
+    iterations: np.ndarray  # [n] speculative iterations (target calls) each row used
+
+
+def generate(
+    model: ToyModel,
+    decoder: Decoder,
+    n: int,
+    *,
+    seed: int,
+    n_tokens: int = 2,
+    start: torch.Tensor | None = None,
+) -> Generation:
+    """Run ``n`` independent generations as batch rows until each holds ``n_tokens`` tokens.
+
+    Each iteration emits at least one token per row; only rows that still need tokens take part in the next one.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.full((n, n_tokens), -1, dtype=torch.long)
+    count = torch.zeros(n, dtype=torch.long)
+    iters = torch.zeros(n, dtype=torch.long)
+    last = torch.full((n,), model.start, dtype=torch.long) if start is None else start.clone().long()
+    while True:
+        rows = torch.nonzero(count < n_tokens).squeeze(1)
+        if rows.numel() == 0:
+            return Generation(out.numpy(), iters.numpy())
+        iters[rows] += 1
+        seq, n_emit = decoder.step(model, last[rows], gen)
+        if bool((n_emit < 1).any()):
+            raise RuntimeError(f"{decoder.name}: an iteration emitted no token (EOS is not used by toy models)")
+        for j in range(seq.shape[1]):
+            pos = count[rows] + j
+            w = (j < n_emit) & (pos < n_tokens)
+            out[rows[w], pos[w]] = seq[w, j]
+        count[rows] += n_emit
+        last[rows] = seq.gather(1, (n_emit - 1)[:, None]).squeeze(1)
+
+
+def first_tokens_counts(samples: np.ndarray, vocab: int) -> np.ndarray:
+    """Histogram [V] * M of the rows of ``samples`` [n, M]."""
+    counts = np.zeros((vocab,) * samples.shape[1], dtype=np.int64)
+    np.add.at(counts, tuple(samples.T), 1)
+    return counts
+
+
+def check_first_tokens(
+    model: ToyModel, decoder: Decoder, n: int, *, seed: int, max_tv: float, n_tokens: int = 2, alpha: float = 1e-4
+) -> LawCheck:
+    """Law check (chi-square + TV, spec §10.6) of the first ``n_tokens`` tokens of ``n`` generations."""
+    samples = generate(model, decoder, n, seed=seed, n_tokens=n_tokens).tokens
+    return law_check(first_tokens_counts(samples, model.vocab), joint_law(model, n_tokens), alpha=alpha, max_tv=max_tv)
+
+
+def target_greedy(model: ToyModel, start: torch.Tensor, n_tokens: int) -> np.ndarray:
+    """Plain greedy decoding of the target (argmax, lowest id on ties): [len(start), n_tokens]."""
+    out = []
+    last = start.long()
+    for _ in range(n_tokens):
+        last = torch.argmax(model.target[last], dim=-1)
+        out.append(last)
+    return torch.stack(out, dim=1).numpy()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Emission helpers
+
+
+def _append_next(path: torch.Tensor, n_acc: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens of one iteration: the accepted path followed by the correction/bonus token (none after EOS)."""
+    seq = torch.cat([path, torch.zeros_like(path[:, :1])], dim=1)
+    seq.scatter_(1, n_acc[:, None], nxt.clamp_min(0)[:, None])
+    return seq, n_acc + (nxt >= 0).long()
+
+
+def _emit_tree(
+    tree: Tree, nodes: torch.Tensor, n_acc: torch.Tensor, nxt: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    path = torch.gather(tree.tokens, 1, nodes.clamp_min(0))
+    return _append_next(path, n_acc, nxt)
+
+
+def _finish_tree(
+    tokens: torch.Tensor, parents: Sequence[int] | torch.Tensor, valid: torch.Tensor, model: ToyModel, greedy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padding convention of spec §3.1 (token 0, parent 0) and the p/q rows a draft/target forward would give."""
+    batch = tokens.shape[0]
+    if isinstance(parents, torch.Tensor):
+        parent = parents.clone()
+    else:
+        parent = torch.tensor(list(parents), dtype=torch.long).expand(batch, -1).clone()
+    parent = parent.masked_fill(~valid, 0)
+    parent[:, 0] = -1
+    tokens = tokens.masked_fill(~valid, 0)
+    q_rows = model.target_logp[tokens] if greedy else model.target[tokens]
+    return tokens, parent, model.draft[tokens], q_rows
+
+
+def _verify(tree: Tree, method: str, greedy: bool, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    v = verify_tree(
+        tree.tokens,
+        tree.parent,
+        None if greedy else tree.p_rows,
+        tree.q_rows,
+        method=method,
+        valid=tree.valid,
+        hub=None if greedy else tree.hub,
+        greedy=greedy,
+        generator=None if greedy else gen,
+    )
+    return _emit_tree(tree, v.accepted_nodes, v.n_accepted, v.next_token)
+
+
+def _sort_siblings(cand: torch.Tensor, ok: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Siblings in token-id order (valid first): the wrong order of the negative controls."""
+    key = torch.where(ok, cand, cand.new_full((), 2 * vocab))
+    perm = torch.sort(key, dim=-1, stable=True).indices
+    return cand.gather(-1, perm), ok.gather(-1, perm)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SD chains (spec §4.1, §5.1)
+
+
+def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = last.shape[0]
+        draft = torch.empty((batch, length), dtype=torch.long)
+        prev = last
+        for j in range(length):
+            logp = model.draft_logp[prev]
+            prev = torch.argmax(logp, -1) if greedy else sample_categorical(logp, generator=gen)
+            draft[:, j] = prev
+        ctx = torch.cat([last[:, None], draft], dim=1)
+        q = model.target_logp[ctx] if greedy else model.target[ctx]
+        lengths = torch.randint(0, length + 1, (batch,), generator=gen) if ragged else None
+        v = verify_chain(
+            draft,
+            None if greedy else model.draft[ctx[:, :length]],
+            q,
+            lengths=lengths,
+            greedy=greedy,
+            generator=None if greedy else gen,
+        )
+        return _append_next(draft, v.n_accepted, v.next_token)
+
+    return step
+
+
+def sd(length: int, *, ragged: bool = False, greedy: bool = False) -> Decoder:
+    """SD with a draft chain of ``length`` (``ragged``: each row verifies a random length in [0, length])."""
+    name = f"sd(L={length}{', ragged' if ragged else ''}{', greedy' if greedy else ''})"
+    return Decoder(name, _chain_step(length, ragged, greedy))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static trees: RRS (i.i.d. children), RRSw / RSD-C (Gumbel-top-k children), SpecHub (hub pairs) (spec §5.2-§5.6)
+
+
+def _static_step(
+    parents: Sequence[int],
+    kind: str,
+    method: str,
+    greedy: bool,
+    *,
+    token_order: bool = False,
+    skip_duplicates: bool = False,
+) -> Step:
+    par = check_parents(parents)
+    n = len(par)
+    kids: list[list[int]] = [[] for _ in range(n)]
+    for c in range(1, n):
+        kids[par[c]].append(c)
+    if kind == "spechub" and max(len(k) for k in kids) > 2:
+        raise ValueError("SpecHub trees need at most two children per node")
+
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, vocab = last.shape[0], model.vocab
+        tokens = torch.zeros((batch, n), dtype=torch.long)
+        tokens[:, 0] = last
+        valid = torch.ones((batch, n), dtype=torch.bool)
+        hub = torch.zeros((batch, n), dtype=torch.long) if kind == "spechub" else None
+        for node in range(n):
+            ids = kids[node]
+            if not ids:
+                continue
+            k = len(ids)
+            logp = model.draft_logp[tokens[:, node]]
+            if greedy:
+                # Spec §8: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
+                order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
+                cand = order[:, :1].expand(-1, k) if kind == "iid" else order[:, :k]
+                ok = torch.isfinite(logp.gather(-1, cand))
+            elif kind == "iid":
+                cand = sample_categorical(logp[:, None, :].expand(-1, k, -1), generator=gen)
+                ok = torch.ones_like(cand, dtype=torch.bool)
+            elif kind == "swor":
+                draw = gumbel_topk(logp, k, generator=gen)
+                cand, ok = draw.tokens, draw.valid
+            else:
+                draw = spechub_sample(logp, generator=gen)
+                cand, ok = draw.tokens[:, :k], draw.valid[:, :k]
+                hub[:, node] = draw.hub
+            if skip_duplicates:
+                for j in range(1, k):
+                    dup = ((cand[:, :j] == cand[:, j : j + 1]) & ok[:, :j]).any(dim=1)
+                    ok[:, j] &= ~dup
+            if token_order:
+                cand, ok = _sort_siblings(cand, ok, vocab)
+            cols = torch.tensor(ids)
+            tokens[:, cols] = cand.clamp_min(0)
+            valid[:, cols] = ok & valid[:, node : node + 1]
+        tokens, parent, p_rows, q_rows = _finish_tree(tokens, par, valid, model, greedy)
+        return _verify(Tree(tokens, parent, valid, p_rows, q_rows, hub), method, greedy, gen)
+
+    return step
+
+
+def rrs_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
+    """SpecInfer RRS on a static tree: i.i.d. children (duplicates are separate nodes), verifier 'rrs' (§5.2)."""
+    return Decoder(f"rrs{list(parents)}", _static_step(parents, "iid", "rrs", greedy))
+
+
+def rrsw_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
+    """RRSw on a static tree: Gumbel-top-k children in draft order, verifier 'rrsw' (§5.2)."""
+    return Decoder(f"rrsw{list(parents)}", _static_step(parents, "swor", "rrsw", greedy))
+
+
+def rsd_c(branching: Sequence[int], *, greedy: bool = False) -> Decoder:
+    """RSD-C with constant branching factors per level (§5.4)."""
+    return Decoder(f"rsd_c{tuple(branching)}", _static_step(branching_parents(branching), "swor", "rrsw", greedy))
+
+
+def spechub(levels: int, *, greedy: bool = False) -> Decoder:
+    """SpecHub on the full binary tree with ``levels`` levels incl. the root ("binaryN", §5.6)."""
+    parents = branching_parents([2] * (levels - 1))
+    return Decoder(f"spechub(binary{levels})", _static_step(parents, "spechub", "spechub", greedy))
+
+
+def wrong_rrs_skip_duplicates(parents: Sequence[int]) -> Decoder:
+    """Negative control (§4.2, §10.10): duplicate i.i.d. siblings are dropped, so their residual update is skipped."""
+    return Decoder("wrong: rrs skipping duplicates", _static_step(parents, "iid", "rrs", False, skip_duplicates=True))
+
+
+def wrong_rrsw_unrenormalized(parents: Sequence[int]) -> Decoder:
+    """Negative control (§4.3, §10.10): SWOR children verified with the unrenormalized p (= the 'rrs' verifier)."""
+    return Decoder("wrong: rrsw with unrenormalized p", _static_step(parents, "swor", "rrs", False))
+
+
+def wrong_rsd_c_token_order(branching: Sequence[int]) -> Decoder:
+    """Negative control (§2.2): RSD-C siblings laid out in token-id order instead of draft order."""
+    parents = branching_parents(branching)
+    return Decoder("wrong: rsd-c token order", _static_step(parents, "swor", "rrsw", False, token_order=True))
+
+
+def wrong_spechub_token_order(levels: int) -> Decoder:
+    """Negative control (§4.5): the hub pair laid out in token-id order, so pair types are mislabeled."""
+    parents = branching_parents([2] * (levels - 1))
+    return Decoder("wrong: spechub token order", _static_step(parents, "spechub", "spechub", False, token_order=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# RSD-S: stochastic beam search trees (spec §2.3, §5.5)
+
+
+def _beam_untruncated(
+    logp: torch.Tensor, sigma: torch.Tensor, beam_valid: torch.Tensor, width: int, gen: torch.Generator
+) -> tuple[torch.Tensor, ...]:
+    """Wrong SBS step (RSD Alg. 9 taken literally): top-W of the untruncated phit = Sigma + log p + Gumbel."""
+    batch, w_in, vocab = logp.shape
+    phi = (sigma[..., None] + logp).masked_fill(~beam_valid[..., None], NEG_INF).reshape(batch, w_in * vocab)
+    draw = gumbel_topk(phi, width, generator=gen)
+    idx = draw.tokens.clamp_min(0)
+    sig = phi.gather(1, idx).masked_fill(~draw.valid, NEG_INF)
+    return idx // vocab, idx % vocab, sig, draw.score, draw.valid
+
+
+def _beam_greedy(
+    logp: torch.Tensor, sigma: torch.Tensor, beam_valid: torch.Tensor, width: int
+) -> tuple[torch.Tensor, ...]:
+    """Spec §8: deterministic beam search, top-W sequences by summed draft log-prob (ties -> lower index)."""
+    batch, w_in, vocab = logp.shape
+    phi = (sigma[..., None] + logp).masked_fill(~beam_valid[..., None], NEG_INF).reshape(batch, w_in * vocab)
+    val, idx = torch.sort(phi, dim=-1, descending=True, stable=True)
+    val, idx = val[:, :width], idx[:, :width]
+    return idx // vocab, idx % vocab, val, val, torch.isfinite(val)
+
+
+def _rsd_s_step(width: int, depth: int, greedy: bool, *, untruncated: bool = False, token_order: bool = False) -> Step:
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, vocab = last.shape[0], model.vocab
+        tok_l, par_l, ok_l = [last[:, None]], [torch.full((batch, 1), -1)], [torch.ones((batch, 1), dtype=torch.bool)]
+        beam_node = torch.zeros((batch, 1), dtype=torch.long)
+        beam_tok = last[:, None]
+        sigma = torch.zeros((batch, 1), dtype=torch.float64)
+        gamma = torch.zeros((batch, 1), dtype=torch.float64)
+        beam_ok = torch.ones((batch, 1), dtype=torch.bool)
+        first = 1
+        for _ in range(depth):
+            logp = model.draft_logp[beam_tok]
+            if greedy:
+                slot, tok, sig, gam, ok = _beam_greedy(logp, sigma, beam_ok, width)
+            elif untruncated:
+                slot, tok, sig, gam, ok = _beam_untruncated(logp, sigma, beam_ok, width, gen)
+            else:
+                slot, tok, sig, gam, ok = sbs_step(logp, sigma, gamma, beam_ok, width, generator=gen)
+            tok = tok.clamp_min(0)
+            par_node = beam_node.gather(1, slot.clamp_min(0))
+            # Layout (spec §3.1): regroup the level by parent with a stable sort, which keeps each parent's
+            # children in descending score = draft order; padding entries go last.
+            key = par_node * (vocab + 1) + (tok if token_order else 0)
+            key = torch.where(ok, key, key.new_full((), 1 << 40))
+            perm = torch.sort(key, dim=1, stable=True).indices
+            tok_l.append(tok.gather(1, perm))
+            par_l.append(par_node.gather(1, perm))
+            ok_l.append(ok.gather(1, perm))
+            pos = torch.empty_like(perm).scatter_(1, perm, torch.arange(perm.shape[1]).expand_as(perm))
+            beam_node, beam_tok, sigma, gamma, beam_ok = first + pos, tok, sig, gam, ok
+            first += perm.shape[1]
+        tokens, valid = torch.cat(tok_l, 1), torch.cat(ok_l, 1)
+        tokens, parent, p_rows, q_rows = _finish_tree(tokens, torch.cat(par_l, 1), valid, model, greedy)
+        return _verify(Tree(tokens, parent, valid, p_rows, q_rows, None), "rrsw", greedy, gen)
+
+    return step
+
+
+def rsd_s(width: int, depth: int, *, greedy: bool = False) -> Decoder:
+    """RSD-S: ``depth`` SBS steps of width ``width``; verifier 'rrsw' with the conditional p rows (§5.5)."""
+    return Decoder(f"rsd_s(W={width}, L={depth})", _rsd_s_step(width, depth, greedy))
+
+
+def rsd_s_untruncated(width: int, depth: int) -> Decoder:
+    """RSD Alg. 9 line 7 taken literally: the beam is the top-W by untruncated scores (spec §13.1 item 5).
+
+    Its beam does not follow the sequence-level SWOR law (§10.7), yet the verified output stays exact: every
+    node's children are still a Gumbel-top prefix of p(.|node) whose length does not depend on the next child's
+    identity (the argument of §5.5). So it is not a loop-level negative control; the tests show it passes."""
+    return Decoder(f"rsd_s_untruncated(W={width}, L={depth})", _rsd_s_step(width, depth, False, untruncated=True))
+
+
+def wrong_rsd_s_token_order(width: int, depth: int) -> Decoder:
+    """Negative control: RSD-S levels regrouped by parent with siblings in token-id order (not draft order)."""
+    return Decoder("wrong: rsd_s token order", _rsd_s_step(width, depth, False, token_order=True))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SpecTr: K i.i.d. chains verified with K-SEQ (spec §4.4, §5.3)
+
+
+def _kseq_tree(model: ToyModel, last: torch.Tensor, k: int, length: int, gen: torch.Generator, greedy: bool) -> Tree:
+    batch = last.shape[0]
+    tokens = torch.empty((batch, 1 + k * length), dtype=torch.long)
+    tokens[:, 0] = last
+    prev = last[:, None].expand(-1, k)
+    for d in range(length):
+        logp = model.draft_logp[prev]
+        prev = torch.argmax(logp, -1) if greedy else sample_categorical(logp, generator=gen)
+        tokens[:, 1 + d * k : 1 + (d + 1) * k] = prev
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    tokens, parent, p_rows, q_rows = _finish_tree(tokens, kseq_chain_parents(k, length), valid, model, greedy)
+    return Tree(tokens, parent, valid, p_rows, q_rows, None)
+
+
+def spectr(k: int, length: int, *, greedy: bool = False) -> Decoder:
+    """SpecTr K x L: K i.i.d. draft chains, verifier 'kseq' with gamma* per depth (§5.3)."""
+
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return _verify(_kseq_tree(model, last, k, length, gen, greedy), "kseq", greedy, gen)
+
+    return Decoder(f"spectr({k}x{length})", step)
+
+
+def wrong_spectr_gamma_one(k: int, length: int) -> Decoder:
+    """Negative control (§10.10): K-SEQ with gamma = 1, run by the fp64 tree-walk oracle with a fixed gamma."""
+
+    def rule(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> tuple[oracles_tree.Tests, np.ndarray]:
+        return oracles_tree.rule_kseq(cand, p, q, hub, gamma=1.0)
+
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        tree = _kseq_tree(model, last, k, length, gen, False)
+        batch, n = tree.tokens.shape
+        u = torch.rand((batch, n, k), dtype=torch.float64, generator=gen)
+        fin = torch.rand((batch, model.vocab), dtype=torch.float64, generator=gen).clamp_min(2.0**-60)
+        nodes, n_acc, nxt, _ = oracles_tree.tree_walk(
+            tree.tokens.numpy(),
+            tree.parent.numpy(),
+            tree.valid.numpy(),
+            tree.p_rows.numpy(),
+            tree.q_rows.numpy(),
+            u.numpy(),
+            fin.numpy(),
+            rule,
+            chains=True,
+        )
+        return _emit_tree(tree, torch.from_numpy(nodes), torch.from_numpy(n_acc), torch.from_numpy(nxt))
+
+    return Decoder("wrong: spectr gamma = 1", step)

@@ -1,0 +1,183 @@
+"""Whole speculative decoding loops on toy bigram models (spec §5, §8, §10.8, §10.10).
+
+Each law test runs N independent generations as the rows of one batch (drafting, tree building, verification,
+bonus/correction, next iteration from the last token), records the first two tokens and compares their joint law
+with the exact q(y1|0) q(y2|y1) by ``law_check``: chi-square p-value >= 1e-4 (the per-test false-alarm rate; the
+TV bound sqrt(bins / N), at least 0.015, is about 2.5x the expected empirical TV and adds a negligible rate) --
+about 2e-3 for the whole file. Seeds are fixed, so a run is deterministic. Negative controls plug a deliberately
+wrong drafting or verification step into the same loop and must fail the same check.
+
+Cost: the torch reference verifies rows in a Python loop (about 0.1-0.8 ms per generation, 2 ms for SpecTr's
+gamma bisection), so the default run uses 5k-20k generations per test; ``slow`` reruns at 100k (SpecTr 50k), the
+size of the spec's own §10.8 simulations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specdec_kernels.testing import toy
+
+SEQUOIA = [-1, 0, 0, 0, 1, 1, 2, 4]  # irregular static tree: 3, 2, 1 children at depth <= 1, depth 3
+ROOT3 = [-1, 0, 0, 0]  # one level, three siblings
+ROOT2 = [-1, 0, 0]
+
+
+def tv_bound(n: int, bins: int) -> float:
+    """Loose TV bound: the expected empirical TV is at most 0.4 * sqrt(bins / n) (Cauchy-Schwarz)."""
+    return max(0.015, math.sqrt(bins / n))
+
+
+def assert_exact(model: toy.ToyModel, decoder: toy.Decoder, n: int, seed: int) -> None:
+    res = toy.check_first_tokens(model, decoder, n, seed=seed, max_tv=tv_bound(n, model.vocab**2))
+    assert res.ok, f"{decoder.name}: {res}"
+
+
+EXACT = [
+    pytest.param(toy.SPEC_TOY, toy.sd(1), 20_000, id="spec-sd-L1"),
+    pytest.param(toy.SPEC_TOY, toy.sd(2), 20_000, id="spec-sd-L2"),
+    pytest.param(toy.SPEC_TOY, toy.sd(3), 20_000, id="spec-sd-L3"),
+    pytest.param(toy.SPEC_TOY, toy.sd(4), 20_000, id="spec-sd-L4"),
+    pytest.param(toy.SPEC_TOY, toy.sd(4, ragged=True), 20_000, id="spec-sd-ragged-lengths"),
+    pytest.param(toy.SPEC_TOY, toy.rrs_tree(SEQUOIA), 20_000, id="spec-rrs-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.rrsw_tree(SEQUOIA), 20_000, id="spec-rrsw-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 1)), 20_000, id="spec-rsd_c-2-1"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 2)), 20_000, id="spec-rsd_c-2-2"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_s(2, 2), 20_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_s(3, 2), 20_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy.spectr(3, 2), 8_000, id="spec-spectr-3x2"),
+    pytest.param(toy.SPEC_TOY, toy.spechub(3), 12_000, id="spec-spechub-binary3"),
+    # Zeros in p and q: missing candidates, point-mass draft rows, drafted tokens with q = 0 -> ragged batches.
+    pytest.param(toy.RAGGED_TOY, toy.sd(3, ragged=True), 10_000, id="ragged-sd-ragged-lengths"),
+    pytest.param(toy.RAGGED_TOY, toy.rrsw_tree(SEQUOIA), 10_000, id="ragged-rrsw-sequoia"),
+    pytest.param(toy.RAGGED_TOY, toy.rsd_s(3, 2), 10_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(toy.RAGGED_TOY, toy.spechub(3), 10_000, id="ragged-spechub-binary3"),
+    # Positive partners of the PEAKED_TOY negative controls below.
+    pytest.param(toy.PEAKED_TOY, toy.rrs_tree(ROOT3), 10_000, id="peaked-rrs-K3"),
+    pytest.param(toy.PEAKED_TOY, toy.rrsw_tree(ROOT2), 10_000, id="peaked-rrsw-K2"),
+]
+
+
+@pytest.mark.parametrize(("model", "decoder", "n"), EXACT)
+def test_first_two_tokens_follow_target(model: toy.ToyModel, decoder: toy.Decoder, n: int) -> None:
+    assert_exact(model, decoder, n, seed=1234)
+
+
+SLOW = [
+    pytest.param(toy.SPEC_TOY, toy.sd(1), 100_000, id="spec-sd-L1"),
+    pytest.param(toy.SPEC_TOY, toy.sd(2), 100_000, id="spec-sd-L2"),
+    pytest.param(toy.SPEC_TOY, toy.sd(3), 100_000, id="spec-sd-L3"),
+    pytest.param(toy.SPEC_TOY, toy.sd(4), 100_000, id="spec-sd-L4"),
+    pytest.param(toy.SPEC_TOY, toy.rrs_tree(SEQUOIA), 100_000, id="spec-rrs-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.rrsw_tree(SEQUOIA), 100_000, id="spec-rrsw-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 1)), 100_000, id="spec-rsd_c-2-1"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 2)), 100_000, id="spec-rsd_c-2-2"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_s(2, 2), 100_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy.rsd_s(3, 2), 100_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy.spectr(3, 2), 50_000, id="spec-spectr-3x2"),
+    pytest.param(toy.SPEC_TOY, toy.spechub(3), 100_000, id="spec-spechub-binary3"),
+    pytest.param(toy.RAGGED_TOY, toy.sd(4, ragged=True), 100_000, id="ragged-sd-ragged-lengths"),
+    pytest.param(toy.RAGGED_TOY, toy.rrsw_tree(SEQUOIA), 100_000, id="ragged-rrsw-sequoia"),
+    pytest.param(toy.RAGGED_TOY, toy.rsd_s(3, 2), 100_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(toy.RAGGED_TOY, toy.spechub(3), 100_000, id="ragged-spechub-binary3"),
+    pytest.param(toy.RAGGED_TOY, toy.spectr(2, 2), 50_000, id="ragged-spectr-2x2"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "decoder", "n"), SLOW)
+def test_first_two_tokens_follow_target_slow(model: toy.ToyModel, decoder: toy.Decoder, n: int) -> None:
+    assert_exact(model, decoder, n, seed=99)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", [2, 3])
+def test_untruncated_beam_selection_keeps_output_exact(width: int) -> None:
+    """Not a negative control: selecting the beam by untruncated scores biases the beam's sequence law (§10.7) but
+    not the verified output (see toy.rsd_s_untruncated); 100k generations agree with the exact law."""
+    assert_exact(toy.SPEC_TOY, toy.rsd_s_untruncated(width, 2), 100_000, seed=5)
+
+
+NEGATIVE = [
+    pytest.param(toy.PEAKED_TOY, toy.wrong_rrs_skip_duplicates(ROOT3), 10_000, id="rrs-skip-duplicates"),
+    pytest.param(toy.PEAKED_TOY, toy.wrong_rrsw_unrenormalized(ROOT2), 10_000, id="rrsw-unrenormalized-p"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_rsd_c_token_order((2, 2)), 5_000, id="rsd_c-token-order"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_rsd_s_token_order(2, 2), 5_000, id="rsd_s-token-order"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_spechub_token_order(3), 5_000, id="spechub-token-order"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_spectr_gamma_one(3, 2), 10_000, id="spectr-gamma-1"),
+]
+
+
+@pytest.mark.parametrize(("model", "decoder", "n"), NEGATIVE)
+def test_negative_control_fails_law_check(model: toy.ToyModel, decoder: toy.Decoder, n: int) -> None:
+    res = toy.check_first_tokens(model, decoder, n, seed=1234, max_tv=tv_bound(n, model.vocab**2))
+    # Far below the 1e-4 threshold: the check has power against each error, not just a lucky seed.
+    assert res.p_value < 1e-12, f"{decoder.name} was not detected: {res}"
+    assert not res.ok
+
+
+GREEDY = [
+    toy.sd(1, greedy=True),
+    toy.sd(4, greedy=True),
+    toy.sd(4, ragged=True, greedy=True),
+    toy.rrs_tree(SEQUOIA, greedy=True),
+    toy.rrsw_tree(SEQUOIA, greedy=True),
+    toy.rsd_c((3, 2, 1), greedy=True),
+    toy.rsd_s(3, 3, greedy=True),
+    toy.spectr(3, 3, greedy=True),
+    toy.spechub(4, greedy=True),
+]
+
+
+@pytest.mark.parametrize("vocab", [8, 12, 16])
+@pytest.mark.parametrize("decoder", GREEDY, ids=[d.name for d in GREEDY])
+def test_greedy_loop_equals_target_greedy(decoder: toy.Decoder, vocab: int) -> None:
+    """Spec §8/§10.9: every method's greedy loop reproduces target greedy decoding token for token."""
+    model = toy.random_toy(vocab, seed=100 + vocab)
+    start = torch.arange(vocab).repeat(3)
+    n_tokens = 40
+    run = toy.generate(model, decoder, len(start), seed=0, n_tokens=n_tokens, start=start)
+    expected = toy.target_greedy(model, start, n_tokens)
+    assert (run.tokens == expected).all()
+    # Drafts were accepted, so the comparison covered accepted paths, not only corrections.
+    assert run.iterations.mean() < 0.8 * n_tokens
+
+
+def test_greedy_trees_accept_a_non_first_child() -> None:
+    """The greedy tree walk must look past rank 0: on a model where the draft's argmax never matches the target's
+    but its runner-up does, RRSw/RSD-C trees still accept every drafted level."""
+    vocab = 6
+    g = torch.Generator().manual_seed(3)
+    target = torch.softmax(torch.randn((vocab, vocab), dtype=torch.float64, generator=g) * 3, -1)
+    best = target.argmax(-1)
+    draft_logits = torch.zeros((vocab, vocab), dtype=torch.float64)
+    draft_logits[torch.arange(vocab), (best + 1) % vocab] = 3.0  # draft argmax: a wrong token
+    draft_logits[torch.arange(vocab), best] = 2.0  # runner-up: the target's argmax
+    model = toy.ToyModel(torch.softmax(draft_logits, -1), target)
+    start = torch.arange(vocab)
+    n_tokens = 12
+    run = toy.generate(model, toy.rsd_c((2, 2), greedy=True), vocab, seed=0, n_tokens=n_tokens, start=start)
+    assert (run.tokens == toy.target_greedy(model, start, n_tokens)).all()
+    assert (run.iterations == n_tokens // 3).all()  # 2 accepted levels + bonus per iteration
+    chain = toy.generate(model, toy.sd(2, greedy=True), vocab, seed=0, n_tokens=n_tokens, start=start)
+    assert (chain.iterations == n_tokens).all()  # the chain drafts only the wrong argmax
+
+
+def test_spec_toy_law_matches_spec_table() -> None:
+    """Spec §10.8 lists the exact law of (y1, y2) for SPEC_TOY."""
+    expected = torch.tensor([[0.04, 0.10, 0.06], [0.15, 0.15, 0.20], [0.15, 0.03, 0.12]], dtype=torch.float64)
+    assert torch.allclose(torch.from_numpy(toy.joint_law(toy.SPEC_TOY)), expected, atol=1e-15)
+
+
+def test_generate_is_reproducible_by_seed() -> None:
+    dec = toy.rsd_s(2, 2)
+    a = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
+    b = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
+    c = toy.generate(toy.SPEC_TOY, dec, 400, seed=4)
+    assert a.tokens.shape == (400, 2)
+    assert (a.tokens == b.tokens).all() and (a.iterations == b.iterations).all()
+    assert (a.tokens != c.tokens).any()
+    assert ((a.iterations >= 1) & (a.iterations <= 2)).all()  # every iteration emits at least one token
