@@ -129,3 +129,39 @@ def test_bf16_models_run() -> None:
     draft = tiny_llama(4, vocab=VOCAB, std=0.2, dtype=torch.bfloat16)
     out = specdec.generate(target, draft, torch.tensor([[1, 2, 3]]), method="rsd_c", max_new_tokens=8, seed=0)
     assert len(out.new_tokens[0]) == 8 and out.stats.target_calls >= 1
+
+
+@pytest.mark.parametrize("method", ["sd", "rsd_c", "rsd_s", "spechub"])
+def test_self_draft_accepts_everything(setup, method: str) -> None:
+    """The target as its own draft: a correct draft KV cache (filtered after every round, rows dropped as they
+    finish) reproduces the target's greedy choice at every node, so every verification step accepts. A stale or
+    misplaced draft KV entry would show up here as rejections (exactness alone cannot reveal it)."""
+    target, _, prompts, refs = setup
+    eos = [refs[2][17], refs[4][30]]
+    ids, mask = left_pad(prompts)
+    params = {"sd": {"draft_length": 4}, "rsd_c": {"branching": (2, 2, 1)}}.get(method, METHODS[method])
+    out = specdec.generate(
+        target,
+        target,
+        ids,
+        method=method,
+        attention_mask=mask,
+        max_new_tokens=N_NEW,
+        temperature=0,
+        eos_token_id=eos,
+        **params,
+    )
+    assert out.stats.acceptance_rate == 1.0, out.stats.as_dict()
+    sampled = specdec.generate(
+        target,
+        target,
+        ids,
+        method=method,
+        attention_mask=mask,
+        max_new_tokens=N_NEW,
+        temperature=1.0,
+        seed=0,
+        **params,
+    )
+    # p and q differ only by float round-off between the draft's level forwards and the target's tree forward.
+    assert sampled.stats.acceptance_rate > 0.97, sampled.stats.as_dict()

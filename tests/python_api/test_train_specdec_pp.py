@@ -42,7 +42,7 @@ def reduced_draft(target, head_ids: list[int], seed: int):
     )
     draft = build_draft(cfg, target.config, target.get_input_embeddings().weight, torch.tensor(head_ids))
     with torch.no_grad():
-        draft.lm_head.weight.normal_(0, 0.5)  # a non-flat draft law
+        draft.lm_head.reduced_weight.normal_(0, 0.5)  # a non-flat draft law
     return draft.eval()
 
 
@@ -63,8 +63,6 @@ def test_specdec_pp_keeps_the_target_law():
     rows = [PROMPTS[i % 2] for i in range(2 * n)]
     ids, mask = left_pad(rows)
     out = dec.generate(ids, mask, max_new_tokens=4, temperature=TEMPERATURE, seed=3)
-    lengths = dec.builder.last_lengths
-    assert lengths is not None
     first_two = np.array([t[:2] for t in out.new_tokens])
     for i, prompt in enumerate(PROMPTS):
         counts = np.zeros((VOCAB, VOCAB))
@@ -81,7 +79,7 @@ def test_stopping_rule_varies_the_length():
         dec = SpecDecPPDecoder(target, draft, random_head(32, 2), threshold=h, max_draft_length=4)
         ids, mask = left_pad([PROMPTS[i % 2] for i in range(64)])
         dec.generate(ids, mask, max_new_tokens=5, temperature=TEMPERATURE, seed=0)
-        lengths = dec.builder.last_lengths.tolist()
+        lengths = dec.builder.round_lengths[0]  # the first round may draft up to the cap (enough room)
         seen.update(lengths)
         if h == 0.0:
             # The first candidate is never predicted, so even h = 0 drafts two before stopping.

@@ -100,8 +100,17 @@ def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     Shape: logits [..., V] -> tokens [..., k], valid [..., k].
     """
     k = min(k, logits.shape[-1])
-    vals, idx = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
-    return idx[..., :k], torch.isfinite(vals[..., :k])
+    x = logits.float()
+    if k == 1:  # argmax returns the first maximum
+        idx = x.argmax(dim=-1, keepdim=True)
+        return idx, torch.isfinite(torch.gather(x, -1, idx))
+    # topk avoids sorting the whole vocabulary; a stable re-sort of its k results restores lowest-id-first among
+    # equal values (an exact tie across the k-th boundary of real logits has probability ~0).
+    vals, idx = torch.topk(x, k, dim=-1)
+    idx, order = torch.sort(idx, dim=-1)
+    vals = torch.gather(vals, -1, order)
+    vals, order = torch.sort(vals, dim=-1, descending=True, stable=True)
+    return torch.gather(idx, -1, order), torch.isfinite(vals)
 
 
 def iid_children(

@@ -14,7 +14,7 @@ import specdec_kernels as sk
 
 from ..config import MethodConfig
 from ..tree import DraftTree
-from .base import Children, TreeBuilder
+from .base import Children, TreeBuilder, greedy_topk
 
 
 class BeamTreeBuilder(TreeBuilder):
@@ -49,11 +49,10 @@ class BeamTreeBuilder(TreeBuilder):
         if greedy:
             phi = self.sigma[..., None] + torch.log_softmax(logits.double(), dim=-1)
             phi = phi.masked_fill(~live[..., None], float("-inf")).reshape(batch, n * vocab)
-            vals, idx = torch.sort(phi, dim=-1, descending=True, stable=True)
-            valid = torch.isfinite(vals[:, :w_out])
-            slot = torch.where(valid, idx[:, :w_out] // vocab, slot)
-            tokens = torch.where(valid, idx[:, :w_out] % vocab, tokens)
-            sigma = vals[:, :w_out]
+            idx, valid = greedy_topk(phi, w_out)
+            slot = torch.where(valid, idx // vocab, slot)
+            tokens = torch.where(valid, idx % vocab, tokens)
+            sigma = torch.gather(phi, 1, idx)
             gamma = sigma
         else:
             assert logp is not None

@@ -61,6 +61,7 @@ class SpecDecPPBuilder(ChainBuilder):
         self.head = head
         self.threshold = float(threshold)
         self.last_lengths: torch.Tensor | None = None  # drafted candidates per row in the latest round
+        self.round_lengths: list[list[int]] = []  # the same for every round since construction (diagnostics)
 
     def _phat(self, hidden: torch.Tensor) -> torch.Tensor:
         prob = getattr(self.head, "prob", None)
@@ -121,6 +122,7 @@ class SpecDecPPBuilder(ChainBuilder):
                 out = drafter.propose_level(tree, new_lo, new_hi)
             else:
                 break
+        self.round_lengths.append(self.last_lengths.tolist())
         return tree
 
 

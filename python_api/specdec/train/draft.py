@@ -67,11 +67,18 @@ class ReducedHead(nn.Module):
             raise ValueError("head_ids must not repeat a token")
         self.vocab_size = int(vocab_size)
         self.register_buffer("head_ids", ids)
-        self.weight = nn.Parameter(torch.empty(ids.numel(), hidden_size))
-        nn.init.normal_(self.weight, std=0.02)
+        self.reduced_weight = nn.Parameter(torch.empty(ids.numel(), hidden_size))
+        nn.init.normal_(self.reduced_weight, std=0.02)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """A zero-cost [vocab_size, H] stand-in for code that reads ``lm_head.weight.shape`` to learn the vocabulary
+        (HF adapters do). It holds no weights: call the module for logits."""
+        w = self.reduced_weight
+        return w.new_zeros(()).expand(self.vocab_size, w.shape[1])
 
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(hidden, self.weight)
+        return nn.functional.linear(hidden, self.reduced_weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         z = self.reduced(hidden)
@@ -121,7 +128,7 @@ def init_from_target(draft: Any, embed_table: torch.Tensor) -> None:
     basis = vt[:h]  # [H, E]
     draft.model.embed_tokens.proj.weight.copy_(basis)
     head = draft.lm_head
-    head.weight.copy_(table[head.head_ids] @ basis.T)
+    head.reduced_weight.copy_(table[head.head_ids] @ basis.T)
 
 
 def select_head_ids(
