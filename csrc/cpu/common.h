@@ -11,7 +11,7 @@ namespace specdec::cpu {
 
 // OpenMP team size: follow torch.set_num_threads, and stay serial for small work (thread start-up ~ microseconds).
 inline int omp_threads(int64_t rows, int64_t work) {
-  if (rows < 2 || work < (1 << 15)) return 1;
+  if (rows < 2 || work < (1 << 18)) return 1;
   const int64_t t = at::get_num_threads();
   return static_cast<int>(t < rows ? t : rows);
 }

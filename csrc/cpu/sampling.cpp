@@ -44,15 +44,12 @@ void sample_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int6
 template <typename T>
 void topk_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int64_t k, int64_t* tok, bool* val,
                double* sc) {
-  const bool big_k = k > kTopkBuffer;
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
-    std::vector<double> scratch_scores(big_k ? vocab : 0);
-    std::vector<int64_t> scratch_idx(big_k ? vocab : 0);
+    std::vector<std::pair<double, int64_t>> heap(k > kTopkBuffer ? k : 0);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i)
-      gumbel_topk_row(lp + i * vocab, u + i * vocab, vocab, k, tok + i * k, val + i * k, sc + i * k,
-                      scratch_scores.data(), scratch_idx.data());
+      gumbel_topk_row(lp + i * vocab, u + i * vocab, vocab, k, tok + i * k, val + i * k, sc + i * k, heap.data());
   }
 }
 

@@ -3,9 +3,11 @@
 Float budgets (DESIGN.md §7.7): integer outputs (tokens, slots, counts, masks of kept tokens) must be identical;
 float outputs are compared against the reference with a per-dtype budget that reflects how both were computed:
 
-* fp32 log-probs (process_logits): both backends compute a fp32 log-softmax with different summation orders and
-  exp/log implementations, so each entry may differ by a few fp32 ulps of max(1, |value|): budget 4e-6 absolute
-  + 4e-6 relative (about 32 ulps); -inf entries must coincide exactly.
+* fp32 log-probs (process_logits): both backends compute a fp32 log-softmax of the same fp32 inputs, with
+  different summation orders and exp/log implementations. The reference itself is off the float64 truth by up to
+  ~1.5e-5 at V = 32000 (it sums V terms in fp32), so the budget is earned from it: the cpu result must be within
+  2x the reference's worst error on the same call plus 4 fp32 ulps of max(1, |value|) of the float64 truth;
+  -inf entries (the kept set) must coincide exactly.
 * float64 Gumbel scores (gumbel_topk): logp + (-log(-log u)) in double with libm vs SLEEF logs (<= 1 ulp each):
   budget 1e-13 relative.
 * copies (filter_kv, tree_mask): bitwise equal.
@@ -74,9 +76,19 @@ def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)
 
 
-def assert_logp_close(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """fp32 log-prob budget (module docstring): same -inf pattern, finite entries within 4e-6 abs + 4e-6 rel."""
+def assert_logp_close(out: torch.Tensor, ref: torch.Tensor, x32: torch.Tensor | None) -> None:
+    """fp32 log-prob budget (module docstring). ``x32``: the fp32 values both backends feed to the final
+    log-softmax (logits.float() / T); None for greedy rows, which must match exactly."""
     assert out.dtype == ref.dtype == torch.float32
     assert torch.equal(torch.isneginf(out), torch.isneginf(ref)), "masked (-inf) tokens differ"
-    fin = torch.isfinite(ref)
-    torch.testing.assert_close(out[fin], ref[fin], rtol=4e-6, atol=4e-6)
+    if x32 is None:
+        assert torch.equal(out, ref)
+        return
+    masked = torch.isneginf(ref)
+    truth = torch.log_softmax(x32.double().masked_fill(masked, float("-inf")), -1)
+    fin = ~masked
+    ref_err = (ref.double() - truth)[fin].abs().max()
+    budget = 2 * ref_err + 4 * torch.finfo(torch.float32).eps * truth[fin].abs().clamp_min(1.0)
+    err = (out.double() - truth)[fin].abs()
+    worst = int(torch.argmax(err - budget))
+    assert bool((err <= budget).all()), f"cpu error {err[worst]:.3g} > budget {budget[worst]:.3g} (ref {ref_err:.3g})"

@@ -70,17 +70,18 @@ int64_t sample_categorical_row(const T* logp,    // [V]
 // Spec §2.2 Gumbel-top-k of one row: the k largest perturbed scores, descending, ties -> lower token id; then
 // candidate j is valid iff its score is finite and the draft mass left before it, computed as the reference does
 // (sequential double cumsum of exp(logp) minus the candidate's own term), exceeds 1e-7.
-// scratch_scores/scratch_idx: [V] each, only used when k > kTopkBuffer.
+// Small k keeps a sorted buffer in the outputs; larger k a binary heap (heap: [k] scratch) whose top is the worst
+// kept candidate. Both skip chunks whose bounds cannot beat the current k-th best.
 constexpr int64_t kTopkBuffer = 64;
 
 template <typename T>
-void gumbel_topk_row(const T* logp,     // [V]
-                     const double* u,   // [V] uniforms in (0, 1)
+void gumbel_topk_row(const T* logp,    // [V]
+                     const double* u,  // [V] uniforms in (0, 1)
                      int64_t vocab, int64_t k,
-                     int64_t* tokens,   // [k] out, -1 where invalid
-                     bool* valid,       // [k] out
-                     double* score,     // [k] out, -inf where invalid
-                     double* scratch_scores, int64_t* scratch_idx) {
+                     int64_t* tokens,  // [k] out, -1 where invalid
+                     bool* valid,      // [k] out
+                     double* score,    // [k] out, -inf where invalid
+                     std::pair<double, int64_t>* heap) {  // [k] scratch, used when k > kTopkBuffer
   auto lp = [logp](int64_t v) { return as_double(logp[v]); };
   if (k == 0) return;
   int64_t count = 0;
@@ -110,16 +111,35 @@ void gumbel_topk_row(const T* logp,     // [V]
       }
     }
   } else {
-    for (int64_t v = 0; v < vocab; ++v) {
-      scratch_scores[v] = lp(v) + gumbel(u[v]);
-      scratch_idx[v] = v;
+    // comp(a, b) = "a beats b": std's max-heap then keeps the worst kept candidate on top
+    auto comp = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
+      return beats(a.first, a.second, b.first, b.second);
+    };
+    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+      const int64_t end = std::min(vocab, c + kRaceChunk);
+      if (count == k) {
+        const double thr = heap[0].first - race_margin(heap[0].first);
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int64_t v = c; v < end; ++v) any |= (lp(v) + gumbel_upper(u[v]) >= thr);
+        if (!any) continue;
+      }
+      for (int64_t v = c; v < end; ++v) {
+        const double s = lp(v) + gumbel(u[v]);
+        if (count < k) {
+          heap[count++] = {s, v};
+          std::push_heap(heap, heap + count, comp);
+        } else if (s > heap[0].first) {  // a later index loses every tie
+          std::pop_heap(heap, heap + k, comp);
+          heap[k - 1] = {s, v};
+          std::push_heap(heap, heap + k, comp);
+        }
+      }
     }
-    std::partial_sort(scratch_idx, scratch_idx + k, scratch_idx + vocab, [scratch_scores](int64_t a, int64_t b) {
-      return beats(scratch_scores[a], a, scratch_scores[b], b);
-    });
+    std::sort_heap(heap, heap + k, comp);
     for (int64_t j = 0; j < k; ++j) {
-      tokens[j] = scratch_idx[j];
-      score[j] = scratch_scores[scratch_idx[j]];
+      score[j] = heap[j].first;
+      tokens[j] = heap[j].second;
     }
   }
   double cum = 0.0;
@@ -250,7 +270,7 @@ inline void top_p_row(float* x, const float* probs, int64_t vocab, double top_p,
   }
 }
 
-// In-place fp32 log-softmax of one row with a double sum: x - max - log(sum exp(x - max)); -inf stays -inf.
+// In-place fp32 log-softmax of one row: (x - max) - log(sum exp(x - max)) with a double sum; -inf stays -inf.
 inline void log_softmax_row(float* x, int64_t vocab) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
@@ -264,8 +284,9 @@ inline void log_softmax_row(float* x, int64_t vocab) {
     for (int64_t v = c; v < end; ++v) part += exp_nonpos(x[v] - mx);
     sum += static_cast<double>(part);
   }
-  const float shift = mx + static_cast<float>(::log(sum));
-  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] - shift;
+  // (x - max) first: exact for the top tokens, so the only rounding left is that of the small log-sum
+  const float lse = static_cast<float>(::log(sum));
+  for (int64_t v = 0; v < vocab; ++v) x[v] = (x[v] - mx) - lse;
 }
 
 }  // namespace specdec

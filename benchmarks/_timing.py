@@ -1,0 +1,188 @@
+"""Shared harness of the kernel microbenchmarks (benchmarks/bench_<op>.py), DESIGN.md §5.
+
+Each benchmark checks the backend against the reference first, then times both in the same process: median and
+10/90 % quantiles over repeated calls, GB/s from the bytes the op must move, and the GB/s of a plain memory copy of
+the same number of bytes (the roofline to compare with). Rows are appended to benchmarks/results/<op>.csv with
+the machine, torch version and git revision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import specdec_kernels  # noqa: F401  (registers every backend)
+from specdec_kernels import _registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+CLOCK = time.perf_counter
+FIELDS = [
+    "timestamp",
+    "machine",
+    "torch",
+    "git_rev",
+    "op",
+    "case",
+    "backend",
+    "threads",
+    "clock",
+    "median_ms",
+    "p10_ms",
+    "p90_ms",
+    "reps",
+    "bytes",
+    "bytes_kind",
+    "gbps",
+    "copy_gbps",
+    "speedup_vs_torch",
+]
+
+
+def parse_args(description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()), help="torch/OpenMP threads")
+    ap.add_argument("--budget", type=float, default=0.4, help="seconds of timing per (case, backend)")
+    ap.add_argument("--backends", default="cpu,torch", help="comma-separated backends to time (torch = reference)")
+    ap.add_argument("--no-csv", action="store_true", help="print only, do not append to benchmarks/results")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: perf_counter; cpu: process CPU time (use with --threads 1 on a shared, oversubscribed machine, "
+        "where wall time mostly measures waiting for a core)",
+    )
+    args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    args.backends = [b for b in args.backends.split(",") if b]
+    return args
+
+
+def machine() -> str:
+    model = platform.processor() or "cpu"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()} {model} ({os.cpu_count()} cores)"
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "csrc", "specdec_kernels"], cwd=ROOT).returncode
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def impl(op: str, backend: str) -> Callable[..., Any]:
+    """The registered implementation (bypasses validation: the benchmark times the kernel, not the checks)."""
+    return _registry.resolve(op, backend, torch.device("cpu"))
+
+
+def time_fn(fn: Callable[[], Any], budget: float, min_reps: int = 5, max_reps: int = 200) -> list[float]:
+    """Seconds per call: one warm-up, then calls until ``budget`` seconds are spent (min/max repetitions)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget):
+        t0 = CLOCK()
+        fn()
+        times.append(CLOCK() - t0)
+    return times
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def copy_gbps(nbytes: int, budget: float) -> float:
+    """GB/s of a plain copy of ``nbytes`` bytes (torch's memcpy path), the memory roofline of the same traffic."""
+    src = torch.empty(max(1, nbytes), dtype=torch.uint8).fill_(1)
+    dst = torch.empty_like(src)
+    times = time_fn(lambda: dst.copy_(src), budget / 2)
+    return nbytes / statistics.median(times) / 1e9
+
+
+class Recorder:
+    """Collects timings of one op; prints a table and appends CSV rows."""
+
+    def __init__(self, op: str, args: argparse.Namespace) -> None:
+        self.op, self.args = op, args
+        self.rows: list[dict[str, Any]] = []
+        self.stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.meta = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev()}
+
+    def case(self, name: str, fns: dict[str, Callable[[], Any]], nbytes: int, bytes_kind: str = "read") -> None:
+        roof = copy_gbps(nbytes, self.args.budget)
+        medians: dict[str, float] = {}
+        results = []
+        for backend, fn in fns.items():
+            times = time_fn(fn, self.args.budget)
+            med = statistics.median(times)
+            medians[backend] = med
+            results.append((backend, times, med))
+        for backend, times, med in results:
+            row = {
+                "timestamp": self.stamp,
+                **self.meta,
+                "op": self.op,
+                "case": name,
+                "backend": backend,
+                "threads": torch.get_num_threads(),
+                "clock": self.args.clock,
+                "median_ms": round(med * 1e3, 4),
+                "p10_ms": round(quantile(times, 0.1) * 1e3, 4),
+                "p90_ms": round(quantile(times, 0.9) * 1e3, 4),
+                "reps": len(times),
+                "bytes": nbytes,
+                "bytes_kind": bytes_kind,
+                "gbps": round(nbytes / med / 1e9, 3),
+                "copy_gbps": round(roof, 3),
+                "speedup_vs_torch": round(medians["torch"] / med, 2) if "torch" in medians else "",
+            }
+            self.rows.append(row)
+            print(
+                f"{self.op:18s} {name:34s} {backend:6s} median {row['median_ms']:9.3f} ms "
+                f"[p10 {row['p10_ms']:.3f}, p90 {row['p90_ms']:.3f}]  {row['gbps']:7.2f} GB/s "
+                f"(copy {roof:6.2f})  x{row['speedup_vs_torch']} vs torch",
+                flush=True,
+            )
+
+    def save(self) -> None:
+        if self.args.no_csv or not self.rows:
+            return
+        os.makedirs(RESULTS, exist_ok=True)
+        path = os.path.join(RESULTS, f"{self.op}.csv")
+        new = not os.path.exists(path)
+        with open(path, "a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=FIELDS)
+            if new:
+                writer.writeheader()
+            writer.writerows(self.rows)
+        print(f"appended {len(self.rows)} rows to {os.path.relpath(path, ROOT)}")
+
+
+def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)

@@ -1,0 +1,39 @@
+"""Microbenchmark of gumbel_topk (spec §2.2): cpu vs torch reference, same noise.
+
+Bytes read per call: logp (4 B fp32) + float64 noise (8 B) per element.
+Run: python benchmarks/bench_gumbel_topk.py [--threads 2] [--no-csv]
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from _timing import Recorder, impl, open_uniform, parse_args
+
+OP = "gumbel_topk"
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    rec = Recorder(OP, args)
+    for rows, vocab, k in [(64, 32000, 4), (16, 49152, 8), (4, 128256, 4), (16, 32000, 256)]:
+        g = torch.Generator().manual_seed(vocab)
+        x = 2.5 * torch.randn((rows, vocab), generator=g)
+        x[:, :8] += torch.linspace(14, 6, 8)
+        logp = torch.log_softmax(x, -1)
+        u = open_uniform((rows, vocab), seed=k)
+        ref = impl(OP, "torch")(logp, k, u)
+        fns = {}
+        for backend in args.backends:
+            fn = impl(OP, backend)
+            out = fn(logp, k, u)
+            if not (torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])):
+                raise SystemExit(f"{backend} disagrees with the reference on {rows}x{vocab} k={k}")
+            fns[backend] = partial(fn, logp, k, u)
+        rec.case(f"{rows}x{vocab} k={k} fp32", fns, nbytes=rows * vocab * (4 + 8))
+    rec.save()
+
+
+if __name__ == "__main__":
+    main()
