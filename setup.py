@@ -105,6 +105,7 @@ setup(
         *find_packages(where="python_api", include=["specdec", "specdec.*"]),
     ],
     package_dir={"specdec": "python_api/specdec"},
+    package_data={"specdec": ["assets/*.safetensors", "assets/*.json"]},  # shipped trained drafts
     install_requires=["torch", "numpy", "scipy"],
     extras_require=extras_require,
     entry_points={"console_scripts": ["specdec = specdec.cli:main"]},
