@@ -44,7 +44,7 @@ class DataConfig:
     seed: int = 0
     n_magpie: int = 128
     n_gsm8k_sample: int = 64
-    n_gsm8k_label: int = 640
+    n_gsm8k_label: int = 384
     max_instruction_tokens: int = 48
     max_new_tokens: int = 96
     batch_size: int = 64
