@@ -43,8 +43,8 @@ class DataConfig:
 
     seed: int = 0
     n_magpie: int = 128
-    n_gsm8k_sample: int = 64
-    n_gsm8k_label: int = 384
+    n_gsm8k_sample: int = 0
+    n_gsm8k_label: int = 320
     max_instruction_tokens: int = 48
     max_new_tokens: int = 96
     batch_size: int = 64
@@ -146,8 +146,12 @@ def gsm8k_splits(cfg: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
     rows = read_jsonl(shared_data_dir() / cfg.gsm8k_file)
     g = torch.Generator().manual_seed(sub_seed(cfg.seed, "gsm8k_order"))
     order = torch.randperm(len(rows), generator=g).tolist()
+    if cfg.n_gsm8k_sample + cfg.n_gsm8k_label > len(order):
+        raise ValueError(f"n_gsm8k_sample + n_gsm8k_label exceeds the {len(order)} GSM8K train questions")
+    # Sampling walks the order from the front, labelling from the back: every shard keeps its questions when
+    # either count changes (so larger runs extend smaller ones).
     sample = [rows[i] for i in order[: cfg.n_gsm8k_sample]]
-    label = [rows[i] for i in order[cfg.n_gsm8k_sample : cfg.n_gsm8k_sample + cfg.n_gsm8k_label]]
+    label = [rows[i] for i in order[::-1][: cfg.n_gsm8k_label]]
     return sample, label
 
 
