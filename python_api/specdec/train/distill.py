@@ -27,16 +27,16 @@ from .draft import DraftConfig, build_draft, init_from_target, select_head_ids, 
 class DistillConfig:
     seed: int = 0
     draft: DraftConfig = field(default_factory=DraftConfig)
-    steps: int = 1200
+    steps: int = 600
     batch_size: int = 16
     max_len: int = 320
-    lr: float = 3e-3
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1
-    warmup: int = 50
-    weight_decay: float = 0.01
+    warmup: int = 30
+    weight_decay: float = 0.05
     tv_weight: float = 1.0
     grad_clip: float = 1.0
-    val_every_nth: int = 40  # every 40th sequence is held out from training (validation loss / alpha)
+    val_every_nth: int = 20  # every 20th sequence is held out from training (validation loss / alpha)
     eval_every: int = 200
     ckpt_every: int = 100
     autocast_bf16: bool = True
