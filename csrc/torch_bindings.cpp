@@ -31,6 +31,17 @@ TORCH_LIBRARY(specdec, m) {
   m.def(
       "verify_chain(Tensor draft, Tensor? p, Tensor q, Tensor lengths, Tensor accept_u, Tensor final_noise, "
       "bool greedy, Tensor? eos) -> (Tensor, Tensor)");
+  // spec §4: cand [B, K], cand_valid [B, K], p, q [B, V], accept_u [B, K], final_noise [B, V], hub [B]
+  // -> slot [B], token [B], accept_prob [B, K], final_residual [B, V] (compute dtype)
+  m.def(
+      "verify_node(str method, Tensor cand, Tensor cand_valid, Tensor p, Tensor q, Tensor accept_u, "
+      "Tensor final_noise, Tensor? hub) -> (Tensor, Tensor, Tensor, Tensor)");
+  // spec §3.6: tokens/parent/valid [B, N], p_rows/q_rows [B, N, V], hub [B, N], accept_u [B, N, Kmax],
+  // final_noise [B, V] -> accepted_nodes [B, max_depth], n_accepted [B], next_token [B], accepted_rank [B, max_depth]
+  m.def(
+      "verify_tree(Tensor tokens, Tensor parent, Tensor valid, Tensor? p_rows, Tensor q_rows, str method, "
+      "Tensor? hub, Tensor accept_u, Tensor final_noise, bool greedy, Tensor? eos, int max_depth) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -41,4 +52,6 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("gumbel_topk", &specdec::cpu::gumbel_topk);
   m.impl("process_logits", &specdec::cpu::process_logits);
   m.impl("verify_chain", &specdec::cpu::verify_chain);
+  m.impl("verify_node", &specdec::cpu::verify_node);
+  m.impl("verify_tree", &specdec::cpu::verify_tree);
 }

@@ -138,3 +138,96 @@ if HAVE_CPU:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = draft.shape[0]
         return draft.new_empty((batch,), dtype=torch.long), draft.new_empty((batch,), dtype=torch.long)
+
+    # ---- node and tree verifiers (spec §3.6, §4) ----
+
+    @register("verify_node", "cpu", supports=_on_cpu)
+    def verify_node(
+        method: str,
+        cand: torch.Tensor,
+        cand_valid: torch.Tensor,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        hub: torch.Tensor | None,
+        analytic: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        slot, token, accept_prob, final = ops.verify_node(method, cand, cand_valid, p, q, accept_u, final_noise, hub)
+        return slot, token, (accept_prob if analytic else None), (final if analytic else None)
+
+    @register("verify_tree", "cpu", supports=_on_cpu)
+    def verify_tree(
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        valid: torch.Tensor,
+        p_rows: torch.Tensor | None,
+        q_rows: torch.Tensor,
+        method: str,
+        hub: torch.Tensor | None,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        greedy: bool,
+        eos: torch.Tensor | None,
+        max_depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.verify_tree(
+            tokens,
+            parent,
+            valid,
+            None if greedy else p_rows,
+            q_rows,
+            method,
+            hub,
+            accept_u,
+            final_noise,
+            greedy,
+            eos,
+            max_depth,
+        )
+
+    def _compute_dtype(p: torch.Tensor | None, q: torch.Tensor) -> torch.dtype:
+        return torch.float64 if torch.float64 in (q.dtype, None if p is None else p.dtype) else torch.float32
+
+    @torch.library.register_fake("specdec::verify_node")
+    def _verify_node_fake(
+        method: str,
+        cand: torch.Tensor,
+        cand_valid: torch.Tensor,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        hub: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, k = cand.shape
+        cd = _compute_dtype(p, q)
+        return (
+            cand.new_empty((batch,), dtype=torch.long),
+            cand.new_empty((batch,), dtype=torch.long),
+            p.new_empty((batch, k), dtype=cd),
+            p.new_empty(p.shape, dtype=cd),
+        )
+
+    @torch.library.register_fake("specdec::verify_tree")
+    def _verify_tree_fake(
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        valid: torch.Tensor,
+        p_rows: torch.Tensor | None,
+        q_rows: torch.Tensor,
+        method: str,
+        hub: torch.Tensor | None,
+        accept_u: torch.Tensor,
+        final_noise: torch.Tensor,
+        greedy: bool,
+        eos: torch.Tensor | None,
+        max_depth: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch = tokens.shape[0]
+        return (
+            tokens.new_empty((batch, max_depth), dtype=torch.long),
+            tokens.new_empty((batch,), dtype=torch.long),
+            tokens.new_empty((batch,), dtype=torch.long),
+            tokens.new_empty((batch, max_depth), dtype=torch.long),
+        )

@@ -6,6 +6,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 
 namespace specdec::cpu {
@@ -27,5 +28,16 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const s
                                                 const at::Tensor& q, const at::Tensor& lengths,
                                                 const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
                                                 const std::optional<at::Tensor>& eos);
+// verify.cpp (spec §4.1-§4.5): accept_prob [B, K] and final residual [B, V] are always returned
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
+    const std::string& method, const at::Tensor& cand, const at::Tensor& cand_valid, const at::Tensor& p,
+    const at::Tensor& q, const at::Tensor& accept_u, const at::Tensor& final_noise,
+    const std::optional<at::Tensor>& hub);
+// verify.cpp (spec §3.6)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
+    const at::Tensor& tokens, const at::Tensor& parent, const at::Tensor& valid,
+    const std::optional<at::Tensor>& p_rows, const at::Tensor& q_rows, const std::string& method,
+    const std::optional<at::Tensor>& hub, const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
+    const std::optional<at::Tensor>& eos, int64_t max_depth);
 
 }  // namespace specdec::cpu

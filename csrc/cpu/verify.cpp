@@ -1,6 +1,7 @@
 // CPU adapters for the verifiers (spec §4.1, §8); kernels in specdec/verify.h.
 #include <ATen/ops/empty.h>
 
+#include <string>
 #include <vector>
 
 #include "cpu/common.h"
@@ -38,7 +39,195 @@ void chain_rows(const int64_t* draft, const S* p, const S* q, const int64_t* len
   }
 }
 
+Method method_of(const std::string& name) {
+  Method m;
+  TORCH_CHECK(parse_method(name, &m), "method must be one of sd, rrs, rrsw, kseq, spechub, got '", name, "'");
+  return m;
+}
+
+template <typename S>
+void node_rows(Method method, const int64_t* cand, const bool* cand_valid, const S* p, const S* q, const double* u,
+               const double* fin, const int64_t* hub, int64_t batch, int64_t k, int64_t vocab, int64_t* slot,
+               int64_t* token, S* accept_prob, S* final_out) {
+#pragma omp parallel num_threads(omp_threads(batch, batch * vocab * (k + 1)))
+  {
+    NodeWork<S> w(vocab);
+    std::vector<int64_t> slots, toks;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < batch; ++b)
+      verify_node_row<S>(method, cand + b * k, cand_valid + b * k, k, p + b * vocab, q + b * vocab, u + b * k,
+                         fin + b * vocab, hub ? hub[b] : -1, vocab, w, slots, toks, slot + b, token + b,
+                         accept_prob + b * k, final_out + b * vocab);
+  }
+}
+
+template <typename S>
+void tree_rows(const int64_t* tokens, const int64_t* parent, const bool* valid, const S* p, const S* q,
+               Method method, const int64_t* hub, const double* u, const double* fin, bool greedy, const int64_t* eos,
+               int64_t n_eos, int64_t batch, int64_t n, int64_t vocab, int64_t ku, int64_t max_depth,
+               int64_t* acc_nodes, int64_t* n_acc, int64_t* next, int64_t* acc_rank) {
+  bool ok = true;
+#pragma omp parallel num_threads(omp_threads(batch, batch * vocab * 4))
+  {
+    NodeWork<S> w(greedy ? 0 : vocab);
+    TreeWork t;
+#pragma omp for schedule(dynamic, 1) reduction(&& : ok)
+    for (int64_t b = 0; b < batch; ++b) {
+      n_acc[b] = verify_tree_row<S>(tokens + b * n, parent + b * n, valid + b * n,
+                                    p == nullptr ? nullptr : p + b * n * vocab, q + b * n * vocab, method,
+                                    hub == nullptr ? nullptr : hub + b * n, u + b * n * ku, fin + b * vocab, greedy,
+                                    eos, n_eos, n, vocab, ku, max_depth, w, t, acc_nodes + b * max_depth,
+                                    acc_rank + b * max_depth, next + b);
+      ok = ok && n_acc[b] >= 0;
+    }
+  }
+  TORCH_CHECK(ok, "verify_tree: a walk needed more acceptance uniforms than accept_u.shape[2] or a path longer than "
+              "max_depth; pass the tree's real maximum sibling count and depth");
+}
+
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
+    const std::string& method_name, const at::Tensor& cand_in, const at::Tensor& cand_valid_in, const at::Tensor& p_in,
+    const at::Tensor& q_in, const at::Tensor& accept_u, const at::Tensor& final_noise,
+    const std::optional<at::Tensor>& hub_in) {
+  const Method method = method_of(method_name);
+  const at::Tensor cand = as_long(cand_in, "cand");
+  const at::Tensor cand_valid = as_bool(cand_valid_in, "cand_valid");
+  TORCH_CHECK(cand.dim() == 2, "cand must be [B, K], got ", cand.sizes());
+  const int64_t batch = cand.size(0), k = cand.size(1);
+  TORCH_CHECK(cand_valid.sizes() == cand.sizes(), "cand_valid must have the shape of cand");
+  const at::ScalarType cd = compute_type(p_in, q_in);
+  const at::Tensor p = as_compute(p_in, cd, "p");
+  const at::Tensor q = as_compute(q_in, cd, "q");
+  TORCH_CHECK(p.dim() == 2 && p.size(0) == batch && p.size(1) > 0, "p must be [B, V], got ", p.sizes());
+  const int64_t vocab = p.size(1);
+  TORCH_CHECK(q.sizes() == p.sizes(), "q must have the shape of p ", p.sizes(), ", got ", q.sizes());
+  check_cpu(accept_u, "accept_u");
+  check_cpu(final_noise, "final_noise");
+  const at::Tensor u = accept_u.to(at::kDouble).contiguous();
+  const at::Tensor fin = final_noise.to(at::kDouble).contiguous();
+  TORCH_CHECK(u.sizes() == cand.sizes(), "accept_u must be [B, K]");
+  TORCH_CHECK(fin.sizes() == p.sizes(), "final_noise must be [B, V]");
+  at::Tensor hub;
+  if (hub_in.has_value()) {
+    hub = as_long(*hub_in, "hub");
+    TORCH_CHECK(hub.dim() == 1 && hub.size(0) == batch, "hub must be [B]");
+  }
+  TORCH_CHECK(method != Method::kSpecHub || hub.defined(), "method 'spechub' needs hub");
+  // Memory safety for direct torch.ops calls (the public op validates with friendlier messages).
+  const int64_t* c = cand.const_data_ptr<int64_t>();
+  const bool* cv = cand_valid.const_data_ptr<bool>();
+  for (int64_t b = 0; b < batch; ++b) {
+    int64_t n_valid = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      if (!cv[b * k + j]) continue;
+      ++n_valid;
+      TORCH_CHECK(c[b * k + j] >= 0 && c[b * k + j] < vocab, "cand[", b, ", ", j, "] must be in [0, ", vocab, ")");
+    }
+    if (method == Method::kSpecHub) {
+      const int64_t a = hub.const_data_ptr<int64_t>()[b];
+      TORCH_CHECK(a >= 0 && a < vocab, "hub[", b, "] must be in [0, ", vocab, ")");
+      TORCH_CHECK(n_valid >= 1 && n_valid <= 2, "spechub needs 1 or 2 valid candidates per row");
+    }
+  }
+  at::Tensor slot = at::empty({batch}, cand.options());
+  at::Tensor token = at::empty({batch}, cand.options());
+  at::Tensor accept_prob = at::empty({batch, k}, p.options());
+  at::Tensor final_out = at::empty({batch, vocab}, p.options());
+  const int64_t* h = hub.defined() ? hub.const_data_ptr<int64_t>() : nullptr;
+  if (cd == at::kDouble) {
+    node_rows<double>(method, c, cv, p.const_data_ptr<double>(), q.const_data_ptr<double>(),
+                      u.const_data_ptr<double>(), fin.const_data_ptr<double>(), h, batch, k, vocab,
+                      slot.mutable_data_ptr<int64_t>(), token.mutable_data_ptr<int64_t>(),
+                      accept_prob.mutable_data_ptr<double>(), final_out.mutable_data_ptr<double>());
+  } else {
+    node_rows<float>(method, c, cv, p.const_data_ptr<float>(), q.const_data_ptr<float>(), u.const_data_ptr<double>(),
+                     fin.const_data_ptr<double>(), h, batch, k, vocab, slot.mutable_data_ptr<int64_t>(),
+                     token.mutable_data_ptr<int64_t>(), accept_prob.mutable_data_ptr<float>(),
+                     final_out.mutable_data_ptr<float>());
+  }
+  return {slot, token, accept_prob, final_out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
+    const at::Tensor& tokens_in, const at::Tensor& parent_in, const at::Tensor& valid_in,
+    const std::optional<at::Tensor>& p_in, const at::Tensor& q_in, const std::string& method_name,
+    const std::optional<at::Tensor>& hub_in, const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
+    const std::optional<at::Tensor>& eos_in, int64_t max_depth) {
+  const Method method = method_of(method_name);
+  const at::Tensor tokens = as_long(tokens_in, "tokens");
+  const at::Tensor parent = as_long(parent_in, "parent");
+  const at::Tensor valid = as_bool(valid_in, "valid");
+  TORCH_CHECK(tokens.dim() == 2, "tokens must be [B, N], got ", tokens.sizes());
+  const int64_t batch = tokens.size(0), n = tokens.size(1);
+  TORCH_CHECK(n >= 1, "the tree needs a root (N >= 1)");
+  TORCH_CHECK(parent.sizes() == tokens.sizes() && valid.sizes() == tokens.sizes(),
+              "parent and valid must have the shape of tokens");
+  TORCH_CHECK(max_depth >= 0, "max_depth must be >= 0");
+  TORCH_CHECK(greedy || p_in.has_value(), "p_rows is required unless greedy");
+  const at::ScalarType cd = compute_type(greedy ? std::nullopt : p_in, q_in);
+  const at::Tensor q = as_compute(q_in, cd, "q_rows");
+  TORCH_CHECK(q.dim() == 3 && q.size(0) == batch && q.size(1) == n && q.size(2) > 0, "q_rows must be [B, N, V]");
+  const int64_t vocab = q.size(2);
+  at::Tensor p;
+  if (!greedy) {
+    p = as_compute(*p_in, cd, "p_rows");
+    TORCH_CHECK(p.sizes() == q.sizes(), "p_rows must have the shape of q_rows ", q.sizes(), ", got ", p.sizes());
+  }
+  check_cpu(accept_u, "accept_u");
+  check_cpu(final_noise, "final_noise");
+  const at::Tensor u = accept_u.to(at::kDouble).contiguous();
+  const at::Tensor fin = final_noise.to(at::kDouble).contiguous();
+  TORCH_CHECK(u.dim() == 3 && u.size(0) == batch && u.size(1) == n, "accept_u must be [B, N, Kmax]");
+  TORCH_CHECK(fin.dim() == 2 && fin.size(0) == batch && fin.size(1) == vocab, "final_noise must be [B, V]");
+  const int64_t ku = u.size(2);
+  at::Tensor hub;
+  if (hub_in.has_value()) {
+    hub = as_long(*hub_in, "hub");
+    TORCH_CHECK(hub.sizes() == tokens.sizes(), "hub must be [B, N]");
+  }
+  TORCH_CHECK(greedy || method != Method::kSpecHub || hub.defined(), "method 'spechub' needs hub");
+  at::Tensor eos;
+  if (eos_in.has_value()) eos = as_long(*eos_in, "eos").reshape({-1});
+  // Memory safety for direct torch.ops calls: level order, token and hub ids in range.
+  const int64_t* tok = tokens.const_data_ptr<int64_t>();
+  const int64_t* par = parent.const_data_ptr<int64_t>();
+  const bool* val = valid.const_data_ptr<bool>();
+  const int64_t* h = hub.defined() ? hub.const_data_ptr<int64_t>() : nullptr;
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(val[b * n], "valid[", b, ", 0] must be true (the root)");
+    for (int64_t m = 0; m < n; ++m) {
+      if (!val[b * n + m]) continue;
+      TORCH_CHECK(m == 0 || (par[b * n + m] >= 0 && par[b * n + m] < m), "parent[", b, ", ", m,
+                  "] must be in [0, ", m, ")");
+      TORCH_CHECK(tok[b * n + m] >= 0 && tok[b * n + m] < vocab, "tokens[", b, ", ", m, "] must be in [0, ", vocab,
+                  ")");
+      if (h != nullptr && method == Method::kSpecHub && !greedy)
+        TORCH_CHECK(h[b * n + m] >= 0 && h[b * n + m] < vocab, "hub[", b, ", ", m, "] must be in [0, ", vocab, ")");
+    }
+  }
+  at::Tensor acc_nodes = at::empty({batch, max_depth}, tokens.options());
+  at::Tensor acc_rank = at::empty({batch, max_depth}, tokens.options());
+  at::Tensor n_acc = at::empty({batch}, tokens.options());
+  at::Tensor next = at::empty({batch}, tokens.options());
+  const int64_t* e = eos.defined() ? eos.const_data_ptr<int64_t>() : nullptr;
+  const int64_t n_eos = eos.defined() ? eos.numel() : 0;
+  const int64_t* hub_ptr = method == Method::kSpecHub && !greedy ? h : nullptr;
+  if (cd == at::kDouble) {
+    tree_rows<double>(tok, par, val, greedy ? nullptr : p.const_data_ptr<double>(), q.const_data_ptr<double>(),
+                      method, hub_ptr, u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos,
+                      batch, n, vocab, ku, max_depth, acc_nodes.mutable_data_ptr<int64_t>(),
+                      n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(),
+                      acc_rank.mutable_data_ptr<int64_t>());
+  } else {
+    tree_rows<float>(tok, par, val, greedy ? nullptr : p.const_data_ptr<float>(), q.const_data_ptr<float>(), method,
+                     hub_ptr, u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, n,
+                     vocab, ku, max_depth, acc_nodes.mutable_data_ptr<int64_t>(), n_acc.mutable_data_ptr<int64_t>(),
+                     next.mutable_data_ptr<int64_t>(), acc_rank.mutable_data_ptr<int64_t>());
+  }
+  return {acc_nodes, n_acc, next, acc_rank};
+}
 
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, const std::optional<at::Tensor>& p_in,
                                                 const at::Tensor& q_in, const at::Tensor& lengths_in,

@@ -5,7 +5,10 @@
 // zero-mass rule of spec §2.4, and every sample is a Gumbel race over log(probs) with the final noise.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "specdec/common.h"
 #include "specdec/sampling.h"
@@ -96,6 +99,361 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
   const S* qb = q + len * vocab;
   *next_token = greedy ? argmax_row(qb, vocab) : sample_probs(qb, fin, vocab);
   return len;
+}
+
+// ---- node verifiers (spec §4.1-§4.5) ----
+
+enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub };
+
+inline bool parse_method(const std::string& name, Method* out) {
+  if (name == "sd") *out = Method::kSD;
+  else if (name == "rrs") *out = Method::kRRS;
+  else if (name == "rrsw") *out = Method::kRRSw;
+  else if (name == "kseq") *out = Method::kKSeq;
+  else if (name == "spechub") *out = Method::kSpecHub;
+  else return false;
+  return true;
+}
+
+// One acceptance test of a node: accept candidate `slot` (position in the node's candidate list) iff
+// U[slot] * den < num, compared in double. den/num carry the reference's compute-type rounding.
+template <typename S>
+struct NodeTest {
+  int64_t slot;
+  S den, num;
+};
+
+// Per-thread buffers of one node chain (each [V]).
+template <typename S>
+struct NodeWork {
+  std::vector<S> a, b, c;
+  std::vector<NodeTest<S>> tests;
+  explicit NodeWork(int64_t vocab) : a(vocab), b(vocab), c(vocab) {}
+};
+
+// Spec §4.4: smallest g in [1, K] with h(g) >= 0 by 40 double bisection steps (upper bracket), and beta(g).
+template <typename S>
+void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* gamma, double* beta_out) {
+  auto beta = [&](double g) {
+    double t = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double qg = static_cast<double>(q[v]) / g;
+      const double pv = static_cast<double>(p[v]);
+      t += pv < qg ? pv : qg;
+    }
+    return t;
+  };
+  auto h = [&](double g) {
+    double t = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      const double gp = g * static_cast<double>(p[v]);
+      const double qv = static_cast<double>(q[v]);
+      t += gp < qv ? gp : qv;
+    }
+    return t - 1.0 + std::pow(1.0 - beta(g), static_cast<double>(k));
+  };
+  if (k <= 1 || h(1.0) >= 0.0) {
+    *gamma = 1.0;
+    *beta_out = beta(1.0);
+    return;
+  }
+  double lo = 1.0, hi = static_cast<double>(k);
+  for (int i = 0; i < 40; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    if (h(mid) >= 0.0) {
+      hi = mid;
+    } else {
+      lo = mid;
+    }
+  }
+  *gamma = hi;
+  *beta_out = beta(hi);
+}
+
+// Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
+template <typename S>
+void normalize_or(S* num, const S* fallback, int64_t vocab) {
+  double tot = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) tot += static_cast<double>(num[v]);
+  const S tot_s = static_cast<S>(tot);
+  if (tot_s <= static_cast<S>(zero_mass_tol<S>())) {
+    for (int64_t v = 0; v < vocab; ++v) num[v] = fallback[v];
+    return;
+  }
+  for (int64_t v = 0; v < vocab; ++v) num[v] = num[v] / tot_s;
+}
+
+// The test sequence of one node, independent of the uniforms (spec §2.4 kernel note), exactly as the reference's
+// node_chain: fills w.tests in test order and returns the final residual (normalised; it may point into q).
+// cand: the node's valid candidate tokens in draft order; hub: SpecHub's hub token of the node.
+template <typename S>
+const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S* p, const S* q, int64_t hub,
+                    int64_t vocab, NodeWork<S>& w) {
+  w.tests.clear();
+  S* bufs[2] = {w.a.data(), w.b.data()};
+  int cur = 0;
+  switch (method) {
+    case Method::kSD:
+    case Method::kRRS: {
+      const S* r = q;
+      for (int64_t j = 0; j < n_cand; ++j) {
+        w.tests.push_back({j, p[cand[j]], r[cand[j]]});
+        residual_row(r, p, vocab, bufs[cur]);
+        r = bufs[cur];
+        cur ^= 1;
+      }
+      return r;
+    }
+    case Method::kRRSw: {
+      const S* r = q;
+      S* sdraft = w.c.data();  // p^(k): p with the earlier candidates removed, renormalised
+      for (int64_t v = 0; v < vocab; ++v) sdraft[v] = p[v];
+      for (int64_t j = 0; j < n_cand; ++j) {
+        const int64_t x = cand[j];
+        w.tests.push_back({j, sdraft[x], r[x]});
+        residual_row(r, sdraft, vocab, bufs[cur]);
+        r = bufs[cur];
+        cur ^= 1;
+        sdraft[x] = S(0);
+        double tot = 0.0;
+        for (int64_t v = 0; v < vocab; ++v) tot += static_cast<double>(sdraft[v]);
+        const S tot_s = static_cast<S>(tot);
+        if (tot_s > S(0))
+          for (int64_t v = 0; v < vocab; ++v) sdraft[v] = sdraft[v] / tot_s;
+      }
+      return r;
+    }
+    case Method::kKSeq: {
+      double g, be;
+      kseq_gamma_row(p, q, vocab, n_cand, &g, &be);
+      if (be <= 0.0) {  // disjoint supports (spec §9.11): nothing can be accepted; sample q directly
+        for (int64_t j = 0; j < n_cand; ++j) w.tests.push_back({j, S(1), S(0)});
+        return q;
+      }
+      const S gs = static_cast<S>(g);  // the reference multiplies compute-type tensors by the Python float g
+      for (int64_t j = 0; j < n_cand; ++j) w.tests.push_back({j, gs * p[cand[j]], q[cand[j]]});
+      const S cs = static_cast<S>((1.0 - std::pow(1.0 - be, static_cast<double>(n_cand))) / be);
+      S* num = bufs[0];
+      for (int64_t v = 0; v < vocab; ++v) {
+        const S qg = q[v] / gs;
+        const S m = p[v] < qg ? p[v] : qg;
+        const S d = q[v] - cs * m;
+        num[v] = d > S(0) ? d : S(0);
+      }
+      normalize_or(num, q, vocab);
+      return num;
+    }
+    case Method::kSpecHub: {
+      if (n_cand == 1) {
+        w.tests.push_back({0, p[cand[0]], q[cand[0]]});
+        residual_row(q, p, vocab, bufs[0]);
+        return bufs[0];
+      }
+      const int64_t a = hub;
+      const S pa = p[a];
+      S* q1 = w.a.data();
+      S* qai = w.b.data();
+      S* fin = w.c.data();  // q2, then the final residual
+      double s_ai = 0.0, s_ia = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (v == a) {
+          q1[v] = qai[v] = fin[v] = S(0);
+          continue;
+        }
+        const S a1 = p[v] < q[v] ? p[v] : q[v];
+        q1[v] = q[v] - a1;
+        const S r1 = p[v] - a1;
+        qai[v] = pa * p[v] / (S(1) - pa);
+        const S a2 = qai[v] < q1[v] ? qai[v] : q1[v];
+        fin[v] = q1[v] - a2;
+        s_ai += static_cast<double>(qai[v] - a2);
+        s_ia += static_cast<double>(r1);
+      }
+      const S sai = static_cast<S>(s_ai), sia = static_cast<S>(s_ia);
+      const S a3 = q[a] < sai ? q[a] : sai;
+      const S rest = q[a] - a3;
+      const S a4 = rest < sia ? rest : sia;
+      const S left = q[a] - a3 - a4;
+      fin[a] = left > S(0) ? left : S(0);
+      if (cand[0] == a) {  // pair type (a, i): the non-hub token (slot 1) is tested first
+        const int64_t i = cand[1];
+        w.tests.push_back({1, qai[i], q1[i]});
+        w.tests.push_back({0, sai, q[a]});
+      } else {  // pair type (i, a)
+        const int64_t i = cand[0];
+        w.tests.push_back({0, p[i], q[i]});
+        w.tests.push_back({1, sia, rest});
+      }
+      normalize_or(fin, q, vocab);
+      return fin;
+    }
+  }
+  return q;
+}
+
+// min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1) (compute type).
+template <typename S>
+S ratio_prob(S num, S den) {
+  if (den <= S(0)) return num > S(0) ? S(1) : S(0);
+  S r = num / den;
+  r = r < S(1) ? r : S(1);
+  return r > S(0) ? r : S(0);
+}
+
+// Spec §4 one node per row: slot (-1 = none accepted) and token; accept_prob [K] and final [V] are always written
+// (the analytic diagnostics of spec §10.2; zero for invalid slots).
+template <typename S>
+void verify_node_row(Method method,
+                     const int64_t* cand,      // [K]
+                     const bool* cand_valid,   // [K]
+                     int64_t k,
+                     const S* p, const S* q,   // [V] each
+                     const double* accept_u,   // [K] uniforms in [0, 1), slot j uses accept_u[j]
+                     const double* fin_noise,  // [V]
+                     int64_t hub, int64_t vocab, NodeWork<S>& w, std::vector<int64_t>& slots,
+                     std::vector<int64_t>& toks,
+                     int64_t* slot_out, int64_t* token_out,
+                     S* accept_prob,  // [K]
+                     S* final_out) {  // [V]
+  slots.clear();
+  toks.clear();
+  for (int64_t j = 0; j < k; ++j) {
+    accept_prob[j] = S(0);
+    if (cand_valid[j]) {
+      slots.push_back(j);
+      toks.push_back(cand[j]);
+    }
+  }
+  const S* fin = node_chain(method, toks.data(), static_cast<int64_t>(toks.size()), p, q, hub, vocab, w);
+  int64_t chosen = -1;
+  for (const NodeTest<S>& t : w.tests) {
+    const int64_t real = slots[t.slot];
+    accept_prob[real] = ratio_prob(t.num, t.den);
+    if (chosen < 0 && accept_u[real] * static_cast<double>(t.den) < static_cast<double>(t.num)) chosen = real;
+  }
+  *slot_out = chosen;
+  *token_out = chosen >= 0 ? cand[chosen] : sample_probs(fin, fin_noise, vocab);
+  for (int64_t v = 0; v < vocab; ++v) final_out[v] = fin[v];
+}
+
+// ---- tree walk (spec §3.6; SpecTr alive sets §5.3; greedy §8) ----
+
+struct TreeWork {
+  std::vector<int64_t> child_start, child_list, alive, next_alive, cands, toks, path, ranks;
+};
+
+// One row. Returns n_accepted; writes accepted_nodes/accepted_rank [max_depth] (-1 padded) and next_token.
+// accept_u [N, KU]: the j-th test candidate of node n uses accept_u[n * KU + j]. Returns -1 when a walk needs
+// more uniforms than KU or a longer path than max_depth (the adapter turns that into an error).
+template <typename S>
+int64_t verify_tree_row(const int64_t* tokens,  // [N]
+                        const int64_t* parent,  // [N]
+                        const bool* valid,      // [N]
+                        const S* p_rows,        // [N, V] (null when greedy)
+                        const S* q_rows,        // [N, V]
+                        Method method,
+                        const int64_t* hub,       // [N] (spechub) or null
+                        const double* accept_u,   // [N, KU]
+                        const double* fin_noise,  // [V]
+                        bool greedy, const int64_t* eos, int64_t n_eos, int64_t n, int64_t vocab, int64_t ku,
+                        int64_t max_depth, NodeWork<S>& w, TreeWork& t,
+                        int64_t* acc_nodes,  // [max_depth]
+                        int64_t* acc_rank,   // [max_depth]
+                        int64_t* next_token) {
+  const bool kseq = method == Method::kKSeq;
+  // children of every node in index order (CSR)
+  t.child_start.assign(n + 1, 0);
+  for (int64_t m = 1; m < n; ++m)
+    if (valid[m]) ++t.child_start[parent[m] + 1];
+  for (int64_t m = 0; m < n; ++m) t.child_start[m + 1] += t.child_start[m];
+  t.child_list.assign(t.child_start[n], 0);
+  t.next_alive.assign(n, 0);  // reused as fill cursors
+  for (int64_t m = 1; m < n; ++m)
+    if (valid[m]) {
+      const int64_t par = parent[m];
+      t.child_list[t.child_start[par] + t.next_alive[par]++] = m;
+    }
+  t.alive.assign(1, 0);
+  t.path.clear();
+  t.ranks.clear();
+  bool done = false;
+  int64_t out = -1;
+  while (!done) {
+    const int64_t rep = t.alive[0];
+    t.cands.clear();
+    if (kseq) {
+      for (int64_t m : t.alive)
+        for (int64_t c = t.child_start[m]; c < t.child_start[m + 1]; ++c) t.cands.push_back(t.child_list[c]);
+    } else {
+      for (int64_t c = t.child_start[rep]; c < t.child_start[rep + 1]; ++c) t.cands.push_back(t.child_list[c]);
+    }
+    const S* q = q_rows + rep * vocab;
+    if (t.cands.empty()) {
+      out = greedy ? argmax_row(q, vocab) : sample_probs(q, fin_noise, vocab);
+      break;
+    }
+    t.toks.clear();
+    for (int64_t c : t.cands) t.toks.push_back(tokens[c]);
+    const int64_t n_cand = static_cast<int64_t>(t.cands.size());
+    int64_t chosen = -1;
+    if (greedy) {
+      const int64_t target = argmax_row(q, vocab);
+      for (int64_t j = 0; j < n_cand && chosen < 0; ++j)
+        if (t.toks[j] == target) chosen = j;
+      if (chosen < 0) {
+        out = target;
+        done = true;
+      }
+    } else {
+      const S* fin = node_chain(method, t.toks.data(), n_cand, p_rows + rep * vocab, q, hub ? hub[rep] : -1,
+                                vocab, w);
+      for (const NodeTest<S>& test : w.tests) {
+        if (test.slot >= ku) return -1;
+        if (accept_u[rep * ku + test.slot] * static_cast<double>(test.den) < static_cast<double>(test.num)) {
+          chosen = test.slot;
+          break;
+        }
+      }
+      if (chosen < 0) {
+        out = sample_probs(fin, fin_noise, vocab);
+        done = true;
+      }
+    }
+    if (chosen >= 0) {
+      const int64_t child = t.cands[chosen];
+      if (static_cast<int64_t>(t.path.size()) >= max_depth) return -1;
+      t.path.push_back(child);
+      t.ranks.push_back(chosen);
+      if (is_eos(t.toks[chosen], eos, n_eos)) {
+        out = -1;
+        done = true;
+      }
+      t.next_alive.clear();
+      if (kseq) {
+        for (int64_t j = 0; j < n_cand; ++j)
+          if (t.toks[j] == t.toks[chosen]) t.next_alive.push_back(t.cands[j]);
+      } else {
+        t.next_alive.push_back(child);
+      }
+      t.alive.swap(t.next_alive);
+    }
+  }
+  // Rebuild the accepted path from the last node's ancestors so that it is parent-consistent even when SpecTr
+  // accepted a token through a duplicate chain (same tokens, same KV).
+  const int64_t m_acc = static_cast<int64_t>(t.path.size());
+  if (m_acc > 0) {
+    int64_t node = t.path[m_acc - 1];
+    for (int64_t d = m_acc - 1; d >= 0; --d) {
+      t.path[d] = node;
+      node = parent[node];
+    }
+  }
+  for (int64_t d = 0; d < max_depth; ++d) {
+    acc_nodes[d] = d < m_acc ? t.path[d] : -1;
+    acc_rank[d] = d < m_acc ? t.ranks[d] : -1;
+  }
+  *next_token = out;
+  return m_acc;
 }
 
 }  // namespace specdec
