@@ -149,19 +149,22 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         dec.generate(warm, max_new_tokens=2, temperature=args.temperature, seed=0)
     batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     results: dict[str, GenerationStats] = {}
-    outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    outputs = {m: [[] for _ in prompts] for m in methods}
     bar = tqdm(total=len(methods) * len(batches), desc="demo", unit="run", file=sys.stderr)
-    for m in methods:
-        for bi, batch in enumerate(batches):
+    for bi, batch in enumerate(batches):
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(batch):
+            ids[b, width - len(p) :] = torch.tensor(p)
+            mask[b, width - len(p) :] = 1
+        # Methods take turns on each batch, in a rotating order, so that a drifting machine load (shared CPUs)
+        # spreads over all methods instead of favouring whichever ran last.
+        for m in methods[bi % len(methods) :] + methods[: bi % len(methods)]:
             bar.set_postfix_str(f"{decoders[m].config.describe()} batch {bi + 1}/{len(batches)}")
-            width = max(len(p) for p in batch)
-            ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, p in enumerate(batch):
-                ids[b, width - len(p) :] = torch.tensor(p)
-                mask[b, width - len(p) :] = 1
             out = decoders[m].generate(ids, mask, seed=args.seed + bi, **gen)
-            outputs[m].extend(out.new_tokens)
+            start = bi * args.batch_size
+            outputs[m][start : start + len(batch)] = out.new_tokens
             if m in results:
                 results[m].merge(out.stats)
             else:
@@ -194,8 +197,9 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         print(f"\nslower than AR on this machine: {', '.join(slower)}")
     if greedy and any(r["same_as_ar"] not in ("n/a", f"{len(prompts)}/{len(prompts)}") for r in rows):
         print(
-            "note: greedy outputs that differ from AR come from bf16 round-off of different forward shapes "
-            "(near-ties), not from the method; fp32 (--dtype fp32) matches AR exactly"
+            "note: in bf16, greedy outputs can differ from AR at near-ties of the top-2 logits (checked: a gap of "
+            "one bf16 step), because tree and single-token forwards round differently; use --dtype fp32 to compare "
+            "token for token"
         )
     if args.show:
         for text, toks in zip(texts, outputs[methods[0]], strict=True):
@@ -232,7 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-chains", type=int, default=2)
     demo.add_argument("--batch-size", type=int, default=1)
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    demo.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared, oversubscribed CPU two threads ran 8x slower than one; "
+        "raise it on a dedicated machine)",
+    )
     demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")
     demo.add_argument("--csv", help="append the table to this CSV file")
     return parser

@@ -247,7 +247,7 @@ class SpeculativeDecoder:
         state = target.new_state(batch)
         if drafter is not None:
             drafter.start(prompts)
-        calls_before = getattr(drafter, "calls", 0)
+        calls_before = drafter.calls if drafter is not None else 0
         while active:
             rows = [committed[r] for r in active]
             with stats.timer("prefill"):
@@ -286,7 +286,7 @@ class SpeculativeDecoder:
                         state.select_rows(keep)
                         if drafter is not None:
                             drafter.select_rows(keep)
-        stats.draft_calls = getattr(drafter, "calls", 0) - calls_before
+        stats.draft_calls = (drafter.calls if drafter is not None else 0) - calls_before
         stats.new_tokens = sum(len(t) for t in new_tokens)
         stats.wall_time = time.perf_counter() - t_start
         return new_tokens, stats

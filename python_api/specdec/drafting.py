@@ -32,10 +32,12 @@ class Drafter(ABC):
     ``accept`` with the verdict; ``select_rows`` drops finished rows between rounds.
 
     ``num_parameters`` feeds the MBSU metric (r = draft params / target params); statistical drafters have 0.
+    ``calls`` counts drafting calls (model forwards for a neural drafter) for the statistics.
     """
 
     name: str = "drafter"
     num_parameters: int = 0
+    calls: int = 0
     vocab_size: int
 
     @abstractmethod
