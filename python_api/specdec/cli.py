@@ -93,7 +93,18 @@ def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Plain-text table of the demo results."""
-    head = ["method", "tokens", "time s", "tok/s", "vs AR", "block eff", "accept", "accept by depth", "calls", "= AR"]
+    head = [
+        "method",
+        "tokens",
+        "time s",
+        "tok/s",
+        "vs AR",
+        "block eff",
+        "acc/step",
+        "P(acc>=d) d=1..4",
+        "calls",
+        "= AR",
+    ]
     lines = [head]
     for r in rows:
         depth = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]) or "-"
@@ -192,6 +203,11 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"{'greedy' if greedy else f'T={args.temperature}'}, batch {args.batch_size}, {args.threads} threads"
     )
     print(format_table(rows))
+    print(
+        "block eff = tokens per target call; acc/step = share of verification steps (nodes with drafts) that "
+        "accepted a draft; P(acc>=d) = share of rounds accepting at least d draft tokens; calls = target calls; "
+        "= AR = prompts whose output equals AR's"
+    )
     slower = [r["label"] for r in rows if r["label"] != "ar" and r["speed_ratio"] < 1.0]
     if slower:
         print(f"\nslower than AR on this machine: {', '.join(slower)}")
