@@ -1,7 +1,8 @@
 """Microbenchmark of verify_chain (spec §4.1): cpu vs torch reference, same accept_u and final noise.
 
-Bytes read per call (what the op must read): per row one full vocabulary row for the final sample (p and q rows
-in fp32 for a correction, q for a bonus, plus float64 noise), counted as B * V * (4 + 4 + 8).
+Bytes read per call (what the op must read): sampling: per row one full vocabulary row for the final sample
+(p and q rows in fp32 for a correction, q for a bonus, plus float64 noise), counted as B * V * (4 + 4 + 8);
+greedy: the L + 1 q rows it may take an argmax of, B * (L + 1) * V * 4.
 Run: python benchmarks/bench_verify_chain.py [--threads 2] [--no-csv]
 """
 
@@ -38,7 +39,9 @@ def main() -> None:
                 raise SystemExit(f"{backend} disagrees with the reference on B={batch} V={vocab}")
             fns[backend] = partial(fn, draft, pp, q, lengths, u, fin, greedy, None)
         mode = "greedy" if greedy else "sampling"
-        rec.case(f"B={batch} L={length} V={vocab} {mode}", fns, nbytes=batch * vocab * (4 + 4 + 8))
+        # greedy reads at most the L + 1 q rows (argmax); sampling one p/q row pair and the final noise
+        nbytes = batch * (length + 1) * vocab * 4 if greedy else batch * vocab * (4 + 4 + 8)
+        rec.case(f"B={batch} L={length} V={vocab} {mode}", fns, nbytes=nbytes)
     rec.save()
 
 

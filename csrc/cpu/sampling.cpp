@@ -12,6 +12,12 @@
 namespace specdec::cpu {
 namespace {
 
+// fp16/bf16 -> fp32 with torch's vectorised conversion (exact), so the kernels only see float or double.
+at::Tensor widen(const at::Tensor& t) {
+  const at::ScalarType st = t.scalar_type();
+  return (st == at::kHalf || st == at::kBFloat16) ? t.to(at::kFloat).contiguous() : t.contiguous();
+}
+
 // Rows of a [..., V] float tensor and its float64 noise, both contiguous.
 struct Rows {
   at::Tensor data, noise;
@@ -26,7 +32,7 @@ Rows as_rows(const at::Tensor& logp, const at::Tensor& noise) {
   TORCH_CHECK(noise.sizes() == logp.sizes(), "noise must have the shape of logp ", logp.sizes(), ", got ",
               noise.sizes());
   const int64_t vocab = logp.size(-1);
-  return {logp.contiguous(), noise.to(at::kDouble).contiguous(), logp.numel() / vocab, vocab};
+  return {widen(logp), noise.to(at::kDouble).contiguous(), logp.numel() / vocab, vocab};
 }
 
 std::vector<int64_t> lead_shape(const at::Tensor& t, int64_t last) {
@@ -81,7 +87,7 @@ at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise) {
   at::Tensor out = at::empty(lead_shape(logp, -1), logp.options().dtype(at::kLong));
   int64_t* o = out.mutable_data_ptr<int64_t>();
   const double* u = r.noise.const_data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.data.scalar_type(), "specdec_sample_categorical", [&] {
+  AT_DISPATCH_FLOATING_TYPES(r.data.scalar_type(), "specdec_sample_categorical", [&] {
     sample_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, o);
   });
   return out;
@@ -98,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& log
   bool* val = valid.mutable_data_ptr<bool>();
   double* sc = score.mutable_data_ptr<double>();
   const double* u = r.noise.const_data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, r.data.scalar_type(), "specdec_gumbel_topk", [&] {
+  AT_DISPATCH_FLOATING_TYPES(r.data.scalar_type(), "specdec_gumbel_topk", [&] {
     topk_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, k, tok, val, sc);
   });
   return {tokens, valid, score};
@@ -112,14 +118,14 @@ at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64
   TORCH_CHECK(temperature >= 0.0, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
-  const at::Tensor logits = logits_in.contiguous();
+  const at::Tensor logits = widen(logits_in);
   const int64_t vocab = logits.size(-1), rows = logits.numel() / vocab;
   at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
   float* o = out.mutable_data_ptr<float>();
   const bool greedy = temperature < 1e-5;  // spec §1.3 / ops.sampling.GREEDY_TEMPERATURE
   const bool use_top_k = top_k > 0 && top_k < vocab;
   const bool use_top_p = top_p < 1.0;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "specdec_process_logits", [&] {
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "specdec_process_logits", [&] {
     first_pass_rows(logits.const_data_ptr<scalar_t>(), rows, vocab, greedy, static_cast<float>(temperature),
                     use_top_k ? top_k : 0, !use_top_p, o);
   });

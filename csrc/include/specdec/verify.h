@@ -5,6 +5,7 @@
 // zero-mass rule of spec §2.4, and every sample is a Gumbel race over log(probs) with the final noise.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -28,23 +29,44 @@ int64_t sample_probs(const S* probs, const double* fin, int64_t vocab) {
       [probs](int64_t v) { return log_upper(probs[v]); });
 }
 
-// First maximum of a row (greedy mode; ties -> lowest id like torch.argmax).
+// First maximum of a row (greedy mode; ties -> lowest id like torch.argmax): a vectorised max, then the first
+// chunk that holds it.
 template <typename S>
 int64_t argmax_row(const S* x, int64_t vocab) {
-  int64_t best_i = 0;
-  for (int64_t v = 1; v < vocab; ++v)
-    if (x[v] > x[best_i]) best_i = v;
-  return best_i;
+  S mx = x[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t v = 0; v < vocab; ++v) mx = x[v] > mx ? x[v] : mx;
+  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+    const int64_t end = std::min(vocab, c + kRaceChunk);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= x[v] == mx;
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v)
+      if (x[v] == mx) return v;
+  }
+  return 0;
+}
+
+// sum_v x[v] accumulated in double (vectorised; the order differs from torch's fp32 cascade sum by a few ulps).
+template <typename S>
+double sum_row(const S* x, int64_t vocab) {
+  double tot = 0.0;
+#pragma omp simd reduction(+ : tot)
+  for (int64_t v = 0; v < vocab; ++v) tot += static_cast<double>(x[v]);
+  return tot;
 }
 
 // res(r, s) = Norm[(r - s)^+] written to out, or r itself when the mass is <= the zero-mass tolerance.
 template <typename S>
 void residual_row(const S* r, const S* s, int64_t vocab, S* out) {
   double tot = 0.0;
+#pragma omp simd reduction(+ : tot)
   for (int64_t v = 0; v < vocab; ++v) {
     const S m = r[v] - s[v];
-    out[v] = m > S(0) ? m : S(0);
-    tot += static_cast<double>(out[v]);
+    const S o = m > S(0) ? m : S(0);
+    out[v] = o;
+    tot += static_cast<double>(o);
   }
   const S tot_s = static_cast<S>(tot);
   if (tot_s <= static_cast<S>(zero_mass_tol<S>())) {
@@ -136,6 +158,7 @@ template <typename S>
 void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* gamma, double* beta_out) {
   auto beta = [&](double g) {
     double t = 0.0;
+#pragma omp simd reduction(+ : t)
     for (int64_t v = 0; v < vocab; ++v) {
       const double qg = static_cast<double>(q[v]) / g;
       const double pv = static_cast<double>(p[v]);
@@ -145,6 +168,7 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
   };
   auto h = [&](double g) {
     double t = 0.0;
+#pragma omp simd reduction(+ : t)
     for (int64_t v = 0; v < vocab; ++v) {
       const double gp = g * static_cast<double>(p[v]);
       const double qv = static_cast<double>(q[v]);
@@ -173,9 +197,7 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
 // Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
 template <typename S>
 void normalize_or(S* num, const S* fallback, int64_t vocab) {
-  double tot = 0.0;
-  for (int64_t v = 0; v < vocab; ++v) tot += static_cast<double>(num[v]);
-  const S tot_s = static_cast<S>(tot);
+  const S tot_s = static_cast<S>(sum_row(num, vocab));
   if (tot_s <= static_cast<S>(zero_mass_tol<S>())) {
     for (int64_t v = 0; v < vocab; ++v) num[v] = fallback[v];
     return;
@@ -215,9 +237,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         r = bufs[cur];
         cur ^= 1;
         sdraft[x] = S(0);
-        double tot = 0.0;
-        for (int64_t v = 0; v < vocab; ++v) tot += static_cast<double>(sdraft[v]);
-        const S tot_s = static_cast<S>(tot);
+        const S tot_s = static_cast<S>(sum_row(sdraft, vocab));
         if (tot_s > S(0))
           for (int64_t v = 0; v < vocab; ++v) sdraft[v] = sdraft[v] / tot_s;
       }
@@ -255,18 +275,18 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       S* qai = w.b.data();
       S* fin = w.c.data();  // q2, then the final residual
       double s_ai = 0.0, s_ia = 0.0;
+#pragma omp simd reduction(+ : s_ai, s_ia)
       for (int64_t v = 0; v < vocab; ++v) {
-        if (v == a) {
-          q1[v] = qai[v] = fin[v] = S(0);
-          continue;
-        }
+        const bool not_a = v != a;
         const S a1 = p[v] < q[v] ? p[v] : q[v];
-        q1[v] = q[v] - a1;
-        const S r1 = p[v] - a1;
-        qai[v] = pa * p[v] / (S(1) - pa);
-        const S a2 = qai[v] < q1[v] ? qai[v] : q1[v];
-        fin[v] = q1[v] - a2;
-        s_ai += static_cast<double>(qai[v] - a2);
+        const S q1v = not_a ? q[v] - a1 : S(0);
+        const S r1 = not_a ? p[v] - a1 : S(0);
+        const S qaiv = not_a ? pa * p[v] / (S(1) - pa) : S(0);
+        const S a2 = qaiv < q1v ? qaiv : q1v;
+        q1[v] = q1v;
+        qai[v] = qaiv;
+        fin[v] = q1v - a2;
+        s_ai += static_cast<double>(qaiv - a2);
         s_ia += static_cast<double>(r1);
       }
       const S sai = static_cast<S>(s_ai), sia = static_cast<S>(s_ia);
