@@ -11,6 +11,9 @@ from specdec_kernels import available_backends, verify_chain
 from specdec_kernels.testing.oracles_tree import residual, sample_gumbel_max
 from specdec_kernels.testing.stats import law_check, rate_tolerance
 
+# Semantics run on every backend that is fast on CPU; the Triton interpreter is covered by the parity tests.
+BACKENDS = [b for b in available_backends("verify_chain") if b != "triton"]
+
 
 def chain_oracle(draft, p, q, lengths, u, fin, eos=()):
     """Spec §4.1 in fp64 NumPy: accept x_j iff U_j p_j(x_j) < q_j(x_j); correction ~ res(q_j, p_j); bonus ~ q_{L+1};
@@ -60,22 +63,28 @@ def as_t(*arrays, dtype=torch.float64):
     return [torch.from_numpy(a) if a.dtype == np.int64 else torch.from_numpy(a).to(dtype) for a in arrays]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("batch", "vocab", "length"), [(1, 3, 1), (99, 5, 4), (64, 111, 3), (3, 32000, 2)])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_matches_fp64_oracle_with_injected_noise(batch: int, vocab: int, length: int, dtype: torch.dtype) -> None:
+def test_matches_fp64_oracle_with_injected_noise(
+    batch: int, vocab: int, length: int, dtype: torch.dtype, backend: str
+) -> None:
     rng = np.random.default_rng(vocab * 10 + length)
     draft, p, q, lengths, u, fin = random_chain(rng, batch, length, vocab)
     if dtype == torch.float32:  # the oracle sees exactly the values the op sees
         p, q = p.astype(np.float32).astype(np.float64), q.astype(np.float32).astype(np.float64)
     td, tp, tq, tl = as_t(draft, p, q, lengths, dtype=dtype)
-    res = verify_chain(td, tp, tq, lengths=tl, accept_u=torch.from_numpy(u), final_noise=torch.from_numpy(fin))
+    res = verify_chain(
+        td, tp, tq, lengths=tl, accept_u=torch.from_numpy(u), final_noise=torch.from_numpy(fin), backend=backend
+    )
     n_acc, nxt = chain_oracle(draft, p, q, lengths, u, fin)
     assert res.n_accepted.tolist() == n_acc.tolist()
     assert res.next_token.tolist() == nxt.tolist()
     assert res.n_accepted.dtype == torch.int64 and res.next_token.dtype == torch.int64
 
 
-def test_single_position_output_law_and_acceptance_rate() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_single_position_output_law_and_acceptance_rate(backend: str) -> None:
     """Spec §10.6 at one position: the emitted token ~ q and P(accept) = sum min(p, q). N = 20k rows;
     chi-square false-alarm rate 1e-4."""
     n, vocab = 20_000, 5
@@ -85,7 +94,7 @@ def test_single_position_output_law_and_acceptance_rate() -> None:
     draft = torch.multinomial(torch.from_numpy(p).expand(n, -1), 1, replacement=True, generator=g)
     tp = torch.from_numpy(p).expand(n, 1, -1)
     tq = torch.from_numpy(q).expand(n, 2, -1)
-    res = verify_chain(draft, tp, tq, generator=g)
+    res = verify_chain(draft, tp, tq, generator=g, backend=backend)
     first = torch.where(res.n_accepted > 0, draft[:, 0], res.next_token).numpy()
     check = law_check(np.bincount(first, minlength=vocab), q, max_tv=0.02)
     assert check.ok, check
@@ -94,41 +103,49 @@ def test_single_position_output_law_and_acceptance_rate() -> None:
     assert abs(rate - alpha) <= rate_tolerance(alpha, n)
 
 
-def test_eos_stops_without_bonus() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eos_stops_without_bonus(backend: str) -> None:
     # u = 0 accepts every drafted token with q > 0; token 2 is EOS.
     p = torch.full((3, 3, 4), 0.25, dtype=torch.float64)
     q = torch.full((3, 4, 4), 0.25, dtype=torch.float64)
     draft = torch.tensor([[1, 2, 3], [1, 1, 1], [2, 0, 0]])
     u = torch.zeros((3, 3), dtype=torch.float64)
-    res = verify_chain(draft, p, q, accept_u=u, eos_token_id=2, seed=0)
+    res = verify_chain(draft, p, q, accept_u=u, eos_token_id=2, seed=0, backend=backend)
     assert res.n_accepted.tolist() == [2, 3, 1]
     assert res.next_token[0] == -1 and res.next_token[2] == -1  # stopped at the accepted EOS
     assert 0 <= int(res.next_token[1]) < 4  # no EOS: bonus token
     # EOS given as a list of ids; a rejected EOS (q(eos) = 0) is just a rejection followed by a correction.
     q2 = q[:1, :2].clone()
     q2[0, 0] = torch.tensor([0.0, 0.5, 0.5, 0.0], dtype=torch.float64)
-    res = verify_chain(torch.tensor([[3]]), p[:1, :1], q2, accept_u=u[:1, :1], eos_token_id=[2, 3], seed=0)
+    res = verify_chain(
+        torch.tensor([[3]]), p[:1, :1], q2, accept_u=u[:1, :1], eos_token_id=[2, 3], seed=0, backend=backend
+    )
     assert res.n_accepted.tolist() == [0]
     assert int(res.next_token[0]) in (1, 2)  # a sample of res(q, p) = Norm[(q - p)^+]
 
 
-def test_zero_target_probability_is_never_accepted() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_zero_target_probability_is_never_accepted(backend: str) -> None:
     # Division-free test (sglang #35771): even U = 0 rejects a token with q(x) = 0.
     p = torch.tensor([[[0.5, 0.5]]], dtype=torch.float64)
     q = torch.tensor([[[1.0, 0.0], [0.5, 0.5]]], dtype=torch.float64)
-    res = verify_chain(torch.tensor([[1]]), p, q, accept_u=torch.zeros((1, 1), dtype=torch.float64), seed=1)
+    res = verify_chain(
+        torch.tensor([[1]]), p, q, accept_u=torch.zeros((1, 1), dtype=torch.float64), seed=1, backend=backend
+    )
     assert res.n_accepted.tolist() == [0] and res.next_token.tolist() == [0]
 
 
-def test_p_equal_q_accepts_everything() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_p_equal_q_accepts_everything(backend: str) -> None:
     p = torch.softmax(torch.randn(4, 3, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
     q = torch.cat([p, p[:, :1]], dim=1)
     draft = torch.multinomial(p.reshape(-1, 6), 1, generator=torch.Generator().manual_seed(1)).reshape(4, 3)
     u = torch.full((4, 3), 1 - 2**-40, dtype=torch.float64)
-    assert verify_chain(draft, p, q, accept_u=u, seed=2).n_accepted.tolist() == [3, 3, 3, 3]
+    assert verify_chain(draft, p, q, accept_u=u, seed=2, backend=backend).n_accepted.tolist() == [3, 3, 3, 3]
 
 
-def test_ragged_lengths_ignore_unused_rows() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ragged_lengths_ignore_unused_rows(backend: str) -> None:
     """Rows beyond lengths[b] are never read: they may hold out-of-range ids and non-normalized p rows."""
     rng = np.random.default_rng(3)
     draft, p, q, _, u, fin = random_chain(rng, 4, 3, 5)
@@ -139,20 +156,23 @@ def test_ragged_lengths_ignore_unused_rows() -> None:
     p[0] = np.nan
     p[3, 2] = 7.0
     td, tp, tq, tl = as_t(draft, p, q, lengths)
-    res = verify_chain(td, tp, tq, lengths=tl, accept_u=torch.from_numpy(u), final_noise=torch.from_numpy(fin))
+    res = verify_chain(
+        td, tp, tq, lengths=tl, accept_u=torch.from_numpy(u), final_noise=torch.from_numpy(fin), backend=backend
+    )
     assert res.n_accepted.tolist() == n_acc.tolist()
     assert res.next_token.tolist() == nxt.tolist()
     assert int(res.n_accepted[0]) == 0  # length 0: the bonus is a plain sample of q row 0
 
 
-def test_greedy_mode() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_mode(backend: str) -> None:
     # Logits, -inf allowed, p unused (None); ties in argmax go to the lowest id.
     q = torch.tensor(
         [[[0.0, 2.0, 1.0, 2.0], [3.0, -1.0, float("-inf"), 0.0], [0.0, 0.0, 5.0, 0.0]]], dtype=torch.float32
     )
     cases = [([1, 0], None, 2, 2), ([3, 0], None, 0, 1), ([1, 2], None, 1, 0), ([1, 0], 0, 2, -1)]
     for draft, eos, n_acc, nxt in cases:
-        res = verify_chain(torch.tensor([draft]), None, q, greedy=True, eos_token_id=eos)
+        res = verify_chain(torch.tensor([draft]), None, q, greedy=True, eos_token_id=eos, backend=backend)
         assert (res.n_accepted.tolist(), res.next_token.tolist()) == ([n_acc], [nxt]), draft
 
 

@@ -14,6 +14,8 @@ from specdec_kernels import available_backends, kseq_chain_parents, verify_chain
 from specdec_kernels.testing.oracles_tree import RULES, random_parents, tree_walk
 
 METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
+# Semantics run on every backend that is fast on CPU; the Triton interpreter is covered by the parity tests.
+BACKENDS = [b for b in available_backends("verify_tree") if b != "triton"]
 
 
 def random_bigram(
@@ -134,13 +136,14 @@ def path_tokens(tokens: np.ndarray, nodes: np.ndarray, n_acc: np.ndarray) -> lis
     return [[int(tokens[b, x]) for x in nodes[b, : n_acc[b]]] for b in range(len(n_acc))]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("vocab", [4, 9])
-def test_matches_fp64_tree_walk_oracle(method: str, vocab: int) -> None:
+def test_matches_fp64_tree_walk_oracle(method: str, vocab: int, backend: str) -> None:
     rng = np.random.default_rng(METHODS.index(method) * 100 + vocab)
     inst = random_batch(rng, method, 48, vocab)
     tokens, parent, valid, p_rows, q_rows, hub, u, fin = inst
-    res = run_op(method, *inst, eos_token_id=vocab - 1)
+    res = run_op(method, *inst, eos_token_id=vocab - 1, backend=backend)
     nodes, n_acc, nxt, ranks = tree_walk(
         tokens, parent, valid, p_rows, q_rows, u, fin, RULES[method], hub=hub, chains=method == "kseq", eos=[vocab - 1]
     )
@@ -154,15 +157,16 @@ def test_matches_fp64_tree_walk_oracle(method: str, vocab: int) -> None:
     assert (n_acc > 0).any() and (n_acc == 0).any()  # the batch exercised both outcomes
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), method=st.sampled_from(METHODS), vocab=st.integers(2, 6))
-def test_p_equal_q_accepts_the_first_child_everywhere(seed: int, method: str, vocab: int) -> None:
+def test_p_equal_q_accepts_the_first_child_everywhere(seed: int, method: str, vocab: int, backend: str) -> None:
     """Spec §9.2 / §10.11: with q = p every verifier accepts its first candidate for any uniforms in [0, 1), so the
     walk descends through rank-0 children down to a leaf and ends with a bonus token."""
     rng = np.random.default_rng(seed)
     tokens, parent, valid, p_rows, _, hub, u, fin = random_batch(rng, method, 6, vocab)
     u = 1.0 - u * 1e-3  # uniforms close to 1 are the hardest case
-    res = run_op(method, tokens, parent, valid, p_rows, p_rows.copy(), hub, u, fin)
+    res = run_op(method, tokens, parent, valid, p_rows, p_rows.copy(), hub, u, fin, backend=backend)
     for b in range(len(tokens)):
         node, depth = 0, 0
         while True:
@@ -176,12 +180,13 @@ def test_p_equal_q_accepts_the_first_child_everywhere(seed: int, method: str, vo
         assert int(res.next_token[b]) >= 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["rrs", "rrsw", "spechub"])
-def test_large_vocabulary_matches_oracle(method: str) -> None:
+def test_large_vocabulary_matches_oracle(method: str, backend: str) -> None:
     rng = np.random.default_rng(METHODS.index(method))
     inst = random_batch(rng, method, 8, 32000, n_rows=8)
     tokens, parent, valid, p_rows, q_rows, hub, u, fin = inst
-    res = run_op(method, *inst)
+    res = run_op(method, *inst, backend=backend)
     nodes, n_acc, nxt, _ = tree_walk(tokens, parent, valid, p_rows, q_rows, u, fin, RULES[method], hub=hub)
     assert res.n_accepted.tolist() == n_acc.tolist()
     assert res.next_token.tolist() == nxt.tolist()
@@ -189,27 +194,29 @@ def test_large_vocabulary_matches_oracle(method: str) -> None:
     assert (n_acc > 0).any()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_matches_oracle(method: str) -> None:
+def test_greedy_matches_oracle(method: str, backend: str) -> None:
     rng = np.random.default_rng(17)
     tokens, parent, valid, p_rows, q_rows, hub, _, _ = random_batch(rng, method, 32, 6)
     logits = np.log(q_rows) + 0.01 * rng.standard_normal(q_rows.shape)  # logits with -inf entries, tie-free
-    res = run_op(method, tokens, parent, valid, None, logits, hub, None, None, greedy=True)
+    res = run_op(method, tokens, parent, valid, None, logits, hub, None, None, greedy=True, backend=backend)
     nodes, n_acc, nxt, ranks = tree_walk(tokens, parent, valid, None, logits, None, None, None, chains=method == "kseq")
     assert res.n_accepted.tolist() == n_acc.tolist()
     assert res.next_token.tolist() == nxt.tolist()
     assert res.accepted_rank.tolist() == ranks.tolist()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method", ["rrs", "rrsw", "spechub", "kseq"])
-def test_padded_rows_equal_rows_alone(method: str) -> None:
+def test_padded_rows_equal_rows_alone(method: str, backend: str) -> None:
     """Ragged batch: each row's verdict equals the verdict of that row verified alone without padding, and padded
     rows are never read (NaN there is fine)."""
     rng = np.random.default_rng(5)
     tokens, parent, valid, p_rows, q_rows, hub, u, fin = random_batch(rng, method, 12, 5)
     p_rows[~valid] = np.nan
     q_rows[~valid] = np.nan
-    res = run_op(method, tokens, parent, valid, p_rows, q_rows, hub, u, fin)
+    res = run_op(method, tokens, parent, valid, p_rows, q_rows, hub, u, fin, backend=backend)
     for b in range(len(tokens)):
         k = int(valid[b].sum())
         kmax = u.shape[2]
@@ -223,6 +230,7 @@ def test_padded_rows_equal_rows_alone(method: str) -> None:
             hub[b : b + 1, :k],
             u[b : b + 1, :k, :kmax],
             fin[b : b + 1],
+            backend=backend,
         )
         m = int(one.n_accepted[0])
         assert int(res.n_accepted[b]) == m
@@ -231,10 +239,11 @@ def test_padded_rows_equal_rows_alone(method: str) -> None:
         assert (res.accepted_nodes[b, m:] == -1).all() and (res.accepted_rank[b, m:] == -1).all()
 
 
-def test_accepted_rank_is_sibling_rank_and_path_is_a_tree_path() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accepted_rank_is_sibling_rank_and_path_is_a_tree_path(backend: str) -> None:
     rng = np.random.default_rng(8)
     tokens, parent, valid, p_rows, q_rows, hub, u, fin = random_batch(rng, "rrs", 64, 4)
-    res = run_op("rrs", tokens, parent, valid, p_rows, q_rows, hub, u, fin)
+    res = run_op("rrs", tokens, parent, valid, p_rows, q_rows, hub, u, fin, backend=backend)
     seen_rank = set()
     for b in range(len(tokens)):
         prev = 0
@@ -248,7 +257,8 @@ def test_accepted_rank_is_sibling_rank_and_path_is_a_tree_path() -> None:
     assert seen_rank >= {0, 1}
 
 
-def test_kseq_path_follows_the_chain_of_the_accepted_token() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kseq_path_follows_the_chain_of_the_accepted_token(backend: str) -> None:
     """SpecTr 3 x 2 chains with tokens (a, a, b) at depth 1. After accepting a (chain 0, slot 0) the candidates are
     the depth-2 nodes of chains 0 and 1; q forbids chain 0's token, so chain 1's is accepted and the reported path
     must be chain 1's nodes (2, 5), not (1, 5)."""
@@ -259,27 +269,31 @@ def test_kseq_path_follows_the_chain_of_the_accepted_token() -> None:
     q = torch.full((1, 7, 4), 0.25, dtype=torch.float64)
     q[0, 1] = torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64)  # at prefix (0, 1): token 3 has q = 0
     u = torch.zeros((1, 7, 3), dtype=torch.float64)
-    res = verify_tree(tokens, torch.tensor([parents]), p, q, method="kseq", accept_u=u, seed=0)
+    res = verify_tree(tokens, torch.tensor([parents]), p, q, method="kseq", accept_u=u, seed=0, backend=backend)
     assert res.n_accepted.tolist() == [2]
     assert res.accepted_nodes.tolist() == [[2, 5]]
     assert res.accepted_rank.tolist() == [[0, 1]]
     assert tokens[0, res.accepted_nodes[0]].tolist() == [1, 2]
 
 
-def test_eos_child_stops_the_walk() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eos_child_stops_the_walk(backend: str) -> None:
     # Binary tree; u = 0 accepts the first child with q > 0. Node 1 holds EOS = 3.
     parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 2]])
     tokens = torch.tensor([[0, 3, 1, 0, 1, 2, 0]])
     p = torch.full((1, 7, 4), 0.25, dtype=torch.float64)
     u = torch.zeros((1, 7, 2), dtype=torch.float64)
-    res = verify_tree(tokens, parents, p, p.clone(), method="rrsw", accept_u=u, eos_token_id=3, seed=0)
+    res = verify_tree(tokens, parents, p, p.clone(), method="rrsw", accept_u=u, eos_token_id=3, seed=0, backend=backend)
     assert res.n_accepted.tolist() == [1] and res.next_token.tolist() == [-1]
     assert res.accepted_nodes.tolist() == [[1, -1]]
-    res = verify_tree(tokens, parents, p, p.clone(), method="rrsw", accept_u=u, eos_token_id=[2], seed=0)
+    res = verify_tree(
+        tokens, parents, p, p.clone(), method="rrsw", accept_u=u, eos_token_id=[2], seed=0, backend=backend
+    )
     assert res.n_accepted.tolist() == [2] and res.next_token.tolist() != [-1]  # leaf reached: bonus token
 
 
-def test_sd_tree_equals_verify_chain() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sd_tree_equals_verify_chain(backend: str) -> None:
     """A chain-shaped tree verified with 'sd' is verify_chain: node j's uniform is accept_u[:, j, 0]."""
     rng = np.random.default_rng(6)
     batch, length, vocab = 40, 4, 5
@@ -300,6 +314,7 @@ def test_sd_tree_equals_verify_chain() -> None:
         method="sd",
         accept_u=t(u),
         final_noise=t(fin),
+        backend=backend,
     )
     chain = verify_chain(
         t(tokens[:, 1:]),
@@ -307,6 +322,7 @@ def test_sd_tree_equals_verify_chain() -> None:
         t(q_big[tokens]),
         accept_u=t(u[:, :length, 0]),
         final_noise=t(fin),
+        backend=backend,
     )
     assert torch.equal(tree.n_accepted, chain.n_accepted)
     assert torch.equal(tree.next_token, chain.next_token)
