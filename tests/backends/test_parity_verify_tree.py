@@ -89,7 +89,7 @@ def check(method: str, case: dict, seed: int, greedy: bool = False, eos=None) ->
 @pytest.mark.parametrize("vocab", VOCABS)
 @pytest.mark.parametrize("method", METHODS)
 def test_matches_reference(vocab: int, method: str) -> None:
-    batch = 6 if vocab < 20000 else 2
+    batch = 6 if vocab < 20000 else 1  # one row keeps the reference's big-vocabulary walks in the seconds
     case = tree_case(method, batch, vocab, seed=vocab)
     check(method, case, seed=vocab)
     if vocab < 20000:
