@@ -21,7 +21,13 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the build
     HAVE_CPU = False
     mark_missing("cpu", f"C++ extension not built: {exc}; run `pip install --no-build-isolation -e .`")
-mark_missing("cuda", "no CUDA build of the extension on this machine")
+try:
+    from . import _C_cuda  # noqa: F401  (TORCH_LIBRARY_IMPL(specdec, CUDA): built only with a CUDA torch)
+
+    HAVE_CUDA = HAVE_CPU
+except ImportError as exc:  # pragma: no cover - depends on the build
+    HAVE_CUDA = False
+    mark_missing("cuda", f"CUDA extension not built ({exc}); it is built only when torch has CUDA and nvcc exists")
 
 #: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
 CPU_OPS = (
@@ -231,3 +237,26 @@ if HAVE_CPU:
             tokens.new_empty((batch,), dtype=torch.long),
             tokens.new_empty((batch, max_depth), dtype=torch.long),
         )
+
+
+#: ops with a CUDA implementation (csrc/cuda/cuda_bindings.cpp); the wrappers above dispatch by device
+CUDA_OPS = (
+    "tree_positions",
+    "tree_mask",
+    "filter_kv",
+    "sample_categorical",
+    "gumbel_topk",
+    "process_logits",
+    "verify_chain",
+    "verify_node",
+    "verify_tree",
+)
+
+
+def _on_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+if HAVE_CUDA:  # pragma: no cover - needs a CUDA build
+    for _op in CUDA_OPS:
+        register(_op, "cuda", supports=_on_cuda)(globals()[_op])

@@ -41,3 +41,38 @@ def test_cuda_source_compiles(source, arch, tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     assert (tmp_path / "k.o").stat().st_size > 0
+
+
+STUBS = {
+    "ATen/cuda/CUDAContext.h": """#pragma once
+struct CUstream_st;
+typedef CUstream_st* cudaStream_t;
+enum cudaError_t { cudaSuccess = 0 };
+inline const char* cudaGetErrorString(cudaError_t) { return ""; }
+namespace at { namespace cuda {
+struct Stream { cudaStream_t stream() const { return nullptr; } };
+inline Stream getCurrentCUDAStream() { return {}; }
+} }
+""",
+    "c10/cuda/CUDAGuard.h": """#pragma once
+#include <c10/core/Device.h>
+namespace c10 { namespace cuda { struct CUDAGuard { explicit CUDAGuard(c10::Device) {} }; } }
+""",
+}
+
+
+def test_cuda_binding_type_checks_against_the_installed_aten(tmp_path):
+    """The CUDA tensor binding can only be built with a CUDA torch; here it is type-checked against the real ATen
+    headers with two tiny stubs for the CUDA-only headers (stream and device guard)."""
+    from torch.utils.cpp_extension import include_paths
+
+    for rel, text in STUBS.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    cmd = ["g++", "-std=c++20", "-fsyntax-only", f"-I{tmp_path}"]
+    cmd += [f"-I{p}" for p in include_paths()]
+    cmd += ["-I", os.path.join(ROOT, "csrc", "cuda"), "-I", os.path.join(ROOT, "csrc", "include")]
+    cmd.append(os.path.join(ROOT, "csrc", "cuda", "cuda_bindings.cpp"))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]

@@ -1,0 +1,204 @@
+// CUDA implementations of the torch.ops.specdec schemas (declared once in csrc/torch_bindings.cpp): tensor checks,
+// dtype/layout adaptation, scratch buffers and the current stream live here; the kernels (csrc/cuda/*.cu) only
+// see raw pointers. Built only when torch has CUDA (setup.py); nothing here can be compiled with the CPU wheel.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "launchers.h"
+
+namespace specdec {
+namespace cuda_binding {
+
+using at::Tensor;
+
+void check(int err, const char* op) {
+  TORCH_CHECK(err == 0, "specdec::", op, " CUDA launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+void* stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+
+Tensor f32(const Tensor& t) { return t.to(at::kFloat).contiguous(); }
+Tensor i64(const Tensor& t) { return t.to(at::kLong).contiguous(); }
+Tensor f64(const Tensor& t) { return t.to(at::kDouble).contiguous(); }
+
+int method_code(const std::string& m) {
+  if (m == "sd" || m == "rrs") return 0;
+  if (m == "rrsw") return 1;
+  if (m == "kseq") return 2;
+  if (m == "spechub") return 3;
+  TORCH_CHECK(false, "specdec: unknown method '", m, "'");
+}
+
+Tensor tree_positions(const Tensor& depth, const Tensor& prefix_len) {
+  const c10::cuda::CUDAGuard guard(depth.device());
+  Tensor d = i64(depth), out = at::empty_like(d);
+  check(specdec_cuda_tree_positions(d.data_ptr<int64_t>(), i64(prefix_len).data_ptr<int64_t>(),
+                                    out.data_ptr<int64_t>(), d.size(0), d.size(1), stream()),
+        "tree_positions");
+  return out;
+}
+
+Tensor tree_mask(const Tensor& parent, const Tensor& valid, const Tensor& past_valid, at::ScalarType dtype) {
+  const c10::cuda::CUDAGuard guard(parent.device());
+  const int64_t B = parent.size(0), N = parent.size(1), P = past_valid.size(1);
+  Tensor allowed = at::zeros({B, N, P + N}, parent.options().dtype(at::kBool));
+  check(specdec_cuda_tree_mask(i64(parent).data_ptr<int64_t>(), valid.to(at::kBool).contiguous().data_ptr<bool>(),
+                               past_valid.to(at::kBool).contiguous().data_ptr<bool>(), allowed.data_ptr<bool>(), B, N,
+                               P, stream()),
+        "tree_mask");
+  double lowest = 0.0;  // torch.finfo(dtype).min, as in the reference
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "tree_mask",
+                                  [&] { lowest = static_cast<double>(std::numeric_limits<scalar_t>::lowest()); });
+  Tensor mask = at::zeros({B, N, P + N}, parent.options().dtype(dtype));
+  mask.masked_fill_(allowed.logical_not(), lowest);
+  return mask.unsqueeze(1);
+}
+
+Tensor filter_kv(at::TensorList kv, const Tensor& prefix_len, const Tensor& accepted, const Tensor& n_accepted) {
+  const c10::cuda::CUDAGuard guard(accepted.device());
+  Tensor p = i64(prefix_len), acc = i64(accepted), n = i64(n_accepted);
+  for (const Tensor& t : kv) {
+    TORCH_CHECK(t.dim() == 4, "specdec::filter_kv: kv tensors must be [B, H, S, D]");
+    check(specdec_cuda_filter_kv(t.data_ptr(), t.element_size(), t.size(0), t.size(1), t.size(3), t.stride(0),
+                                 t.stride(1), t.stride(2), t.stride(3), p.data_ptr<int64_t>(), acc.data_ptr<int64_t>(),
+                                 n.data_ptr<int64_t>(), acc.size(1), stream()),
+          "filter_kv");
+  }
+  return p + n;
+}
+
+Tensor sample_categorical(const Tensor& logp, const Tensor& noise) {
+  const c10::cuda::CUDAGuard guard(logp.device());
+  const int64_t V = logp.size(-1);
+  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  Tensor out = at::empty({lp.size(0)}, logp.options().dtype(at::kLong));
+  check(specdec_cuda_sample_categorical(lp.data_ptr<float>(), u.data_ptr<double>(), out.data_ptr<int64_t>(),
+                                        lp.size(0), V, stream()),
+        "sample_categorical");
+  auto shape = logp.sizes().vec();
+  shape.pop_back();
+  return out.view(shape);
+}
+
+std::tuple<Tensor, Tensor, Tensor> gumbel_topk(const Tensor& logp, int64_t k, const Tensor& noise) {
+  const c10::cuda::CUDAGuard guard(logp.device());
+  const int64_t V = logp.size(-1);
+  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  const int64_t R = lp.size(0);
+  Tensor tok = at::empty({R, k}, logp.options().dtype(at::kLong));
+  Tensor valid = at::empty({R, k}, logp.options().dtype(at::kBool));
+  Tensor score = at::empty({R, k}, logp.options().dtype(at::kDouble));
+  check(specdec_cuda_gumbel_topk(lp.data_ptr<float>(), u.data_ptr<double>(), tok.data_ptr<int64_t>(),
+                                 valid.data_ptr<bool>(), score.data_ptr<double>(), R, V, k, stream()),
+        "gumbel_topk");
+  auto shape = logp.sizes().vec();
+  shape.back() = k;
+  return {tok.view(shape), valid.view(shape), score.view(shape)};
+}
+
+Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, double top_p) {
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const int64_t V = logits.size(-1);
+  Tensor x = f32(logits).view({-1, V});
+  Tensor out = at::empty_like(x);
+  check(specdec_cuda_process_logits(x.data_ptr<float>(), out.data_ptr<float>(), x.size(0), V, temperature, top_k,
+                                    top_p, stream()),
+        "process_logits");
+  return out.view(logits.sizes());
+}
+
+Tensor eos_or_empty(const c10::optional<Tensor>& eos, const Tensor& like) {
+  return eos.has_value() ? i64(*eos) : at::empty({0}, like.options().dtype(at::kLong));
+}
+
+std::tuple<Tensor, Tensor> verify_chain(const Tensor& draft, const c10::optional<Tensor>& p, const Tensor& q,
+                                        const Tensor& lengths, const Tensor& accept_u, const Tensor& final_noise,
+                                        bool greedy, const c10::optional<Tensor>& eos) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = draft.size(0), L = draft.size(1), V = q.size(-1);
+  Tensor qf = f32(q), pf = (greedy || !p.has_value()) ? qf : f32(*p), e = eos_or_empty(eos, draft);
+  Tensor n_acc = at::empty({B}, draft.options().dtype(at::kLong)), next = at::empty_like(n_acc);
+  check(specdec_cuda_verify_chain(i64(draft).data_ptr<int64_t>(), pf.data_ptr<float>(), qf.data_ptr<float>(),
+                                  i64(lengths).data_ptr<int64_t>(), f64(accept_u).data_ptr<double>(),
+                                  f64(final_noise).data_ptr<double>(), e.data_ptr<int64_t>(), e.numel(),
+                                  n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, L, V, greedy, stream()),
+        "verify_chain");
+  return {n_acc, next};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> verify_node(const std::string& method, const Tensor& cand,
+                                                       const Tensor& cand_valid, const Tensor& p, const Tensor& q,
+                                                       const Tensor& accept_u, const Tensor& final_noise,
+                                                       const c10::optional<Tensor>& hub) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t B = cand.size(0), K = cand.size(1), V = q.size(-1);
+  Tensor r = at::empty({B, V}, q.options().dtype(at::kFloat));
+  Tensor s = at::empty_like(r), ap = at::zeros({B, K}, r.options());
+  Tensor slot = at::empty({B}, cand.options().dtype(at::kLong)), token = at::empty_like(slot);
+  Tensor h = hub.has_value() ? i64(*hub) : at::zeros({B}, slot.options());
+  check(specdec_cuda_verify_node(i64(cand).data_ptr<int64_t>(), cand_valid.to(at::kBool).contiguous().data_ptr<bool>(),
+                                 f32(p).data_ptr<float>(), f32(q).data_ptr<float>(), f64(accept_u).data_ptr<double>(),
+                                 f64(final_noise).data_ptr<double>(), h.data_ptr<int64_t>(), r.data_ptr<float>(),
+                                 s.data_ptr<float>(), ap.data_ptr<float>(), slot.data_ptr<int64_t>(),
+                                 token.data_ptr<int64_t>(), B, K, V, method_code(method), stream()),
+        "verify_node");
+  const auto cd = (p.scalar_type() == at::kDouble || q.scalar_type() == at::kDouble) ? at::kDouble : at::kFloat;
+  return {slot, token, ap.to(cd), r.to(cd)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, const Tensor& parent,
+                                                       const Tensor& valid, const c10::optional<Tensor>& p_rows,
+                                                       const Tensor& q_rows, const std::string& method,
+                                                       const c10::optional<Tensor>& hub, const Tensor& accept_u,
+                                                       const Tensor& final_noise, bool greedy,
+                                                       const c10::optional<Tensor>& eos, int64_t max_depth) {
+  const c10::cuda::CUDAGuard guard(q_rows.device());
+  const int64_t B = tokens.size(0), N = tokens.size(1), V = q_rows.size(-1), KC = N > 1 ? N - 1 : 1;
+  const int64_t L = max_depth > 0 ? max_depth : 1;
+  Tensor qf = f32(q_rows), pf = (greedy || !p_rows.has_value()) ? qf : f32(*p_rows);
+  auto lopt = tokens.options().dtype(at::kLong);
+  Tensor acc = at::full({B, L}, -1, lopt), rank = at::full({B, L}, -1, lopt);
+  Tensor n_acc = at::empty({B}, lopt), next = at::empty({B}, lopt);
+  Tensor alive = at::full({B, N}, -1, tokens.options().dtype(at::kInt));
+  Tensor ctok = at::empty({B, KC}, lopt), cnode = at::empty({B, KC}, lopt);
+  Tensor ones = at::ones({KC}, tokens.options().dtype(at::kBool));
+  Tensor r = at::empty({B, V}, q_rows.options().dtype(at::kFloat)), s = at::empty_like(r);
+  Tensor h = hub.has_value() ? i64(*hub) : at::zeros({B, N}, lopt), e = eos_or_empty(eos, tokens);
+  Tensor u = f64(accept_u);
+  check(specdec_cuda_verify_tree(i64(tokens).data_ptr<int64_t>(), i64(parent).data_ptr<int64_t>(),
+                                 valid.to(at::kBool).contiguous().data_ptr<bool>(), pf.data_ptr<float>(),
+                                 qf.data_ptr<float>(), h.data_ptr<int64_t>(), u.data_ptr<double>(),
+                                 f64(final_noise).data_ptr<double>(), e.data_ptr<int64_t>(), e.numel(),
+                                 alive.data_ptr<int>(), ctok.data_ptr<int64_t>(), cnode.data_ptr<int64_t>(),
+                                 ones.data_ptr<bool>(), r.data_ptr<float>(), s.data_ptr<float>(),
+                                 acc.data_ptr<int64_t>(), rank.data_ptr<int64_t>(), n_acc.data_ptr<int64_t>(),
+                                 next.data_ptr<int64_t>(), B, N, V, u.size(2), KC, L, method_code(method),
+                                 method == "kseq", greedy, stream()),
+        "verify_tree");
+  if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};
+  return {acc, n_acc, next, rank};
+}
+
+}  // namespace cuda_binding
+}  // namespace specdec
+
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  using namespace specdec::cuda_binding;
+  m.impl("tree_positions", &tree_positions);
+  m.impl("tree_mask", &tree_mask);
+  m.impl("filter_kv", &filter_kv);
+  m.impl("sample_categorical", &sample_categorical);
+  m.impl("gumbel_topk", &gumbel_topk);
+  m.impl("process_logits", &process_logits);
+  m.impl("verify_chain", &verify_chain);
+  m.impl("verify_node", &verify_node);
+  m.impl("verify_tree", &verify_tree);
+}
