@@ -66,7 +66,7 @@ def _extensions() -> tuple[list, dict]:
             extra_link_args=["-fopenmp"],
         )
     ]
-    cuda_sources = _rel("csrc/cuda/*.cu") + _rel("csrc/cuda/*.cpp")
+    cuda_sources = ["csrc/cuda_module.cpp", *_rel("csrc/cuda/*.cu"), *_rel("csrc/cuda/*.cpp")]
     if _want_cuda(torch.version.cuda):
         if torch.version.cuda is None:
             raise RuntimeError("SPECDEC_BUILD_CUDA=1 but the installed torch has no CUDA support")
