@@ -21,7 +21,8 @@ class GenerationStats:
     * ``accepted_hist[m]``: row-rounds that accepted exactly m draft tokens.
     * ``rank_accepts[k]``: verification steps (visited nodes that had draft children) that accepted the child of
       sibling rank k (draft order); ``verify_steps``: their number.
-    * ``times``: seconds per bucket: prefill (prompt catch-up of the target), draft (drafter + child sampling),
+    * ``times``: seconds per bucket: prefill (prompt catch-up of the target), draft (drafter + child sampling;
+      a neural drafter reads the prompt inside its first draft call),
       target (target forward + lm_head), verify (target processing + tree verification), other (bookkeeping,
       KV filtering); ``wall_time``: the whole call.
     """
