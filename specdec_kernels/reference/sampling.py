@@ -123,7 +123,10 @@ def sbs_step(
 def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §4.5 drafting: hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a)."""
     hub = torch.argmax(logp, dim=-1)
-    (y, y_valid, _) = gumbel_topk(logp, 2, noise)
+    (y, y_valid, _) = gumbel_topk(logp, min(2, logp.shape[-1]), noise)
+    if y.shape[-1] == 1:  # V = 1: there is no second token to draw
+        y = torch.cat([y, torch.full_like(y, -1)], dim=-1)
+        y_valid = torch.cat([y_valid, torch.zeros_like(y_valid)], dim=-1)
     y1, y2 = y[..., 0], y[..., 1]
     first_is_hub = y1 == hub
     # p(a) ~ 1: no second draft exists; the node is a single-candidate SD node holding a plain sample of p.
