@@ -1,0 +1,678 @@
+"""Independent float64 NumPy oracles for the node-level ops (spec §2, §4, §10.1, §10.2, §10.7).
+
+Written from the spec, not from ``specdec_kernels.reference``, so that the tests compare two implementations.
+Contents:
+
+* closed-form acceptance probabilities of every node verifier (§10.1) and the OTM optimum by enumeration over
+  token sets (§4.6);
+* exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR) and SpecHub's hub pairs (§2.2, §4.5),
+  and the sequence-level SWOR law used by the stochastic-beam-search oracle (§10.7);
+* the node test chain of every verifier in NumPy (``node_chain``) and :class:`ChainVerifier`, a callable with the
+  interface of ``specdec_kernels.verify_node`` built from any chain function (the deliberately wrong variants of
+  ``testing.wrong`` use it too);
+* the exact-enumeration harness of §10.2 (:func:`enumerate_node`), which feeds every candidate tuple with positive
+  drafting probability to a verifier in analytic mode and accumulates the output law, and a Monte Carlo harness
+  (:func:`node_trials`) that drafts with the public sampling ops and verifies in sampling mode.
+
+Vectors are 1-D float64 arrays over the vocabulary; ``p`` is the draft law, ``q`` the target law (spec §1.1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..ops import NodeVerdict, gumbel_topk, sample_categorical, spechub_sample, verify_node
+
+ZERO_MASS_TOL = 1e-12  # spec §2.4, fp64 oracles
+SWOR_MASS_EPS = 1e-7  # spec §2.2: no further draws once the remaining draft mass is this small
+
+Chain = tuple[list[tuple[int, float, float]], np.ndarray]
+ChainFn = Callable[[str, Sequence[int], np.ndarray, np.ndarray, "int | None"], Chain]
+Verifier = Callable[..., NodeVerdict]
+
+
+def as_law(x: Sequence[float] | np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def normalize(x: np.ndarray) -> np.ndarray:
+    return x / x.sum()
+
+
+def residual(r: np.ndarray, s: np.ndarray, tol: float = ZERO_MASS_TOL) -> np.ndarray:
+    """res(r, s) = Norm[(r - s)^+]; keeps r when the mass is numerically zero (spec §2.4)."""
+    m = np.maximum(r - s, 0.0)
+    tot = m.sum()
+    return r.copy() if tot <= tol else m / tot
+
+
+def hub_of(p: np.ndarray) -> int:
+    """SpecHub hub token: argmax p, lowest id on ties (np.argmax returns the first maximum)."""
+    return int(np.argmax(p))
+
+
+def exact_tv(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(as_law(a) - as_law(b)).sum())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Closed-form acceptance (spec §10.1)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    total: float
+    per_slot: np.ndarray  # unconditional probability that slot j (draft position) is the accepted one
+
+
+def sd_acceptance(p: np.ndarray, q: np.ndarray) -> float:
+    return float(np.minimum(p, q).sum())
+
+
+def rrs_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
+    """K i.i.d. drafts: beta_k = sum min(p, r_k), r_{k+1} = res(r_k, p)."""
+    r = q
+    reach = 1.0
+    slots = []
+    for _ in range(k):
+        beta = float(np.minimum(p, r).sum())
+        slots.append(reach * beta)
+        reach *= 1.0 - beta
+        r = residual(r, p)
+    return Acceptance(1.0 - reach, np.array(slots))
+
+
+def _without(s: np.ndarray, x: int) -> np.ndarray:
+    t = s.copy()
+    t[x] = 0.0
+    return t
+
+
+def _rrsw_total(s: np.ndarray, r: np.ndarray, k: int, mass: float) -> float:
+    """A(s, r, k) of §10.1; ``mass`` = original draft mass left (SWOR stops below 1e-7, spec §2.2)."""
+    if k == 0 or mass <= SWOR_MASS_EPS:
+        return 0.0
+    acc = np.minimum(s, r)
+    total = float(acc.sum())
+    r_next = residual(r, s)
+    for x in np.flatnonzero(s > acc):
+        rest = _without(s, x)
+        if rest.sum() <= 0:
+            continue
+        total += float(s[x] - acc[x]) * _rrsw_total(normalize(rest), r_next, k - 1, mass * (1.0 - s[x]))
+    return total
+
+
+def rrsw_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
+    """Drafts without replacement: recursion A(p, q, K); slot j rate = A(.., j+1) - A(.., j)."""
+    cum = [0.0] + [_rrsw_total(p, q, j, 1.0) for j in range(1, k + 1)]
+    return Acceptance(cum[-1], np.diff(cum))
+
+
+def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int, iters: int = 200) -> tuple[float, float]:
+    """Smallest g in [1, K] with h(g) = sum min(g p, q) - 1 + (1 - beta(g))^K >= 0 (spec §4.4), and beta(g)."""
+
+    def beta(g: float) -> float:
+        return float(np.minimum(p, q / g).sum())
+
+    def h(g: float) -> float:
+        return float(np.minimum(g * p, q).sum()) - 1.0 + (1.0 - beta(g)) ** k
+
+    if k <= 1 or h(1.0) >= 0.0:
+        return 1.0, beta(1.0)
+    lo, hi = 1.0, float(k)
+    for _ in range(iters):
+        mid = 0.5 * (lo + hi)
+        if mid in (lo, hi):
+            break
+        if h(mid) >= 0.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi, beta(hi)
+
+
+def kseq_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
+    _, beta = kseq_gamma(p, q, k)
+    slots = np.array([beta * (1.0 - beta) ** j for j in range(k)])
+    return Acceptance(1.0 - (1.0 - beta) ** k, slots)
+
+
+@dataclass(frozen=True)
+class HubParts:
+    """The SpecHub transport plan of §4.5 (vectors over the vocabulary, hub entry 0)."""
+
+    hub: int
+    qai: np.ndarray
+    a1: np.ndarray
+    a2: np.ndarray
+    a3: float
+    a4: float
+    s_ai: float
+    s_ia: float
+    final: np.ndarray  # normalized final residual (zero-mass rule: q)
+
+
+def spechub_parts(p: np.ndarray, q: np.ndarray, hub: int | None = None) -> HubParts:
+    a = hub_of(p) if hub is None else hub
+    off = np.ones_like(p, dtype=bool)
+    off[a] = False
+    pa = p[a]
+    a1 = np.where(off, np.minimum(p, q), 0.0)
+    q1 = np.where(off, q - a1, 0.0)
+    r1 = np.where(off, p - a1, 0.0)
+    qai = np.where(off, pa * p / (1.0 - pa), 0.0)
+    a2 = np.minimum(qai, q1)
+    r2 = qai - a2
+    s_ai, s_ia = float(r2.sum()), float(r1.sum())
+    a3 = min(float(q[a]), s_ai)
+    a4 = min(float(q[a]) - a3, s_ia)
+    fin = q1 - a2
+    fin[a] = max(float(q[a]) - a3 - a4, 0.0)
+    tot = fin.sum()
+    fin = q.copy() if tot <= ZERO_MASS_TOL else fin / tot
+    return HubParts(a, qai, a1, a2, a3, a4, s_ai, s_ia, fin)
+
+
+def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> Acceptance:
+    """Total min(1, q(a) + sum_{i != a} min(q(i), p(i)/(1-p(a)))); slots (sum A1 + A3, sum A2 + A4)."""
+    a = hub_of(p)
+    if 1.0 - p[a] <= SWOR_MASS_EPS:  # single draft: plain SD (spec §4.5)
+        alpha = sd_acceptance(p, q)
+        return Acceptance(alpha, np.array([alpha, 0.0]))
+    hp = spechub_parts(p, q, a)
+    off = np.arange(len(p)) != a
+    total = min(1.0, float(q[a] + np.minimum(q[off], p[off] / (1.0 - p[a])).sum()))
+    return Acceptance(total, np.array([hp.a1.sum() + hp.a3, hp.a2.sum() + hp.a4]))
+
+
+def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
+    """Closed-form acceptance of ``method`` with ``k`` candidates (spec §10.1)."""
+    p, q = as_law(p), as_law(q)
+    if method == "sd":
+        if k != 1:
+            raise ValueError(f"sd has K = 1, got {k}")
+        alpha = sd_acceptance(p, q)
+        return Acceptance(alpha, np.array([alpha]))
+    if method == "rrs":
+        return rrs_acceptance(p, q, k)
+    if method == "rrsw":
+        return rrsw_acceptance(p, q, k)
+    if method == "kseq":
+        return kseq_acceptance(p, q, k)
+    if method == "spechub":
+        if k != 2:
+            raise ValueError(f"spechub has K = 2, got {k}")
+        return spechub_acceptance(p, q)
+    raise ValueError(f"unknown method {method!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drafting laws and OTM (spec §2.2, §4.5, §4.6)
+
+
+def swor_law(probs: Sequence[float] | np.ndarray, k: int) -> dict[tuple[int, ...], float]:
+    """Law of the ordered draw of ``k`` items without replacement (= Gumbel-top-k order, spec §2.2).
+
+    P(x_1..x_k) = prod_j p(x_j) / (1 - sum_{i<j} p(x_i)). Tuples are shorter than ``k`` when the support is
+    exhausted or the remaining mass falls to <= 1e-7 (the op marks those slots invalid).
+    """
+    p = normalize(as_law(probs))
+    out: dict[tuple[int, ...], float] = {}
+
+    def rec(prefix: tuple[int, ...], w: float) -> None:
+        used = np.zeros(len(p), dtype=bool)
+        used[list(prefix)] = True
+        left = float(p[~used].sum())
+        if len(prefix) == k or left <= SWOR_MASS_EPS:
+            out[prefix] = out.get(prefix, 0.0) + w
+            return
+        for x in np.flatnonzero((p > 0) & ~used):
+            rec(prefix + (int(x),), w * p[x] / left)
+
+    rec((), 1.0)
+    return out
+
+
+def iid_joint(p: np.ndarray, k: int) -> dict[tuple[int, ...], float]:
+    p = as_law(p)
+    support = [int(x) for x in np.flatnonzero(p > 0)]
+    return {t: float(np.prod([p[x] for x in t])) for t in itertools.product(support, repeat=k)}
+
+
+def hub_joint(p: np.ndarray) -> dict[tuple[int, ...], float]:
+    """SpecHub's draft pairs: Q(i, a) = p(i), Q(a, i) = p(a) p(i) / (1 - p(a)) for i != a (spec §4.5)."""
+    p = as_law(p)
+    a = hub_of(p)
+    if 1.0 - p[a] <= SWOR_MASS_EPS:
+        return {(int(x),): float(p[x]) for x in np.flatnonzero(p > 0)}
+    out: dict[tuple[int, ...], float] = {}
+    for i in np.flatnonzero(p > 0):
+        if i == a:
+            continue
+        out[(int(i), a)] = float(p[i])
+        out[(a, int(i))] = float(p[a] * p[i] / (1.0 - p[a]))
+    return out
+
+
+def otm_acceptance(joint: dict[tuple[int, ...], float], q: np.ndarray) -> float:
+    """alpha*(Q, q) = min over token sets T of q(T) + 1 - Q(tuples inside T) (spec §4.6); V <= 16."""
+    q = as_law(q)
+    v = len(q)
+    if v > 16:
+        raise ValueError(f"OTM enumerates 2^V token sets; V = {v} is too large")
+    sets = np.arange(1 << v, dtype=np.int64)
+    bits = (sets[:, None] >> np.arange(v)) & 1
+    q_t = bits @ q
+    masks = np.array([sum(1 << x for x in set(t)) for t in joint], dtype=np.int64)
+    w = np.array(list(joint.values()))
+    inside = ((masks[None, :] & ~sets[:, None]) == 0) @ w
+    return float((q_t + 1.0 - inside).min())
+
+
+def otm_iid(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    return otm_acceptance(iid_joint(p, k), q)
+
+
+def otm_swor(p: np.ndarray, q: np.ndarray, k: int = 2) -> float:
+    """OTMw: the OTM optimum for drafts without replacement (for K = 2: Q(i, j) = p(i) p(j) / (1 - p(i)))."""
+    return otm_acceptance(swor_law(p, k), q)
+
+
+def otm_hub(p: np.ndarray, q: np.ndarray) -> float:
+    return otm_acceptance(hub_joint(p), q)
+
+
+@dataclass(frozen=True)
+class DraftTuple:
+    tokens: tuple[int, ...]  # valid candidates in slot order (shorter than K = missing slots)
+    weight: float  # drafting probability
+
+
+def draft_tuples(method: str, p: np.ndarray, k: int) -> list[DraftTuple]:
+    """Every candidate tuple with positive drafting probability (spec §10.2)."""
+    p = as_law(p)
+    if method in ("sd", "rrs", "kseq"):
+        if method == "sd" and k != 1:
+            raise ValueError(f"sd has K = 1, got {k}")
+        joint = iid_joint(p, k)
+    elif method == "rrsw":
+        joint = swor_law(p, k)
+    elif method == "spechub":
+        if k != 2:
+            raise ValueError(f"spechub has K = 2, got {k}")
+        joint = hub_joint(p)
+    else:
+        raise ValueError(f"unknown method {method!r}")
+    return [DraftTuple(t, w) for t, w in joint.items() if w > 0]
+
+
+def seq_swor_pair_law(p1: np.ndarray, p2: np.ndarray) -> np.ndarray:
+    """Sequence-level SWOR law of the ordered top-2 of length-2 sequences (spec §10.7).
+
+    ``p1`` [V] first-token law, ``p2`` [V, V] rows p(y | x). Returns P[s, s'] over flattened sequences
+    s = x * V + y: P(s) P(s') / (1 - P(s)) for s != s'.
+    """
+    seq = (as_law(p1)[:, None] * as_law(p2)).ravel()
+    law = np.zeros((seq.size, seq.size))
+    for (s, s2), w in swor_law(seq, 2).items():
+        law[s, s2] = w
+    return law
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Node test chains (spec §4) and verifier callables
+
+
+def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> Chain:
+    """The uniform-independent test sequence of one node (spec §2.4 kernel note, §4.1-§4.5).
+
+    ``cand`` = the valid candidates in slot order. Returns ``tests`` = [(j, den, num)] in test order, where
+    candidate ``cand[j]`` is accepted iff ``U[j] * den < num``, and the normalized final residual.
+    """
+    tests: list[tuple[int, float, float]] = []
+    if method in ("sd", "rrs"):
+        r = q
+        for j, x in enumerate(cand):
+            tests.append((j, p[x], r[x]))
+            r = residual(r, p)
+        return tests, r
+    if method == "rrsw":
+        r, s = q, p
+        for j, x in enumerate(cand):
+            tests.append((j, s[x], r[x]))
+            r = residual(r, s)
+            rest = _without(s, x)
+            s = normalize(rest) if rest.sum() > 0 else rest
+        return tests, r
+    if method == "kseq":
+        g, beta = kseq_gamma(p, q, len(cand))
+        if beta <= 0.0:  # disjoint supports (spec §9.11): skip acceptance, sample q
+            return [(j, 1.0, 0.0) for j in range(len(cand))], q
+        tests = [(j, g * p[x], q[x]) for j, x in enumerate(cand)]
+        c = (1.0 - (1.0 - beta) ** len(cand)) / beta
+        num = np.maximum(q - c * np.minimum(p, q / g), 0.0)
+        return tests, (q if num.sum() <= ZERO_MASS_TOL else num / num.sum())
+    if method == "spechub":
+        if len(cand) == 1:
+            return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
+        hp = spechub_parts(p, q, hub)
+        a = hp.hub
+        if cand[0] == a:  # pair (a, i): the non-hub token in slot 1 is tested first
+            i = cand[1]
+            return [(1, hp.qai[i], q[i] - hp.a1[i]), (0, hp.s_ai, q[a])], hp.final
+        i = cand[0]
+        return [(0, p[i], q[i]), (1, hp.s_ia, q[a] - hp.a3)], hp.final
+    raise ValueError(f"unknown method {method!r}")
+
+
+def test_order(method: str, cand: Sequence[int], hub: int | None) -> list[int]:
+    """Order in which a node's valid candidates are tested (spec §4.5: SpecHub (a, i) tests slot 1 first)."""
+    if method == "spechub" and len(cand) == 2 and cand[0] == hub:
+        return [1, 0]
+    return list(range(len(cand)))
+
+
+def _gumbel(u: np.ndarray) -> np.ndarray:
+    return -np.log(-np.log(u))
+
+
+def _log(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(x)
+
+
+class ChainVerifier:
+    """A node verifier with the interface of ``specdec_kernels.verify_node``, driven by a NumPy chain function.
+
+    ``chain_fn(method, cand, p, q, hub) -> (tests, final)`` as :func:`node_chain`. ``methods`` restricts the
+    methods it accepts (a deliberately wrong variant is only defined for one). Rows sharing the same candidates,
+    p, q and hub share one chain, so large Monte Carlo batches cost one chain per distinct tuple. ``backend`` is
+    accepted for interface compatibility and ignored.
+    """
+
+    def __init__(self, chain_fn: ChainFn, name: str, methods: Sequence[str] | None = None) -> None:
+        self.chain_fn = chain_fn
+        self.name = name
+        self.methods = tuple(methods) if methods is not None else None
+
+    def __repr__(self) -> str:
+        return f"ChainVerifier({self.name})"
+
+    def __call__(
+        self,
+        method: str,
+        cand: torch.Tensor,
+        cand_valid: torch.Tensor,
+        p: torch.Tensor,
+        q: torch.Tensor,
+        *,
+        hub: torch.Tensor | None = None,
+        accept_u: torch.Tensor | None = None,
+        final_noise: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        analytic: bool = False,
+        backend: str | None = None,
+    ) -> NodeVerdict:
+        if self.methods is not None and method not in self.methods:
+            raise ValueError(f"{self.name} is defined for methods {self.methods}, got {method!r}")
+        batch, k = cand.shape
+        vocab = p.shape[-1]
+        if generator is None and seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        # One generator for both draws keeps acceptance uniforms independent of the final noise (spec §1.4).
+        if accept_u is None:
+            accept_u = torch.rand((batch, k), dtype=torch.float64, generator=generator)
+        if final_noise is None:
+            final_noise = torch.rand((batch, vocab), dtype=torch.float64, generator=generator).clamp_min(2.0**-60)
+        c = cand.cpu().numpy()
+        cv = cand_valid.cpu().numpy()
+        pn, qn = as_law(p), as_law(q)
+        un, gn = as_law(accept_u), _gumbel(as_law(final_noise))
+        hn = None if hub is None else hub.cpu().numpy()
+        slot = np.full(batch, -1, dtype=np.int64)
+        token = np.zeros(batch, dtype=np.int64)
+        acc_prob = np.zeros((batch, k))
+        final = np.zeros((batch, vocab))
+        groups: dict[tuple, list[int]] = {}
+        for b in range(batch):
+            h = None if hn is None else int(hn[b])
+            key = (c[b][cv[b]].tobytes(), cv[b].tobytes(), pn[b].tobytes(), qn[b].tobytes(), h)
+            groups.setdefault(key, []).append(b)
+        for rows_list in groups.values():
+            rows = np.array(rows_list)
+            b0 = rows[0]
+            slots = np.flatnonzero(cv[b0])
+            toks = [int(x) for x in c[b0][slots]]
+            h = None if hn is None else int(hn[b0])
+            tests, fin = self.chain_fn(method, toks, pn[b0], qn[b0], h)
+            chosen = np.full(len(rows), -1, dtype=np.int64)
+            for j, den, num in tests:
+                s = slots[j]
+                acc_prob[rows, s] = min(1.0, num / den) if den > 0 else float(num > 0)
+                hit = (chosen < 0) & (un[rows, s] * den < num)
+                chosen[hit] = s
+            slot[rows] = chosen
+            fin_tok = np.argmax(_log(fin)[None, :] + gn[rows], axis=1)
+            token[rows] = np.where(chosen >= 0, c[rows, np.maximum(chosen, 0)], fin_tok)
+            final[rows] = fin
+        out_slot = torch.from_numpy(slot)
+        out_tok = torch.from_numpy(token)
+        if not analytic:
+            return NodeVerdict(out_slot, out_tok, None, None)
+        return NodeVerdict(out_slot, out_tok, torch.from_numpy(acc_prob), torch.from_numpy(final))
+
+
+oracle_verifier = ChainVerifier(node_chain, "oracle")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Exact enumeration (spec §10.2) and Monte Carlo (spec §10.6) harnesses
+
+
+@dataclass(frozen=True)
+class NodeLaw:
+    law: np.ndarray  # [V] law of the emitted token
+    accept: float  # probability that some candidate is accepted
+    slot_rates: np.ndarray  # [K] unconditional acceptance probability of each slot
+
+    def max_error(self, q: np.ndarray) -> float:
+        return float(np.abs(self.law - as_law(q)).max())
+
+    def tv(self, q: np.ndarray) -> float:
+        return exact_tv(self.law, q)
+
+
+def enumerate_node(
+    method: str,
+    p: Sequence[float] | np.ndarray,
+    q: Sequence[float] | np.ndarray,
+    k: int,
+    *,
+    verifier: Verifier = verify_node,
+    dtype: torch.dtype = torch.float64,
+) -> NodeLaw:
+    """Exact output law of one node (spec §10.2), run THROUGH ``verifier`` in analytic mode.
+
+    Every candidate tuple with positive drafting probability (V^K i.i.d. tuples for sd/rrs/kseq, ordered
+    K-permutations for rrsw, the 2(V-1) hub pairs for spechub) becomes one row of a single verifier call; the
+    returned per-slot acceptance probabilities and final residual are chained in the verifier's test order.
+    """
+    p, q = as_law(p), as_law(q)
+    vocab = len(p)
+    tuples = draft_tuples(method, p, k)
+    hub = hub_of(p) if method == "spechub" else None
+    n = len(tuples)
+    cand = torch.full((n, k), -1, dtype=torch.long)
+    valid = torch.zeros((n, k), dtype=torch.bool)
+    for b, t in enumerate(tuples):
+        cand[b, : len(t.tokens)] = torch.tensor(t.tokens)
+        valid[b, : len(t.tokens)] = True
+    pt = torch.tensor(p, dtype=dtype).expand(n, vocab).contiguous()
+    qt = torch.tensor(q, dtype=dtype).expand(n, vocab).contiguous()
+    hub_t = None if hub is None else torch.full((n,), hub, dtype=torch.long)
+    out = verifier(method, cand, valid, pt, qt, hub=hub_t, seed=0, analytic=True)
+    acc_prob = as_law(out.accept_prob)
+    final = as_law(out.final_residual)
+    law = np.zeros(vocab)
+    slot_rates = np.zeros(k)
+    for b, t in enumerate(tuples):
+        reach = t.weight
+        for j in test_order(method, t.tokens, hub):
+            a = acc_prob[b, j]
+            law[t.tokens[j]] += reach * a
+            slot_rates[j] += reach * a
+            reach *= 1.0 - a
+        law += reach * final[b]
+    return NodeLaw(law, float(slot_rates.sum()), slot_rates)
+
+
+@dataclass(frozen=True)
+class NodeTrials:
+    token_counts: np.ndarray  # [V] emitted tokens
+    slot_counts: np.ndarray  # [K] accepted slot
+    n: int
+
+    @property
+    def accept_rate(self) -> float:
+        return float(self.slot_counts.sum()) / self.n
+
+
+def draft_candidates(
+    method: str, p: torch.Tensor, k: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Draft K candidates per row with the public sampling ops (spec §4.2-§4.5): p [N, V] -> cand, valid, hub."""
+    logp = torch.log(p)
+    if method in ("sd", "rrs", "kseq"):
+        cand = torch.stack([sample_categorical(logp, generator=generator) for _ in range(k)], dim=-1)
+        return cand, torch.ones_like(cand, dtype=torch.bool), None
+    if method == "rrsw":
+        d = gumbel_topk(logp, min(k, logp.shape[-1]), generator=generator)
+        pad = k - d.tokens.shape[-1]  # K > V: the missing draws are invalid slots
+        tokens = torch.cat([d.tokens, torch.full_like(d.tokens[:, :1], -1).expand(-1, pad)], dim=-1)
+        valid = torch.cat([d.valid, torch.zeros_like(d.valid[:, :1]).expand(-1, pad)], dim=-1)
+        return tokens, valid, None
+    if method == "spechub":
+        d = spechub_sample(logp, generator=generator)
+        return d.tokens, d.valid, d.hub
+    raise ValueError(f"unknown method {method!r}")
+
+
+def node_trials(
+    method: str,
+    p: Sequence[float] | np.ndarray,
+    q: Sequence[float] | np.ndarray,
+    k: int,
+    n: int,
+    *,
+    seed: int,
+    verifier: Verifier = verify_node,
+    dtype: torch.dtype = torch.float64,
+) -> NodeTrials:
+    """``n`` independent node trials as the rows of one call: fresh drafts, fresh acceptance/final noise."""
+    vocab = len(p)
+    gen = torch.Generator().manual_seed(seed)
+    pt = torch.tensor(as_law(p), dtype=dtype).expand(n, vocab).contiguous()
+    qt = torch.tensor(as_law(q), dtype=dtype).expand(n, vocab).contiguous()
+    cand, valid, hub = draft_candidates(method, pt.double(), k, gen)
+    out = verifier(method, cand, valid, pt, qt, hub=hub, generator=gen)
+    tokens = out.token.numpy()
+    slots = out.slot.numpy()
+    return NodeTrials(
+        np.bincount(tokens, minlength=vocab).astype(np.float64),
+        np.bincount(slots[slots >= 0], minlength=k).astype(np.float64),
+        n,
+    )
+
+
+def tv_bound(n: int, bins: int, false_alarm: float = 1e-6) -> float:
+    """Bound on the empirical TV of ``n`` samples from the true law, exceeded with probability <= false_alarm.
+
+    E||p_hat - p||_1 <= sqrt((bins - 1) / n), and ||p_hat - p||_1 has bounded differences 2/n (McDiarmid), so
+    P(TV > (sqrt((bins - 1)/n) + sqrt(2 ln(1/false_alarm) / n)) / 2) <= false_alarm.
+    """
+    return 0.5 * (math.sqrt(max(bins - 1, 1) / n) + math.sqrt(2.0 * math.log(1.0 / false_alarm) / n))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logits processing and stochastic beam search (spec §1.3, §2.3)
+
+
+def process_logits_oracle(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
+    """Spec §1.3 in float64 on one row: temperature, top-k (ties kept), top-p (stable order), log-softmax."""
+    x = as_law(logits).copy()
+    if temperature < 1e-5:
+        out = np.full_like(x, -np.inf)
+        out[int(np.argmax(x))] = 0.0
+        return out
+    x = x / temperature
+    if 0 < top_k < len(x):
+        kth = np.sort(x)[::-1][top_k - 1]
+        x = np.where(x >= kth, x, -np.inf)
+    if top_p < 1.0:
+        probs = np.exp(x - x.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(probs[order])[:-1]])
+        keep = np.zeros(len(x), dtype=bool)
+        keep[order[before < top_p]] = True
+        keep[order[0]] = True
+        x = np.where(keep, x, -np.inf)
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def log1mexp(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(a > -math.log(2.0), np.log(-np.expm1(a)), np.log1p(-np.exp(a)))
+
+
+def trunc_stable(u: float, phit: np.ndarray, z: float) -> np.ndarray:
+    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) with the guards of spec §2.3."""
+    phit = np.asarray(phit, dtype=np.float64)
+    safe = np.where(np.isfinite(phit), phit, z)
+    v = u - safe + log1mexp(np.minimum(safe - z, 0.0))
+    out = u - (np.maximum(v, 0.0) + np.log1p(np.exp(-np.abs(v))))
+    out = np.where(phit == z, u, out)
+    return np.where(np.isfinite(phit), out, -np.inf)
+
+
+def trunc_naive(u: float, phit: np.ndarray, z: float) -> np.ndarray:
+    """RSD eq. (11) as written: -log(exp(-u) - exp(-Z) + exp(-phit)) (overflows for large scores)."""
+    phit = np.asarray(phit, dtype=np.float64)
+    return -np.log(np.exp(-u) - np.exp(-z) + np.exp(-phit))
+
+
+def sbs_step_oracle(
+    logp: np.ndarray, sigma: np.ndarray, gamma: np.ndarray, beam_valid: np.ndarray, w_out: int, noise: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One SBS step (spec §2.3) on one batch row: logp [Win, V], noise [Win, V] uniforms.
+
+    Returns parent_slot, tokens, sigma', gamma', valid of length ``w_out`` (descending gamma', ties -> lowest
+    flattened index; invalid entries -1 / -inf)."""
+    w_in, vocab = logp.shape
+    psi = np.full((w_in, vocab), -np.inf)
+    phi = sigma[:, None] + logp
+    for k in range(w_in):
+        if not beam_valid[k]:
+            continue
+        phit = phi[k] + _gumbel(noise[k])
+        psi[k] = trunc_stable(gamma[k], phit, phit.max())
+    flat = psi.ravel()
+    order = np.argsort(-flat, kind="stable")[:w_out]
+    g = flat[order]
+    valid = np.isfinite(g)
+    parent = np.where(valid, order // vocab, -1)
+    tokens = np.where(valid, order % vocab, -1)
+    sig = np.where(valid, phi.ravel()[order], -np.inf)
+    return parent, tokens, sig, g, valid
