@@ -26,6 +26,16 @@ TORCH_LIBRARY(specdec, m) {
   m.def("gumbel_topk(Tensor logp, int k, Tensor noise) -> (Tensor, Tensor, Tensor)");
   // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked)
   m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p) -> Tensor");
+  // spec §2.3: logp [B, Win, V], sigma/gamma/beam_valid [B, Win], noise [B, Win, V] float64 uniforms
+  // -> parent_slot [B, Wout] int64, tokens [B, Wout] int64, sigma [B, Wout] float64, gamma [B, Wout] float64
+  // (descending), valid [B, Wout] bool
+  m.def(
+      "sbs_step(Tensor logp, Tensor sigma, Tensor gamma, Tensor beam_valid, int w_out, Tensor noise) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // spec §4.5: logp [..., V], noise [..., V] -> tokens [..., 2] int64, hub [...] int64, valid [..., 2] bool
+  m.def("spechub_sample(Tensor logp, Tensor noise) -> (Tensor, Tensor, Tensor)");
+  // spec §4.4: p, q [B, V], k [B] -> gamma [B] float64, beta [B] float64
+  m.def("kseq_gamma(Tensor p, Tensor q, Tensor k) -> (Tensor, Tensor)");
   // spec §4.1/§8: draft [B, L], p [B, L, V] (None when greedy), q [B, L+1, V], lengths [B], accept_u [B, L],
   // final_noise [B, V], eos [E] -> n_accepted [B], next_token [B]
   m.def(
@@ -51,6 +61,9 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("sample_categorical", &specdec::cpu::sample_categorical);
   m.impl("gumbel_topk", &specdec::cpu::gumbel_topk);
   m.impl("process_logits", &specdec::cpu::process_logits);
+  m.impl("sbs_step", &specdec::cpu::sbs_step);
+  m.impl("spechub_sample", &specdec::cpu::spechub_sample);
+  m.impl("kseq_gamma", &specdec::cpu::kseq_gamma);
   m.impl("verify_chain", &specdec::cpu::verify_chain);
   m.impl("verify_node", &specdec::cpu::verify_node);
   m.impl("verify_tree", &specdec::cpu::verify_tree);

@@ -37,7 +37,12 @@ CPU_OPS = (
     "sample_categorical",
     "gumbel_topk",
     "process_logits",
+    "sbs_step",
+    "spechub_sample",
+    "kseq_gamma",
     "verify_chain",
+    "verify_node",
+    "verify_tree",
 )
 
 
@@ -115,6 +120,61 @@ if HAVE_CPU:
             logp.new_empty(shape, dtype=torch.bool),
             logp.new_empty(shape, dtype=torch.float64),
         )
+
+    # ---- tree drafting (spec §2.3 stochastic beam search, §4.5 SpecHub, §4.4 K-SEQ gamma) ----
+
+    @register("sbs_step", "cpu", supports=_on_cpu)
+    def sbs_step(
+        logp: torch.Tensor,
+        sigma: torch.Tensor,
+        gamma: torch.Tensor,
+        beam_valid: torch.Tensor,
+        w_out: int,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.sbs_step(logp, sigma, gamma, beam_valid, w_out, noise)
+
+    @register("spechub_sample", "cpu", supports=_on_cpu)
+    def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.spechub_sample(logp, noise)
+
+    @register("kseq_gamma", "cpu", supports=_on_cpu)
+    def kseq_gamma(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.kseq_gamma(p, q, k)
+
+    @torch.library.register_fake("specdec::sbs_step")
+    def _sbs_step_fake(
+        logp: torch.Tensor,
+        sigma: torch.Tensor,
+        gamma: torch.Tensor,
+        beam_valid: torch.Tensor,
+        w_out: int,
+        noise: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        shape = (logp.shape[0], w_out)
+        return (
+            logp.new_empty(shape, dtype=torch.long),
+            logp.new_empty(shape, dtype=torch.long),
+            logp.new_empty(shape, dtype=torch.float64),
+            logp.new_empty(shape, dtype=torch.float64),
+            logp.new_empty(shape, dtype=torch.bool),
+        )
+
+    @torch.library.register_fake("specdec::spechub_sample")
+    def _spechub_sample_fake(
+        logp: torch.Tensor, noise: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lead = logp.shape[:-1]
+        return (
+            logp.new_empty((*lead, 2), dtype=torch.long),
+            logp.new_empty(lead, dtype=torch.long),
+            logp.new_empty((*lead, 2), dtype=torch.bool),
+        )
+
+    @torch.library.register_fake("specdec::kseq_gamma")
+    def _kseq_gamma_fake(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = p.shape[0]
+        return p.new_empty((batch,), dtype=torch.float64), p.new_empty((batch,), dtype=torch.float64)
 
     # ---- verification (spec §4.1, §8) ----
 
@@ -247,6 +307,9 @@ CUDA_OPS = (
     "sample_categorical",
     "gumbel_topk",
     "process_logits",
+    "sbs_step",
+    "spechub_sample",
+    "kseq_gamma",
     "verify_chain",
     "verify_node",
     "verify_tree",

@@ -27,6 +27,12 @@ inline at::Tensor as_long(const at::Tensor& t, const char* name) {
   return t.to(at::kLong).contiguous();
 }
 
+// fp16/bf16 -> fp32 with torch's vectorised conversion (exact), so the kernels only see float or double.
+inline at::Tensor widen(const at::Tensor& t) {
+  const at::ScalarType st = t.scalar_type();
+  return (st == at::kHalf || st == at::kBFloat16) ? t.to(at::kFloat).contiguous() : t.contiguous();
+}
+
 inline at::Tensor as_bool(const at::Tensor& t, const char* name) {
   check_cpu(t, name);
   TORCH_CHECK(t.scalar_type() == at::kBool, name, " must be a bool tensor, got ", t.scalar_type());

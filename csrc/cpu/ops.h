@@ -40,4 +40,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     const std::optional<at::Tensor>& hub, const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
     const std::optional<at::Tensor>& eos, int64_t max_depth);
 
+// beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp, const at::Tensor& noise);
+std::tuple<at::Tensor, at::Tensor> kseq_gamma(const at::Tensor& p, const at::Tensor& q, const at::Tensor& k);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sbs_step(
+    const at::Tensor& logp, const at::Tensor& sigma, const at::Tensor& gamma, const at::Tensor& beam_valid,
+    int64_t w_out, const at::Tensor& noise);
+
 }  // namespace specdec::cpu

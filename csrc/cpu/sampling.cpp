@@ -12,12 +12,6 @@
 namespace specdec::cpu {
 namespace {
 
-// fp16/bf16 -> fp32 with torch's vectorised conversion (exact), so the kernels only see float or double.
-at::Tensor widen(const at::Tensor& t) {
-  const at::ScalarType st = t.scalar_type();
-  return (st == at::kHalf || st == at::kBFloat16) ? t.to(at::kFloat).contiguous() : t.contiguous();
-}
-
 // Rows of a [..., V] float tensor and its float64 noise, both contiguous.
 struct Rows {
   at::Tensor data, noise;

@@ -92,7 +92,9 @@ __device__ __forceinline__ double truncated_gumbel(double u, double phit, double
 }
 
 // Per parent: its top-WSEL children by perturbed score (the only ones that can survive, since Trunc is monotone
-// within a parent), truncated; then the global top-Wout by (psi desc, flattened index asc).
+// within a parent), truncated; then the global top-Wout by (psi desc, flattened index asc). The (WSEL+1)-th child by
+// perturbed score certifies the cut: if its psi is not below the smallest selected psi by more than the formula's
+// rounding (a psi tie, or Trunc flattened when Gamma << Z), the parent's psi is evaluated for every child instead.
 __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V]
                                 const double* __restrict__ sigma,  // [B, Win]
                                 const double* __restrict__ gam,    // [B, Win]
@@ -105,27 +107,63 @@ __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V
                                 double* __restrict__ sigma_out, double* __restrict__ gamma_out,     // [B, Wout]
                                 bool* __restrict__ valid,                                           // [B, Wout]
                                 int64_t Win, int64_t V, int64_t WSEL, int64_t Wout) {
+  __shared__ bool redo;
   const int64_t b = blockIdx.x;
   const int64_t C = Win * WSEL;
+  const int64_t picks = WSEL < V ? WSEL + 1 : WSEL;
   for (int64_t k = 0; k < Win; ++k) {
     const bool live = bvalid[b * Win + k];
     const double sig = live ? sigma[b * Win + k] : 0.0, g = live ? gam[b * Win + k] : 0.0;
     const float* lp = logp + (b * Win + k) * V;
     const double* u = noise + (b * Win + k) * V;
-    double prev_s = CUDART_INF, z = -CUDART_INF;
+    double prev_s = CUDART_INF, z = -CUDART_INF, min_sel = CUDART_INF, psi_extra = -CUDART_INF,
+           phit_extra = 0.0;
     int64_t prev_i = -1;
-    for (int64_t j = 0; j < WSEL; ++j) {
+    for (int64_t j = 0; j < picks; ++j) {
       const ArgBest best = next_in_race(lp, u, sig, V, prev_s, prev_i);
       if (j == 0) z = best.v;
       if (threadIdx.x == 0) {
-        const int64_t slot = b * C + k * WSEL + j;
         const bool ok = live && best.i != INT64_MAX;
-        cpsi[slot] = ok ? truncated_gumbel(g, best.v, z) : -CUDART_INF;
-        cidx[slot] = k * V + (best.i == INT64_MAX ? 0 : best.i);
-        cphi[slot] = ok ? sig + static_cast<double>(lp[best.i]) : -CUDART_INF;
+        const double psi = ok ? truncated_gumbel(g, best.v, z) : -CUDART_INF;
+        if (j < WSEL) {
+          const int64_t slot = b * C + k * WSEL + j;
+          cpsi[slot] = psi;
+          cidx[slot] = k * V + (best.i == INT64_MAX ? 0 : best.i);
+          cphi[slot] = ok ? sig + static_cast<double>(lp[best.i]) : -CUDART_INF;
+          min_sel = fmin(min_sel, psi);
+        } else {
+          psi_extra = psi;
+          phit_extra = best.v;
+        }
       }
       prev_s = best.v;
       prev_i = best.i;
+    }
+    if (threadIdx.x == 0) {
+      const double margin = 1e-9 * (1.0 + ::fabs(g) + ::fabs(z) + ::fabs(phit_extra));
+      redo = live && psi_extra > -CUDART_INF && !(psi_extra < min_sel - margin);
+    }
+    __syncthreads();
+    if (!redo) continue;
+    // Fallback: the WSEL best children by (psi desc, index asc) over the whole row.
+    double prev_p = CUDART_INF;
+    int64_t prev_v = -1;
+    for (int64_t j = 0; j < WSEL; ++j) {
+      ArgBest best{-CUDART_INF, INT64_MAX};
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+        const double psi = truncated_gumbel(g, (sig + static_cast<double>(lp[v])) + gumbel(u[v]), z);
+        if (psi < prev_p || (psi == prev_p && v > prev_v)) best = pick(best, ArgBest{psi, v});
+      }
+      best = block_argbest(best);
+      if (threadIdx.x == 0) {
+        const bool ok = best.i != INT64_MAX;
+        const int64_t slot = b * C + k * WSEL + j;
+        cpsi[slot] = ok ? best.v : -CUDART_INF;
+        cidx[slot] = k * V + (ok ? best.i : 0);
+        cphi[slot] = ok ? sig + static_cast<double>(lp[best.i]) : -CUDART_INF;
+      }
+      prev_p = best.v;
+      prev_v = best.i;
     }
   }
   __syncthreads();

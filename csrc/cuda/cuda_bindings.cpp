@@ -115,6 +115,62 @@ Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, d
   return out.view(logits.sizes());
 }
 
+// spec §2.3: fp64 sigma/gamma and noise; scratch holds each parent's top-min(Wout, V) candidates.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sbs_step(const Tensor& logp, const Tensor& sigma,
+                                                            const Tensor& gamma, const Tensor& beam_valid,
+                                                            int64_t w_out, const Tensor& noise) {
+  const c10::cuda::CUDAGuard guard(logp.device());
+  TORCH_CHECK(logp.dim() == 3, "specdec::sbs_step: logp must be [B, Win, V], got ", logp.sizes());
+  const int64_t B = logp.size(0), Win = logp.size(1), V = logp.size(2);
+  TORCH_CHECK(w_out >= 1 && w_out <= Win * V, "specdec::sbs_step: w_out must be in [1, Win*V=", Win * V, "]");
+  const int64_t C = Win * (w_out < V ? w_out : V);
+  Tensor lp = f32(logp), u = f64(noise), sg = f64(sigma), gm = f64(gamma);
+  Tensor bv = beam_valid.to(at::kBool).contiguous();
+  auto dopt = logp.options().dtype(at::kDouble), lopt = logp.options().dtype(at::kLong);
+  Tensor cpsi = at::empty({B, C}, dopt), cphi = at::empty({B, C}, dopt), cidx = at::empty({B, C}, lopt);
+  Tensor parent_slot = at::empty({B, w_out}, lopt), tokens = at::empty({B, w_out}, lopt);
+  Tensor sigma_out = at::empty({B, w_out}, dopt), gamma_out = at::empty({B, w_out}, dopt);
+  Tensor valid = at::empty({B, w_out}, logp.options().dtype(at::kBool));
+  check(specdec_cuda_sbs_step(lp.data_ptr<float>(), sg.data_ptr<double>(), gm.data_ptr<double>(),
+                              bv.data_ptr<bool>(), u.data_ptr<double>(), cpsi.data_ptr<double>(),
+                              cidx.data_ptr<int64_t>(), cphi.data_ptr<double>(), parent_slot.data_ptr<int64_t>(),
+                              tokens.data_ptr<int64_t>(), sigma_out.data_ptr<double>(), gamma_out.data_ptr<double>(),
+                              valid.data_ptr<bool>(), B, Win, V, w_out, stream()),
+        "sbs_step");
+  return {parent_slot, tokens, sigma_out, gamma_out, valid};
+}
+
+// spec §4.5 drafting: rows of any leading shape.
+std::tuple<Tensor, Tensor, Tensor> spechub_sample(const Tensor& logp, const Tensor& noise) {
+  const c10::cuda::CUDAGuard guard(logp.device());
+  const int64_t V = logp.size(-1);
+  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  const int64_t R = lp.size(0);
+  Tensor tokens = at::empty({R, 2}, logp.options().dtype(at::kLong));
+  Tensor hub = at::empty({R}, logp.options().dtype(at::kLong));
+  Tensor valid = at::empty({R, 2}, logp.options().dtype(at::kBool));
+  check(specdec_cuda_spechub_sample(lp.data_ptr<float>(), u.data_ptr<double>(), tokens.data_ptr<int64_t>(),
+                                    hub.data_ptr<int64_t>(), valid.data_ptr<bool>(), R, V, stream()),
+        "spechub_sample");
+  auto lead = logp.sizes().vec();
+  lead.pop_back();
+  auto pair = lead;
+  pair.push_back(2);
+  return {tokens.view(pair), hub.view(lead), valid.view(pair)};
+}
+
+// spec §4.4: p, q [B, V] (fp32 in the kernel), k [B] -> gamma [B], beta [B] float64.
+std::tuple<Tensor, Tensor> kseq_gamma(const Tensor& p, const Tensor& q, const Tensor& k) {
+  const c10::cuda::CUDAGuard guard(p.device());
+  TORCH_CHECK(p.dim() == 2 && q.sizes() == p.sizes(), "specdec::kseq_gamma: p and q must be [B, V]");
+  const int64_t B = p.size(0), V = p.size(1);
+  Tensor gamma = at::empty({B}, p.options().dtype(at::kDouble)), beta = at::empty_like(gamma);
+  check(specdec_cuda_kseq_gamma(f32(p).data_ptr<float>(), f32(q).data_ptr<float>(), i64(k).data_ptr<int64_t>(),
+                                gamma.data_ptr<double>(), beta.data_ptr<double>(), B, V, stream()),
+        "kseq_gamma");
+  return {gamma, beta};
+}
+
 Tensor eos_or_empty(const c10::optional<Tensor>& eos, const Tensor& like) {
   return eos.has_value() ? i64(*eos) : at::empty({0}, like.options().dtype(at::kLong));
 }
@@ -198,6 +254,9 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("sample_categorical", &sample_categorical);
   m.impl("gumbel_topk", &gumbel_topk);
   m.impl("process_logits", &process_logits);
+  m.impl("sbs_step", &sbs_step);
+  m.impl("spechub_sample", &spechub_sample);
+  m.impl("kseq_gamma", &kseq_gamma);
   m.impl("verify_chain", &verify_chain);
   m.impl("verify_node", &verify_node);
   m.impl("verify_tree", &verify_tree);

@@ -87,3 +87,58 @@ def test_verify_tree_and_layout_match_reference(method, parents, greedy):
         assert torch.equal(x, y)
     valid = torch.ones_like(par, dtype=torch.bool)
     assert torch.equal(sk.tree_mask(par, valid, 5, backend="torch"), sk.tree_mask(par, valid, 5, backend="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [7, 111, 49152])
+@pytest.mark.parametrize("w_in,w_out", [(1, 4), (3, 2), (8, 8)])
+def test_sbs_step_matches_reference(vocab, w_in, w_out):
+    """Integer outputs identical, sigma bitwise (one float64 addition), gamma within 1e-12 (float64 transcendental
+    functions of CUDA vs SLEEF); includes invalid beam entries and a flattened-truncation parent (Gamma << Z)."""
+    gen = torch.Generator().manual_seed(vocab + w_in)
+    batch = 4
+    logp = torch.log_softmax(torch.randn(batch, w_in, vocab, generator=gen) * 2.5, -1)
+    sigma = -5 * torch.rand(batch, w_in, generator=gen, dtype=torch.float64)
+    gamma = torch.sort(3 * torch.randn(batch, w_in, generator=gen, dtype=torch.float64), -1, descending=True).values
+    gamma[-1, 0] = -60.0  # psi rounds to gamma for many children: ties resolved by index
+    valid = torch.rand(batch, w_in, generator=gen) < 0.8
+    valid[:, 0] = True
+    args = [t.to(DEV) for t in (logp, sigma, gamma, valid)]
+    u = _u((batch, w_in, vocab), gen)
+    ra = sk.sbs_step(*args, w_out, noise=u, backend="torch")
+    rb = sk.sbs_step(*args, w_out, noise=u, backend="cuda")
+    assert torch.equal(ra.parent_slot, rb.parent_slot) and torch.equal(ra.tokens, rb.tokens)
+    assert torch.equal(ra.valid, rb.valid) and torch.equal(ra.sigma, rb.sigma)
+    fin = torch.isfinite(ra.gamma)
+    assert torch.equal(fin, torch.isfinite(rb.gamma))
+    torch.testing.assert_close(ra.gamma[fin], rb.gamma[fin], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1, 3, 111, 128256])
+def test_spechub_sample_matches_reference(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(2, 5, vocab, generator=gen) * 3
+    logits[0, 0, :] = -40.0
+    logits[0, 0, 0] = 0.0  # p(hub) ~ 1: no second draft
+    lp = torch.log_softmax(logits, -1).to(DEV)
+    u = _u((2, 5, vocab), gen)
+    ra, rb = sk.spechub_sample(lp, noise=u, backend="torch"), sk.spechub_sample(lp, noise=u, backend="cuda")
+    for x, y in zip(ra, rb, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_kseq_gamma_matches_reference(k):
+    """Bisection in float64 on sums in another order: gamma within 4 (K - 1) 2^-40, beta within that + V 2^-52."""
+    gen = torch.Generator().manual_seed(k)
+    batch, vocab = 6, 32000
+    z = torch.randn(batch, vocab, generator=gen) * 2
+    p = torch.softmax(z, -1).to(DEV)
+    q = torch.softmax(z + torch.randn(batch, vocab, generator=gen), -1).to(DEV)
+    kk = torch.full((batch,), k, device=DEV)
+    (ga, ba), (gb, bb) = sk.kseq_gamma(p, q, kk, backend="torch"), sk.kseq_gamma(p, q, kk, backend="cuda")
+    g_err = (ga - gb).abs()
+    assert bool((g_err <= 4 * (k - 1) * 2.0**-40).all())
+    assert bool(((ba - bb).abs() <= g_err + vocab * 2.0**-52).all())

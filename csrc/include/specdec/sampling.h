@@ -67,13 +67,80 @@ int64_t sample_categorical_row(const T* logp,    // [V]
   return gumbel_argmax(vocab, u, lp, lp);
 }
 
+// Top-k race of one row: the k largest score(v) + gumbel(u[v]) over v in [0, n), descending, ties -> lower v.
+// score(v) is the exact double score without noise (may be -inf); bound(v) >= score(v) is cheap. Small k keeps a
+// sorted buffer in the outputs; larger k a binary heap (heap: [k] scratch) whose top is the worst kept candidate.
+// Both skip chunks whose bounds cannot beat the current k-th best. Requires 1 <= k <= n.
+constexpr int64_t kTopkBuffer = 64;
+
+template <class Score, class Bound>
+void race_topk(int64_t n, const double* u, int64_t k, Score score_of, Bound bound,
+               int64_t* idx,    // [k] out, descending by perturbed score
+               double* score,   // [k] out, the perturbed scores
+               std::pair<double, int64_t>* heap) {  // [k] scratch, used when k > kTopkBuffer
+  int64_t count = 0;
+  if (k <= kTopkBuffer) {
+    // sorted buffer of the best k so far; a later index never wins a tie, so it goes after equal scores
+    for (int64_t c = 0; c < n; c += kRaceChunk) {
+      const int64_t end = std::min(n, c + kRaceChunk);
+      if (count == k) {
+        const double thr = score[k - 1] - race_margin(score[k - 1]);
+        int any = 0;
+#pragma omp simd reduction(| : any)
+        for (int64_t v = c; v < end; ++v) any |= (bound(v) + gumbel_upper(u[v]) >= thr);
+        if (!any) continue;
+      }
+      for (int64_t v = c; v < end; ++v) {
+        const double s = score_of(v) + gumbel(u[v]);
+        if (count == k && !(s > score[k - 1])) continue;
+        int64_t j = count < k ? count : k - 1;
+        while (j > 0 && score[j - 1] < s) {
+          score[j] = score[j - 1];
+          idx[j] = idx[j - 1];
+          --j;
+        }
+        score[j] = s;
+        idx[j] = v;
+        if (count < k) ++count;
+      }
+    }
+    return;
+  }
+  // comp(a, b) = "a beats b": std's max-heap then keeps the worst kept candidate on top
+  auto comp = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
+    return beats(a.first, a.second, b.first, b.second);
+  };
+  for (int64_t c = 0; c < n; c += kRaceChunk) {
+    const int64_t end = std::min(n, c + kRaceChunk);
+    if (count == k) {
+      const double thr = heap[0].first - race_margin(heap[0].first);
+      int any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t v = c; v < end; ++v) any |= (bound(v) + gumbel_upper(u[v]) >= thr);
+      if (!any) continue;
+    }
+    for (int64_t v = c; v < end; ++v) {
+      const double s = score_of(v) + gumbel(u[v]);
+      if (count < k) {
+        heap[count++] = {s, v};
+        std::push_heap(heap, heap + count, comp);
+      } else if (s > heap[0].first) {  // a later index loses every tie
+        std::pop_heap(heap, heap + k, comp);
+        heap[k - 1] = {s, v};
+        std::push_heap(heap, heap + k, comp);
+      }
+    }
+  }
+  std::sort_heap(heap, heap + k, comp);
+  for (int64_t j = 0; j < k; ++j) {
+    score[j] = heap[j].first;
+    idx[j] = heap[j].second;
+  }
+}
+
 // Spec §2.2 Gumbel-top-k of one row: the k largest perturbed scores, descending, ties -> lower token id; then
 // candidate j is valid iff its score is finite and the draft mass left before it, computed as the reference does
 // (sequential double cumsum of exp(logp) minus the candidate's own term), exceeds 1e-7.
-// Small k keeps a sorted buffer in the outputs; larger k a binary heap (heap: [k] scratch) whose top is the worst
-// kept candidate. Both skip chunks whose bounds cannot beat the current k-th best.
-constexpr int64_t kTopkBuffer = 64;
-
 template <typename T>
 void gumbel_topk_row(const T* logp,    // [V]
                      const double* u,  // [V] uniforms in (0, 1)
@@ -84,64 +151,7 @@ void gumbel_topk_row(const T* logp,    // [V]
                      std::pair<double, int64_t>* heap) {  // [k] scratch, used when k > kTopkBuffer
   auto lp = [logp](int64_t v) { return as_double(logp[v]); };
   if (k == 0) return;
-  int64_t count = 0;
-  if (k <= kTopkBuffer) {
-    // sorted buffer of the best k so far; a later index never wins a tie, so it goes after equal scores
-    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
-      const int64_t end = std::min(vocab, c + kRaceChunk);
-      if (count == k) {
-        const double thr = score[k - 1] - race_margin(score[k - 1]);
-        int any = 0;
-#pragma omp simd reduction(| : any)
-        for (int64_t v = c; v < end; ++v) any |= (lp(v) + gumbel_upper(u[v]) >= thr);
-        if (!any) continue;
-      }
-      for (int64_t v = c; v < end; ++v) {
-        const double s = lp(v) + gumbel(u[v]);
-        if (count == k && !(s > score[k - 1])) continue;
-        int64_t j = count < k ? count : k - 1;
-        while (j > 0 && score[j - 1] < s) {
-          score[j] = score[j - 1];
-          tokens[j] = tokens[j - 1];
-          --j;
-        }
-        score[j] = s;
-        tokens[j] = v;
-        if (count < k) ++count;
-      }
-    }
-  } else {
-    // comp(a, b) = "a beats b": std's max-heap then keeps the worst kept candidate on top
-    auto comp = [](const std::pair<double, int64_t>& a, const std::pair<double, int64_t>& b) {
-      return beats(a.first, a.second, b.first, b.second);
-    };
-    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
-      const int64_t end = std::min(vocab, c + kRaceChunk);
-      if (count == k) {
-        const double thr = heap[0].first - race_margin(heap[0].first);
-        int any = 0;
-#pragma omp simd reduction(| : any)
-        for (int64_t v = c; v < end; ++v) any |= (lp(v) + gumbel_upper(u[v]) >= thr);
-        if (!any) continue;
-      }
-      for (int64_t v = c; v < end; ++v) {
-        const double s = lp(v) + gumbel(u[v]);
-        if (count < k) {
-          heap[count++] = {s, v};
-          std::push_heap(heap, heap + count, comp);
-        } else if (s > heap[0].first) {  // a later index loses every tie
-          std::pop_heap(heap, heap + k, comp);
-          heap[k - 1] = {s, v};
-          std::push_heap(heap, heap + k, comp);
-        }
-      }
-    }
-    std::sort_heap(heap, heap + k, comp);
-    for (int64_t j = 0; j < k; ++j) {
-      score[j] = heap[j].first;
-      tokens[j] = heap[j].second;
-    }
-  }
+  race_topk(vocab, u, k, lp, lp, tokens, score, heap);
   double cum = 0.0;
   for (int64_t j = 0; j < k; ++j) {
     bool ok = score[j] > -INFINITY;

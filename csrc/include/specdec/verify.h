@@ -153,45 +153,53 @@ struct NodeWork {
   explicit NodeWork(int64_t vocab) : a(vocab), b(vocab), c(vocab) {}
 };
 
-// Spec §4.4: smallest g in [1, K] with h(g) >= 0 by 40 double bisection steps (upper bracket), and beta(g).
+// Spec §4.4 sums at g in one pass: a = sum_v min(g p(v), q(v)) and beta(g) = sum_v min(p(v), q(v) / g), in double
+// with the reference's per-element operations (g * p, q / g).
+template <typename S>
+void kseq_sums(const S* p, const S* q, int64_t vocab, double g, double* a, double* beta) {
+  double ta = 0.0, tb = 0.0;
+#pragma omp simd reduction(+ : ta, tb)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double pv = static_cast<double>(p[v]);
+    const double qv = static_cast<double>(q[v]);
+    const double gp = g * pv;
+    const double qg = qv / g;
+    ta += gp < qv ? gp : qv;
+    tb += pv < qg ? pv : qg;
+  }
+  *a = ta;
+  *beta = tb;
+}
+
+// Spec §4.4: smallest g in [1, K] with h(g) = a(g) - 1 + (1 - beta(g))^K >= 0 by 40 double bisection steps (upper
+// bracket), and beta(g).
 template <typename S>
 void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* gamma, double* beta_out) {
-  auto beta = [&](double g) {
-    double t = 0.0;
-#pragma omp simd reduction(+ : t)
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double qg = static_cast<double>(q[v]) / g;
-      const double pv = static_cast<double>(p[v]);
-      t += pv < qg ? pv : qg;
-    }
-    return t;
-  };
-  auto h = [&](double g) {
-    double t = 0.0;
-#pragma omp simd reduction(+ : t)
-    for (int64_t v = 0; v < vocab; ++v) {
-      const double gp = g * static_cast<double>(p[v]);
-      const double qv = static_cast<double>(q[v]);
-      t += gp < qv ? gp : qv;
-    }
-    return t - 1.0 + std::pow(1.0 - beta(g), static_cast<double>(k));
-  };
-  if (k <= 1 || h(1.0) >= 0.0) {
+  const double kd = static_cast<double>(k);
+  double a, be;
+  kseq_sums(p, q, vocab, 1.0, &a, &be);
+  if (k <= 1 || a - 1.0 + std::pow(1.0 - be, kd) >= 0.0) {
     *gamma = 1.0;
-    *beta_out = beta(1.0);
+    *beta_out = be;
     return;
   }
-  double lo = 1.0, hi = static_cast<double>(k);
+  double lo = 1.0, hi = kd;
+  bool have_hi = false;  // beta at hi is known once hi moved
+  double be_hi = 0.0;
   for (int i = 0; i < 40; ++i) {
     const double mid = 0.5 * (lo + hi);
-    if (h(mid) >= 0.0) {
+    kseq_sums(p, q, vocab, mid, &a, &be);
+    if (a - 1.0 + std::pow(1.0 - be, kd) >= 0.0) {
       hi = mid;
+      be_hi = be;
+      have_hi = true;
     } else {
       lo = mid;
     }
   }
+  if (!have_hi) kseq_sums(p, q, vocab, hi, &a, &be_hi);
   *gamma = hi;
-  *beta_out = beta(hi);
+  *beta_out = be_hi;
 }
 
 // Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
