@@ -49,8 +49,9 @@ FIELDS = [
 ]
 
 
-def parse_args(description: str) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=description)
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """Common options (threads, budget, backends, clock, CSV); ``extra`` adds a benchmark's own options."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=min(2, torch.get_num_threads()), help="torch/OpenMP threads")
     ap.add_argument("--budget", type=float, default=0.4, help="seconds of timing per (case, backend)")
     ap.add_argument("--backends", default="cpu,torch", help="comma-separated backends to time (torch = reference)")
@@ -62,6 +63,8 @@ def parse_args(description: str) -> argparse.Namespace:
         help="wall: perf_counter; cpu: process CPU time (use with --threads 1 on a shared, oversubscribed machine, "
         "where wall time mostly measures waiting for a core)",
     )
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
