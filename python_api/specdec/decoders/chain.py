@@ -2,22 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
-from .base import StaticTreeBuilder, iid_children
+from .static_trees import IIDTreeBuilder
 
 
-class ChainBuilder(StaticTreeBuilder):
-    """Template: sk.chain_parents(L); one child per node."""
-
-    def sample(
-        self,
-        logits: torch.Tensor,
-        logp: torch.Tensor | None,
-        counts: torch.Tensor,
-        k: int,
-        greedy: bool,
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        tokens, valid = iid_children(logits, logp, k, greedy, generator)
-        return tokens, valid, None
+class ChainBuilder(IIDTreeBuilder):
+    """Template: sk.chain_parents(L); one child per node, drawn like an i.i.d. sibling set of size one."""
