@@ -45,36 +45,54 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"all tensors must be on one device, got {devs}")
 
 
-def check_logp(name: str, t: torch.Tensor) -> None:
-    """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row."""
+def check_logp(name: str, t: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row.
+
+    ``rows`` (bool, the leading shape of ``t``): check only these rows (padding rows are never read by the ops).
+    One pass over ``t``: the row maximum is NaN if the row holds a NaN, +inf if it holds +inf (and no NaN), and
+    -inf iff every entry is -inf.
+    """
     check_float(name, t)
     if t.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
-    if torch.isnan(t).any():
+    if not t.numel():
+        return
+    top = t.amax(dim=-1)
+    if rows is not None:
+        top = top[rows]
+    if torch.isnan(top).any():
         raise ValueError(f"{name} contains NaN; NaN logits are rejected, fix the model output upstream")
-    if torch.isposinf(t).any():
+    if torch.isposinf(top).any():
         raise ValueError(f"{name} contains +inf; only -inf (masked token) is allowed")
-    if t.numel() and (~torch.isfinite(t)).all(dim=-1).any():
+    if torch.isneginf(top).any():
         raise ValueError(f"{name} has a row where every entry is -inf (no token can be sampled)")
 
 
-def check_probs(name: str, t: torch.Tensor) -> None:
-    """Probability rows: finite, non-negative, each row sums to 1 within 1e-3."""
+def check_probs(name: str, t: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Probability rows: finite, non-negative, each row sums to 1 within 1e-3.
+
+    ``rows`` (bool, the leading shape of ``t``): check only these rows. Two passes over ``t``: the float64 row sum
+    is not finite iff the row holds a NaN or an infinity, and the row minimum catches negative entries.
+    """
     check_float(name, t)
     if t.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
-    if not torch.isfinite(t).all():
+    if not t.numel():
+        return
+    s = t.sum(dim=-1, dtype=torch.float64)
+    low = t.amin(dim=-1)
+    if rows is not None:
+        s, low = s[rows], low[rows]
+    if not torch.isfinite(s).all():
         raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
-    if (t < 0).any():
+    if (low < 0).any():
         raise ValueError(f"{name} contains negative probabilities")
-    if t.numel():
-        s = t.double().sum(-1)
-        bad = (s - 1).abs() > 1e-3
-        if bad.any():
-            raise ValueError(
-                f"{name} rows must sum to 1 (within 1e-3); got a row summing to {s[bad].flatten()[0].item():.6g}. "
-                "Pass probabilities, e.g. process_logits(...).exp()"
-            )
+    bad = (s - 1).abs() > 1e-3
+    if bad.any():
+        raise ValueError(
+            f"{name} rows must sum to 1 (within 1e-3); got a row summing to {s[bad].flatten()[0].item():.6g}. "
+            "Pass probabilities, e.g. process_logits(...).exp()"
+        )
 
 
 def check_uniform(name: str, t: torch.Tensor, shape: Sequence[int], *, open_low: bool) -> None:

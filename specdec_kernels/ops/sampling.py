@@ -144,9 +144,7 @@ def sbs_step(
     check_same_device(logp=logp, sigma=sigma, gamma=gamma, beam_valid=beam_valid)
     if beam_valid.numel() and not bool(beam_valid.any(dim=-1).all()):
         raise ValueError("beam_valid must mark at least one valid beam entry per row")
-    live = logp[beam_valid]
-    if live.numel():
-        check_logp("logp (valid beam entries)", live)
+    check_logp("logp (valid beam entries)", logp, rows=beam_valid)
     if bool(torch.isnan(sigma[beam_valid]).any() | torch.isnan(gamma[beam_valid]).any()):
         raise ValueError("sigma and gamma must not be NaN for valid beam entries")
     if isinstance(w_out, bool) or not isinstance(w_out, int) or not 1 <= w_out <= w_in * vocab:

@@ -220,8 +220,8 @@ def verify_chain(
                 "(draft and target vocabularies differ?)"
             )
         check_shape("p", p, (batch, length, vocab))
-        check_probs("p (rows in use)", p[in_use])
-        check_probs("q (rows in use)", q[q_use])
+        check_probs("p (rows in use)", p, rows=in_use)
+        check_probs("q (rows in use)", q, rows=q_use)
         _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
     # One generator for both draws: two generators seeded alike would give final_noise the same leading values
     # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
@@ -318,7 +318,7 @@ def verify_tree(
     counts.scatter_add_(1, par, child.long())
     internal = counts > 0
     if greedy:
-        check_logp("q_rows (valid nodes)", q_rows[valid])
+        check_logp("q_rows (valid nodes)", q_rows, rows=valid)
     else:
         if p_rows is None:
             raise ValueError("p_rows is required unless greedy=True")
@@ -329,10 +329,11 @@ def verify_tree(
                 f"p_rows and q_rows must share the vocabulary size, got {p_rows.shape[-1]} and {vocab} "
                 "(draft and target vocabularies differ?)"
             )
-        check_probs("q_rows (valid nodes)", q_rows[valid])
-        check_probs("p_rows (internal nodes)", p_rows[internal])
-        drafted_p = torch.gather(p_rows, 1, par[..., None].expand(-1, -1, vocab))
-        drafted_p = torch.gather(drafted_p, 2, tokens.clamp(0, vocab - 1)[..., None]).squeeze(-1)
+        check_probs("q_rows (valid nodes)", q_rows, rows=valid)
+        check_probs("p_rows (internal nodes)", p_rows, rows=internal)
+        # p_rows[b, parent[b, n], tokens[b, n]]: one element per node (flattened index, no [B, N, V] copy)
+        flat = par * vocab + tokens.clamp(0, vocab - 1)
+        drafted_p = torch.gather(p_rows.reshape(batch, n * vocab), 1, flat)
         if bool((child & (drafted_p <= 0)).any()):
             raise ValueError(
                 "a draft node's token has zero probability under p_rows of its parent; p_rows must be the exact "
