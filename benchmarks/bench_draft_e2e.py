@@ -1,8 +1,8 @@
 """End-to-end benchmark of the shipped distilled draft on SmolLM2-135M-Instruct (bf16, CPU, batch 1).
 
 AR vs SD (draft lengths 1..4) vs SpecDec++ (shipped acceptance head) on held-out Vicuna-bench prompts, T = 1, same
-seeds for every method. Reports block efficiency, tokens/s and the speedup over AR; appends rows to
-benchmarks/results/bench_draft_e2e.csv. Long: run it under ``nice -n 19`` on a shared machine.
+seeds for every method, methods interleaved per prompt. Reports block efficiency, tokens/s and the speedup over
+AR; appends rows to benchmarks/results/bench_draft_e2e.csv. Long: run it under ``nice -n 19`` on a shared machine.
 
     python benchmarks/bench_draft_e2e.py --prompts 8 --new-tokens 64
 """
@@ -52,20 +52,24 @@ def main() -> None:
     except FileNotFoundError:
         pass
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    results = []
-    for name, dec in methods:
-        tokens = seconds = emitted = rounds = 0
-        for i, p in enumerate(prompts):
-            ids = torch.tensor([p])
+    # Methods interleaved per prompt, so a change of machine load hits every method alike.
+    acc = {name: {"tokens": 0, "seconds": 0.0, "emitted": 0, "rounds": 0} for name, _ in methods}
+    for i, p in enumerate(prompts):
+        for name, dec in methods:
             t = time.perf_counter()
-            out = dec.generate(ids, max_new_tokens=args.new_tokens, temperature=1.0, eos_token_id=2, seed=i)
-            seconds += time.perf_counter() - t
-            st = out.stats
-            tokens += st.new_tokens
-            emitted += st.emitted
-            rounds += st.row_rounds
-        results.append({"method": name, "tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
-                        "block_efficiency": emitted / max(1, rounds)})  # fmt: skip
+            out = dec.generate(
+                torch.tensor([p]), max_new_tokens=args.new_tokens, temperature=1.0, eos_token_id=2, seed=i
+            )
+            a = acc[name]
+            a["seconds"] += time.perf_counter() - t
+            a["tokens"] += out.stats.new_tokens
+            a["emitted"] += out.stats.emitted
+            a["rounds"] += out.stats.row_rounds
+    results = []
+    for name, a in acc.items():
+        results.append({"method": name, "tokens": a["tokens"], "seconds": a["seconds"],
+                        "tok_per_s": a["tokens"] / a["seconds"],
+                        "block_efficiency": a["emitted"] / max(1, a["rounds"])})  # fmt: skip
         print(json.dumps(results[-1]), flush=True)
     base = results[0]["tok_per_s"]
     out_csv = ROOT / "benchmarks" / "results" / "bench_draft_e2e.csv"
