@@ -35,6 +35,8 @@ int64_t gumbel_argmax(int64_t n, const double* u, Score score, Bound bound) {
     for (int64_t v = c; v < end; ++v) any |= (bound(v) + gumbel_upper(u[v]) >= thr);
     if (!any) continue;
     for (int64_t v = c; v < end; ++v) {
+      // the chunk passed as a whole; most of its elements still cannot reach the best (threshold only grows)
+      if (bound(v) + gumbel_upper(u[v]) < best - race_margin(best)) continue;
       const double s = score(v);
       if (s == -INFINITY) continue;
       const double total = s + gumbel(u[v]);
@@ -91,6 +93,8 @@ void race_topk(int64_t n, const double* u, int64_t k, Score score_of, Bound boun
         if (!any) continue;
       }
       for (int64_t v = c; v < end; ++v) {
+        // per element too: the k-th best only grows, so an element whose bound misses it now never enters
+        if (count == k && bound(v) + gumbel_upper(u[v]) < score[k - 1] - race_margin(score[k - 1])) continue;
         const double s = score_of(v) + gumbel(u[v]);
         if (count == k && !(s > score[k - 1])) continue;
         int64_t j = count < k ? count : k - 1;
@@ -120,6 +124,7 @@ void race_topk(int64_t n, const double* u, int64_t k, Score score_of, Bound boun
       if (!any) continue;
     }
     for (int64_t v = c; v < end; ++v) {
+      if (count == k && bound(v) + gumbel_upper(u[v]) < heap[0].first - race_margin(heap[0].first)) continue;
       const double s = score_of(v) + gumbel(u[v]);
       if (count < k) {
         heap[count++] = {s, v};
