@@ -5,8 +5,8 @@ backends that fail to load are skipped by ``backend="auto"`` and reported when r
 """
 
 from . import native as _native  # noqa: F401  (registers cpu/cuda when the extension is built)
-from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
 from . import reference as _reference  # noqa: F401  (registers the torch backend)
+from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
 from ._registry import BACKENDS, BackendUnavailableError, available_backends
 from .ops import (
     ChainVerdict,
