@@ -7,20 +7,8 @@ all chains would be identical, so only the first is drafted.
 
 from __future__ import annotations
 
-import torch
-
-from .base import StaticTreeBuilder, iid_children
+from .static_trees import IIDTreeBuilder
 
 
-class SpecTrBuilder(StaticTreeBuilder):
-    def sample(
-        self,
-        logits: torch.Tensor,
-        logp: torch.Tensor | None,
-        counts: torch.Tensor,
-        k: int,
-        greedy: bool,
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        tokens, valid = iid_children(logits, logp, k, greedy, generator)
-        return tokens, valid, None
+class SpecTrBuilder(IIDTreeBuilder):
+    """Children of the root and of every chain node are i.i.d. draws (duplicates kept: K-SEQ counts them)."""
