@@ -31,6 +31,16 @@ def _gumbel(u):
 
 
 @triton.jit
+def _merge_chunk_best(s, start, best_val, best_idx):
+    """Fold one chunk of scores into the running (max, argmax): lowest index inside the chunk
+    (tie_break_left), earlier chunks win ties (strict >), so ties go to the lowest index overall."""
+    cmax = tl.max(s, axis=0)
+    cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
+    better = cmax > best_val
+    return tl.where(better, cmax, best_val), tl.where(better, cidx, best_idx)
+
+
+@triton.jit
 def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: tl.constexpr, BLOCK_V: tl.constexpr):
     """argmax_v of x[v] (+ Gumbel(noise[v])) with x = row (log-probs) or log(row) (probabilities), in float64.
 
@@ -49,11 +59,7 @@ def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: t
             u = tl.load(noise_ptr + offs, mask=m, other=0.5)
             s = s + _gumbel(u)
         s = tl.where(m, s, float("-inf"))
-        cmax = tl.max(s, axis=0)
-        cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
-        better = cmax > best_val
-        best_idx = tl.where(better, cidx, best_idx)
-        best_val = tl.where(better, cmax, best_val)
+        best_val, best_idx = _merge_chunk_best(s, start, best_val, best_idx)
     return best_idx
 
 
@@ -81,11 +87,7 @@ def _sample_residual(q_ptr, s_ptr, scale, noise_ptr, V, BLOCK_V: tl.constexpr):
         u = tl.load(noise_ptr + offs, mask=m, other=0.5)
         sc = tl.where(r > 0, tl.log(r.to(tl.float64)), float("-inf")) + _gumbel(u)
         sc = tl.where(m, sc, float("-inf"))
-        cmax = tl.max(sc, axis=0)
-        cidx = tl.argmax(sc, axis=0, tie_break_left=True).to(tl.int64) + start
-        better = cmax > best_val
-        best_idx = tl.where(better, cidx, best_idx)
-        best_val = tl.where(better, cmax, best_val)
+        best_val, best_idx = _merge_chunk_best(sc, start, best_val, best_idx)
     return best_idx
 
 
@@ -143,11 +145,7 @@ def _gumbel_topk_kernel(
             s = lp + _gumbel(u)
             after = (s < prev_s) | ((s == prev_s) & (offs > prev_i))
             s = tl.where(m & after, s, float("-inf"))
-            cmax = tl.max(s, axis=0)
-            cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
-            better = cmax > best_val
-            best_idx = tl.where(better, cidx, best_idx)
-            best_val = tl.where(better, cmax, best_val)
+            best_val, best_idx = _merge_chunk_best(s, start, best_val, best_idx)
         finite = best_val > float("-inf")
         ok = finite & ((1.0 - mass) > SWOR_MASS_EPS)
         p_sel = tl.exp(tl.load(logp_ptr + row * V + best_idx).to(tl.float64))
@@ -1027,10 +1025,7 @@ def _spechub_sample_kernel(
             tl.load(u_row + offs, mask=m, other=0.5)
         )
         s = tl.where(m & ((s < s1) | ((s == s1) & (offs > y1))), s, float("-inf"))
-        cmax = tl.max(s, axis=0)
-        cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
-        y2 = tl.where(cmax > best_val, cidx, y2)
-        best_val = tl.maximum(cmax, best_val)
+        best_val, y2 = _merge_chunk_best(s, start, best_val, y2)
     p1 = tl.exp(tl.load(lp_row + y1).to(tl.float64))
     v2_topk = (best_val > float("-inf")) & ((1.0 - p1) > SWOR_MASS_EPS)
     single = (1.0 - tl.exp(tl.load(lp_row + hub).to(tl.float64))) <= SWOR_MASS_EPS
@@ -1206,11 +1201,7 @@ def _sbs_step_kernel(
                 lp = tl.load(lp_row + offs, mask=m, other=float("-inf")).to(tl.float64)
                 s = (sig + lp) + _gumbel(tl.load(u_row + offs, mask=m, other=0.5))
                 s = tl.where(m & ((s < prev_s) | ((s == prev_s) & (offs > prev_i))), s, float("-inf"))
-                cmax = tl.max(s, axis=0)
-                cidx = tl.argmax(s, axis=0, tie_break_left=True).to(tl.int64) + start
-                better = cmax > best_val
-                best_idx = tl.where(better, cidx, best_idx)
-                best_val = tl.where(better, cmax, best_val)
+                best_val, best_idx = _merge_chunk_best(s, start, best_val, best_idx)
             z = tl.where(j == 0, best_val, z)
             psi = _truncated_gumbel(gam, best_val, z)
             psi = tl.where(live, psi, float("-inf"))
