@@ -95,24 +95,26 @@ if HAVE_CPU:
         return ops.process_logits(logits, temperature, top_k, top_p)
 
     @register("sample_categorical", "cpu", supports=_on_cpu)
-    def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        return ops.sample_categorical(logp, noise)
+    def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
+        return ops.sample_categorical(logp, noise, seed)
 
     @register("gumbel_topk", "cpu", supports=_on_cpu)
-    def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return ops.gumbel_topk(logp, k, noise)
+    def gumbel_topk(
+        logp: torch.Tensor, k: int, noise: torch.Tensor | None, seed: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.gumbel_topk(logp, k, noise, seed)
 
     @torch.library.register_fake("specdec::process_logits")
     def _process_logits_fake(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
         return logits.new_empty(logits.shape, dtype=torch.float32)
 
     @torch.library.register_fake("specdec::sample_categorical")
-    def _sample_categorical_fake(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def _sample_categorical_fake(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
         return logp.new_empty(logp.shape[:-1], dtype=torch.long)
 
     @torch.library.register_fake("specdec::gumbel_topk")
     def _gumbel_topk_fake(
-        logp: torch.Tensor, k: int, noise: torch.Tensor
+        logp: torch.Tensor, k: int, noise: torch.Tensor | None, seed: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         shape = (*logp.shape[:-1], k)
         return (
@@ -130,13 +132,16 @@ if HAVE_CPU:
         gamma: torch.Tensor,
         beam_valid: torch.Tensor,
         w_out: int,
-        noise: torch.Tensor,
+        noise: torch.Tensor | None,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return ops.sbs_step(logp, sigma, gamma, beam_valid, w_out, noise)
+        return ops.sbs_step(logp, sigma, gamma, beam_valid, w_out, noise, seed)
 
     @register("spechub_sample", "cpu", supports=_on_cpu)
-    def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return ops.spechub_sample(logp, noise)
+    def spechub_sample(
+        logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return ops.spechub_sample(logp, noise, seed)
 
     @register("kseq_gamma", "cpu", supports=_on_cpu)
     def kseq_gamma(p: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +154,8 @@ if HAVE_CPU:
         gamma: torch.Tensor,
         beam_valid: torch.Tensor,
         w_out: int,
-        noise: torch.Tensor,
+        noise: torch.Tensor | None,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         shape = (logp.shape[0], w_out)
         return (
@@ -162,7 +168,7 @@ if HAVE_CPU:
 
     @torch.library.register_fake("specdec::spechub_sample")
     def _spechub_sample_fake(
-        logp: torch.Tensor, noise: torch.Tensor
+        logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         lead = logp.shape[:-1]
         return (
@@ -184,12 +190,13 @@ if HAVE_CPU:
         p: torch.Tensor | None,
         q: torch.Tensor,
         lengths: torch.Tensor,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         greedy: bool,
         eos: torch.Tensor | None,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.verify_chain(draft, None if greedy else p, q, lengths, accept_u, final_noise, greedy, eos)
+        return ops.verify_chain(draft, None if greedy else p, q, lengths, accept_u, final_noise, greedy, eos, seed)
 
     @torch.library.register_fake("specdec::verify_chain")
     def _verify_chain_fake(
@@ -197,10 +204,11 @@ if HAVE_CPU:
         p: torch.Tensor | None,
         q: torch.Tensor,
         lengths: torch.Tensor,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         greedy: bool,
         eos: torch.Tensor | None,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = draft.shape[0]
         return draft.new_empty((batch,), dtype=torch.long), draft.new_empty((batch,), dtype=torch.long)
@@ -214,12 +222,15 @@ if HAVE_CPU:
         cand_valid: torch.Tensor,
         p: torch.Tensor,
         q: torch.Tensor,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         hub: torch.Tensor | None,
         analytic: bool,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        slot, token, accept_prob, final = ops.verify_node(method, cand, cand_valid, p, q, accept_u, final_noise, hub)
+        slot, token, accept_prob, final = ops.verify_node(
+            method, cand, cand_valid, p, q, accept_u, final_noise, hub, seed
+        )
         return slot, token, (accept_prob if analytic else None), (final if analytic else None)
 
     @register("verify_tree", "cpu", supports=_on_cpu)
@@ -231,11 +242,12 @@ if HAVE_CPU:
         q_rows: torch.Tensor,
         method: str,
         hub: torch.Tensor | None,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         greedy: bool,
         eos: torch.Tensor | None,
         max_depth: int,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return ops.verify_tree(
             tokens,
@@ -250,6 +262,7 @@ if HAVE_CPU:
             greedy,
             eos,
             max_depth,
+            seed,
         )
 
     def _compute_dtype(p: torch.Tensor | None, q: torch.Tensor) -> torch.dtype:
@@ -262,9 +275,10 @@ if HAVE_CPU:
         cand_valid: torch.Tensor,
         p: torch.Tensor,
         q: torch.Tensor,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         hub: torch.Tensor | None,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, k = cand.shape
         cd = _compute_dtype(p, q)
@@ -284,11 +298,12 @@ if HAVE_CPU:
         q_rows: torch.Tensor,
         method: str,
         hub: torch.Tensor | None,
-        accept_u: torch.Tensor,
-        final_noise: torch.Tensor,
+        accept_u: torch.Tensor | None,
+        final_noise: torch.Tensor | None,
         greedy: bool,
         eos: torch.Tensor | None,
         max_depth: int,
+        seed: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch = tokens.shape[0]
         return (

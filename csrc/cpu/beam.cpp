@@ -12,13 +12,6 @@
 namespace specdec::cpu {
 namespace {
 
-at::Tensor as_noise(const at::Tensor& noise, const at::Tensor& like, const char* name) {
-  check_cpu(noise, name);
-  TORCH_CHECK(noise.sizes() == like.sizes(), name, " must have the shape of logp ", like.sizes(), ", got ",
-              noise.sizes());
-  return noise.to(at::kDouble).contiguous();
-}
-
 at::Tensor as_logp(const at::Tensor& logp, const char* name) {
   check_cpu(logp, name);
   TORCH_CHECK(at::isFloatingType(logp.scalar_type()), name, " must be floating, got ", logp.scalar_type());
@@ -69,9 +62,10 @@ void sbs_rows(const T* lp, const double* sigma, const double* gamma, const bool*
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp_in, const at::Tensor& noise) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp_in,
+                                                              const std::optional<at::Tensor>& noise, int64_t seed) {
   const at::Tensor logp = as_logp(logp_in, "logp");
-  const at::Tensor u = as_noise(noise, logp_in, "noise");
+  const at::Tensor u = noise_or_philox(noise, logp_in.sizes(), seed, kDraftNoise, "noise");
   const int64_t vocab = logp.size(-1), rows = logp.numel() / vocab;
   std::vector<int64_t> lead(logp.sizes().begin(), logp.sizes().end() - 1);
   at::Tensor hub = at::empty(lead, logp.options().dtype(at::kLong));
@@ -110,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor> kseq_gamma(const at::Tensor& p_in, const at::
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sbs_step(
     const at::Tensor& logp_in, const at::Tensor& sigma_in, const at::Tensor& gamma_in, const at::Tensor& beam_valid_in,
-    int64_t w_out, const at::Tensor& noise) {
+    int64_t w_out, const std::optional<at::Tensor>& noise, int64_t seed) {
   const at::Tensor logp = as_logp(logp_in, "logp");
   TORCH_CHECK(logp.dim() == 3, "logp must be [B, Win, V], got ", logp.sizes());
   const int64_t batch = logp.size(0), w_in = logp.size(1), vocab = logp.size(2);
@@ -124,7 +118,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sbs_step(
   const at::Tensor sigma = sigma_in.to(at::kDouble).contiguous();
   const at::Tensor gamma = gamma_in.to(at::kDouble).contiguous();
   const at::Tensor bvalid = as_bool(beam_valid_in, "beam_valid");
-  const at::Tensor u = as_noise(noise, logp_in, "noise");
+  const at::Tensor u = noise_or_philox(noise, logp_in.sizes(), seed, kDraftNoise, "noise");
   TORCH_CHECK(w_out >= 1 && w_out <= w_in * vocab, "w_out must be in [1, Win*V=", w_in * vocab, "], got ", w_out);
   auto opts = logp.options();
   at::Tensor parent_slot = at::empty({batch, w_out}, opts.dtype(at::kLong));

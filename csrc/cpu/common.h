@@ -5,7 +5,10 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <string>
+
+#include "specdec/common.h"
 
 namespace specdec::cpu {
 
@@ -37,6 +40,39 @@ inline at::Tensor as_bool(const at::Tensor& t, const char* name) {
   check_cpu(t, name);
   TORCH_CHECK(t.scalar_type() == at::kBool, name, " must be a bool tensor, got ", t.scalar_type());
   return t.contiguous();
+}
+
+// Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument is
+// None, the Philox stream (seed, purpose) of specdec_kernels/_rng.py drawn here in parallel. `shape` is the shape
+// the noise tensor would have; row r of the result is the flat leading index r.
+inline at::Tensor noise_or_philox(const std::optional<at::Tensor>& noise, at::IntArrayRef shape, int64_t seed,
+                                  NoisePurpose purpose, const char* name) {
+  if (noise.has_value()) {
+    check_cpu(*noise, name);
+    TORCH_CHECK(noise->sizes() == shape, name, " must have shape ", shape, ", got ", noise->sizes());
+    return noise->to(at::kDouble).contiguous();
+  }
+  TORCH_CHECK(seed >= 0, "seed must be >= 0, got ", seed);
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(at::kDouble));
+  const int64_t n = shape.empty() ? 1 : shape.back();
+  const int64_t rows = n ? out.numel() / n : 0;
+  // blocks of up to 4096 elements so that a few long rows still use every thread
+  const int64_t block = 4096, per_row = (n + block - 1) / block, tasks = rows * per_row;
+  double* o = out.mutable_data_ptr<double>();
+  const uint64_t key = static_cast<uint64_t>(seed);
+#pragma omp parallel for num_threads(omp_threads(tasks, rows * n * 16)) schedule(static)
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t r = t / per_row, lo = (t % per_row) * block;
+    const int64_t hi = lo + block < n ? lo + block : n;
+    for (int64_t i = lo; i < hi; i += 2) {  // lo is even: one Philox call per pair
+      uint32_t c[4] = {static_cast<uint32_t>(i >> 1), static_cast<uint32_t>(r), static_cast<uint32_t>(r >> 32),
+                       static_cast<uint32_t>(purpose)};
+      philox4x32_10(c, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+      o[r * n + i] = philox_u52(c[0], c[1]);
+      if (i + 1 < hi) o[r * n + i + 1] = philox_u52(c[2], c[3]);
+    }
+  }
+  return out;
 }
 
 }  // namespace specdec::cpu

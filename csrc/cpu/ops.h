@@ -18,33 +18,39 @@ at::Tensor tree_mask(const at::Tensor& parent, const at::Tensor& valid, const at
 at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::Tensor& accepted_nodes,
                      const at::Tensor& n_accepted);
 
-// sampling.cpp (spec §1.3, §2.1, §2.2); noise = float64 uniforms in (0, 1) of the shape of logp
-at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k, const at::Tensor& noise);
+// sampling.cpp (spec §1.3, §2.1, §2.2); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
+// drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
+at::Tensor sample_categorical(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k,
+                                                           const std::optional<at::Tensor>& noise, int64_t seed);
 at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p);
 
 // verify.cpp (spec §4.1, §8)
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const std::optional<at::Tensor>& p,
                                                 const at::Tensor& q, const at::Tensor& lengths,
-                                                const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
-                                                const std::optional<at::Tensor>& eos);
+                                                const std::optional<at::Tensor>& accept_u,
+                                                const std::optional<at::Tensor>& final_noise, bool greedy,
+                                                const std::optional<at::Tensor>& eos, int64_t seed);
 // verify.cpp (spec §4.1-§4.5): accept_prob [B, K] and final residual [B, V] are always returned
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
     const std::string& method, const at::Tensor& cand, const at::Tensor& cand_valid, const at::Tensor& p,
-    const at::Tensor& q, const at::Tensor& accept_u, const at::Tensor& final_noise,
-    const std::optional<at::Tensor>& hub);
+    const at::Tensor& q, const std::optional<at::Tensor>& accept_u, const std::optional<at::Tensor>& final_noise,
+    const std::optional<at::Tensor>& hub, int64_t seed);
 // verify.cpp (spec §3.6)
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     const at::Tensor& tokens, const at::Tensor& parent, const at::Tensor& valid,
     const std::optional<at::Tensor>& p_rows, const at::Tensor& q_rows, const std::string& method,
-    const std::optional<at::Tensor>& hub, const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
-    const std::optional<at::Tensor>& eos, int64_t max_depth);
+    const std::optional<at::Tensor>& hub, const std::optional<at::Tensor>& accept_u,
+    const std::optional<at::Tensor>& final_noise, bool greedy, const std::optional<at::Tensor>& eos, int64_t max_depth,
+    int64_t seed);
 
-// beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp
-std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp, const at::Tensor& noise);
+// beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
+// drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,
+                                                              const std::optional<at::Tensor>& noise, int64_t seed);
 std::tuple<at::Tensor, at::Tensor> kseq_gamma(const at::Tensor& p, const at::Tensor& q, const at::Tensor& k);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sbs_step(
     const at::Tensor& logp, const at::Tensor& sigma, const at::Tensor& gamma, const at::Tensor& beam_valid,
-    int64_t w_out, const at::Tensor& noise);
+    int64_t w_out, const std::optional<at::Tensor>& noise, int64_t seed);
 
 }  // namespace specdec::cpu

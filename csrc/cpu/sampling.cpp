@@ -18,15 +18,12 @@ struct Rows {
   int64_t rows, vocab;
 };
 
-Rows as_rows(const at::Tensor& logp, const at::Tensor& noise) {
+Rows as_rows(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed) {
   check_cpu(logp, "logp");
-  check_cpu(noise, "noise");
   TORCH_CHECK(at::isFloatingType(logp.scalar_type()), "logp must be floating, got ", logp.scalar_type());
   TORCH_CHECK(logp.dim() >= 1 && logp.size(-1) > 0, "logp must be [..., V] with V > 0, got ", logp.sizes());
-  TORCH_CHECK(noise.sizes() == logp.sizes(), "noise must have the shape of logp ", logp.sizes(), ", got ",
-              noise.sizes());
   const int64_t vocab = logp.size(-1);
-  return {widen(logp), noise.to(at::kDouble).contiguous(), logp.numel() / vocab, vocab};
+  return {widen(logp), noise_or_philox(noise, logp.sizes(), seed, kDraftNoise, "noise"), logp.numel() / vocab, vocab};
 }
 
 std::vector<int64_t> lead_shape(const at::Tensor& t, int64_t last) {
@@ -76,8 +73,8 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
 
 }  // namespace
 
-at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise) {
-  const Rows r = as_rows(logp, noise);
+at::Tensor sample_categorical(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed) {
+  const Rows r = as_rows(logp, noise, seed);
   at::Tensor out = at::empty(lead_shape(logp, -1), logp.options().dtype(at::kLong));
   int64_t* o = out.mutable_data_ptr<int64_t>();
   const double* u = r.noise.const_data_ptr<double>();
@@ -87,8 +84,9 @@ at::Tensor sample_categorical(const at::Tensor& logp, const at::Tensor& noise) {
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k, const at::Tensor& noise) {
-  const Rows r = as_rows(logp, noise);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k,
+                                                           const std::optional<at::Tensor>& noise, int64_t seed) {
+  const Rows r = as_rows(logp, noise, seed);
   TORCH_CHECK(k >= 0 && k <= r.vocab, "k must be in [0, V=", r.vocab, "], got ", k);
   const auto shape = lead_shape(logp, k);
   at::Tensor tokens = at::empty(shape, logp.options().dtype(at::kLong));

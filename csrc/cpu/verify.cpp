@@ -89,8 +89,8 @@ void tree_rows(const int64_t* tokens, const int64_t* parent, const bool* valid, 
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
     const std::string& method_name, const at::Tensor& cand_in, const at::Tensor& cand_valid_in, const at::Tensor& p_in,
-    const at::Tensor& q_in, const at::Tensor& accept_u, const at::Tensor& final_noise,
-    const std::optional<at::Tensor>& hub_in) {
+    const at::Tensor& q_in, const std::optional<at::Tensor>& accept_u, const std::optional<at::Tensor>& final_noise,
+    const std::optional<at::Tensor>& hub_in, int64_t seed) {
   const Method method = method_of(method_name);
   const at::Tensor cand = as_long(cand_in, "cand");
   const at::Tensor cand_valid = as_bool(cand_valid_in, "cand_valid");
@@ -103,12 +103,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
   TORCH_CHECK(p.dim() == 2 && p.size(0) == batch && p.size(1) > 0, "p must be [B, V], got ", p.sizes());
   const int64_t vocab = p.size(1);
   TORCH_CHECK(q.sizes() == p.sizes(), "q must have the shape of p ", p.sizes(), ", got ", q.sizes());
-  check_cpu(accept_u, "accept_u");
-  check_cpu(final_noise, "final_noise");
-  const at::Tensor u = accept_u.to(at::kDouble).contiguous();
-  const at::Tensor fin = final_noise.to(at::kDouble).contiguous();
-  TORCH_CHECK(u.sizes() == cand.sizes(), "accept_u must be [B, K]");
-  TORCH_CHECK(fin.sizes() == p.sizes(), "final_noise must be [B, V]");
+  const at::Tensor u = noise_or_philox(accept_u, cand.sizes(), seed, kAcceptNoise, "accept_u");
+  const at::Tensor fin = noise_or_philox(final_noise, p.sizes(), seed, kFinalNoise, "final_noise");
   at::Tensor hub;
   if (hub_in.has_value()) {
     hub = as_long(*hub_in, "hub");
@@ -153,8 +149,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     const at::Tensor& tokens_in, const at::Tensor& parent_in, const at::Tensor& valid_in,
     const std::optional<at::Tensor>& p_in, const at::Tensor& q_in, const std::string& method_name,
-    const std::optional<at::Tensor>& hub_in, const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
-    const std::optional<at::Tensor>& eos_in, int64_t max_depth) {
+    const std::optional<at::Tensor>& hub_in, const std::optional<at::Tensor>& accept_u,
+    const std::optional<at::Tensor>& final_noise, bool greedy, const std::optional<at::Tensor>& eos_in, int64_t max_depth,
+    int64_t seed) {
   const Method method = method_of(method_name);
   const at::Tensor tokens = as_long(tokens_in, "tokens");
   const at::Tensor parent = as_long(parent_in, "parent");
@@ -175,12 +172,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     p = as_compute(*p_in, cd, "p_rows");
     TORCH_CHECK(p.sizes() == q.sizes(), "p_rows must have the shape of q_rows ", q.sizes(), ", got ", p.sizes());
   }
-  check_cpu(accept_u, "accept_u");
-  check_cpu(final_noise, "final_noise");
-  const at::Tensor u = accept_u.to(at::kDouble).contiguous();
-  const at::Tensor fin = final_noise.to(at::kDouble).contiguous();
-  TORCH_CHECK(u.dim() == 3 && u.size(0) == batch && u.size(1) == n, "accept_u must be [B, N, Kmax]");
-  TORCH_CHECK(fin.dim() == 2 && fin.size(0) == batch && fin.size(1) == vocab, "final_noise must be [B, V]");
+  if (accept_u.has_value()) {
+    TORCH_CHECK(accept_u->dim() == 3 && accept_u->size(0) == batch && accept_u->size(1) == n,
+                "accept_u must be [B, N, Kmax]");
+  }
+  // drawn: a node has at most N - 1 candidates (kseq: chains), and Philox elements do not depend on the width
+  const std::vector<int64_t> u_shape =
+      accept_u.has_value() ? accept_u->sizes().vec() : std::vector<int64_t>{batch, n, n > 1 ? n - 1 : 1};
+  const at::Tensor u = noise_or_philox(accept_u, u_shape, seed, kAcceptNoise, "accept_u");
+  const at::Tensor fin = noise_or_philox(final_noise, {batch, vocab}, seed, kFinalNoise, "final_noise");
   const int64_t ku = u.size(2);
   at::Tensor hub;
   if (hub_in.has_value()) {
@@ -231,8 +231,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
 
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, const std::optional<at::Tensor>& p_in,
                                                 const at::Tensor& q_in, const at::Tensor& lengths_in,
-                                                const at::Tensor& accept_u, const at::Tensor& final_noise, bool greedy,
-                                                const std::optional<at::Tensor>& eos_in) {
+                                                const std::optional<at::Tensor>& accept_u,
+                                                const std::optional<at::Tensor>& final_noise, bool greedy,
+                                                const std::optional<at::Tensor>& eos_in, int64_t seed) {
   const at::Tensor draft = as_long(draft_in, "draft");
   const at::Tensor lengths = as_long(lengths_in, "lengths");
   TORCH_CHECK(draft.dim() == 2, "draft must be [B, L], got ", draft.sizes());
@@ -251,12 +252,8 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
     TORCH_CHECK(p.dim() == 3 && p.size(0) == batch && p.size(1) == len_max && p.size(2) == vocab,
                 "p must be [B, L, V] = [", batch, ", ", len_max, ", ", vocab, "], got ", p.sizes());
   }
-  check_cpu(accept_u, "accept_u");
-  check_cpu(final_noise, "final_noise");
-  const at::Tensor u = accept_u.to(at::kDouble).contiguous();
-  const at::Tensor fin = final_noise.to(at::kDouble).contiguous();
-  TORCH_CHECK(u.dim() == 2 && u.size(0) == batch && u.size(1) == len_max, "accept_u must be [B, L]");
-  TORCH_CHECK(fin.dim() == 2 && fin.size(0) == batch && fin.size(1) == vocab, "final_noise must be [B, V]");
+  const at::Tensor u = noise_or_philox(accept_u, {batch, len_max}, seed, kAcceptNoise, "accept_u");
+  const at::Tensor fin = noise_or_philox(final_noise, {batch, vocab}, seed, kFinalNoise, "final_noise");
   at::Tensor eos;
   if (eos_in.has_value()) eos = as_long(*eos_in, "eos").reshape({-1});
   // Memory safety for direct torch.ops calls (the public op validates with friendlier messages).

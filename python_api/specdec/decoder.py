@@ -23,6 +23,7 @@ import specdec_kernels as sk
 
 from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
+from .decoders.base import op_seed
 from .drafting import Drafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
@@ -307,7 +308,7 @@ class SpeculativeDecoder:
             if sampling.greedy:
                 nxt = q_logp[:, 0].argmax(dim=-1)
             else:
-                nxt = sk.sample_categorical(q_logp[:, 0], generator=generator)
+                nxt = sk.sample_categorical(q_logp[:, 0], seed=op_seed(generator))
             empty = torch.zeros((batch, 0), dtype=torch.long, device=tree.device)
             return empty, torch.zeros((batch,), dtype=torch.long, device=tree.device), nxt, empty
         verifier = self.config.verifier
@@ -333,7 +334,7 @@ class SpeculativeDecoder:
                 valid=tree.valid,
                 hub=tree.hub() if verifier == "spechub" else None,
                 eos_token_id=eos or None,
-                generator=generator,
+                seed=op_seed(generator),
             )
         return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
 

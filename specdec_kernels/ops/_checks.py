@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .._rng import SEED_LIMIT, check_seed
+
 METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
 
 
@@ -106,49 +108,43 @@ def check_uniform(name: str, t: torch.Tensor, shape: Sequence[int], *, open_low:
             raise ValueError(f"{name} must hold uniforms in {rng}")
 
 
-def make_generator(generator: torch.Generator | None, seed: int | None, device: torch.device) -> torch.Generator | None:
-    if generator is not None and seed is not None:
-        raise ValueError("pass either generator= or seed=, not both")
-    if seed is not None:
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
-        g = torch.Generator(device=device)
-        g.manual_seed(seed)
-        return g
-    return generator
+class NoisePlan:
+    """Where an op's noise comes from (spec §1.4).
 
+    * explicit noise tensors (test mode) are validated and passed through;
+    * ``generator=``: the op layer draws float64 uniforms with torch (53 bits);
+    * ``seed=`` (or nothing: a seed is then drawn from torch's default generator): the backend draws the Philox
+      stream of ``specdec_kernels._rng`` itself, in its kernels; every backend computes the same bits.
+    """
 
-def draw_open_uniform(shape: Sequence[int], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """float64 uniforms in (0, 1) with 53 random bits (spec §1.4 amendment); 0 is nudged to 2**-60."""
-    u = torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)
-    return u.clamp_min_(2.0**-60)
+    def __init__(self, generator: torch.Generator | None, seed: int | None) -> None:
+        if generator is not None and seed is not None:
+            raise ValueError("pass either generator= or seed=, not both")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        self.generator = generator
+        if generator is None:
+            if seed is None:
+                seed = int(torch.randint(0, SEED_LIMIT - 1, (), dtype=torch.long))
+            self.seed = check_seed(seed)
+        else:
+            self.seed = 0
 
-
-def draw_uniform(shape: Sequence[int], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """float64 uniforms in [0, 1) for acceptance tests."""
-    return torch.rand(tuple(shape), dtype=torch.float64, generator=generator, device=device)
-
-
-def noise_or_draw(
-    name: str,
-    noise: torch.Tensor | None,
-    shape: Sequence[int],
-    generator: torch.Generator | None,
-    seed: int | None,
-    device: torch.device,
-    *,
-    open_low: bool = True,
-) -> torch.Tensor:
-    if noise is not None:
-        check_tensor(name, noise)
-        check_uniform(name, noise, shape, open_low=open_low)
-        if noise.device != device:
-            raise ValueError(f"{name} must be on {device}, got {noise.device}")
-        return noise.to(torch.float64)
-    g = make_generator(generator, seed, device)
-    if open_low:
-        return draw_open_uniform(shape, g, device)
-    return draw_uniform(shape, g, device)
+    def noise(
+        self, name: str, noise: torch.Tensor | None, shape: Sequence[int], device: torch.device, *, open_low: bool
+    ) -> torch.Tensor | None:
+        """The validated float64 noise tensor, or None when the backend draws it from ``self.seed``."""
+        if noise is not None:
+            check_tensor(name, noise)
+            check_uniform(name, noise, shape, open_low=open_low)
+            if noise.device != device:
+                raise ValueError(f"{name} must be on {device}, got {noise.device}")
+            return noise.to(torch.float64)
+        if self.generator is None:
+            return None
+        u = torch.rand(tuple(shape), dtype=torch.float64, generator=self.generator, device=device)
+        # 53 random bits (spec §1.4 amendment); (0, 1) for Gumbel noise: 0 is nudged to 2**-60
+        return u.clamp_min_(2.0**-60) if open_low else u
 
 
 def check_method(method: object) -> str:

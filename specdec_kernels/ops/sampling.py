@@ -9,13 +9,13 @@ import torch
 
 from .._registry import resolve
 from ._checks import (
+    NoisePlan,
     check_bool,
     check_float,
     check_logp,
     check_same_device,
     check_shape,
     check_tensor,
-    noise_or_draw,
 )
 
 GREEDY_TEMPERATURE = 1e-5
@@ -88,8 +88,9 @@ def sample_categorical(
     """
     check_tensor("logp", logp, min_ndim=1)
     check_logp("logp", logp)
-    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
-    return resolve("sample_categorical", backend, logp.device)(logp, u)
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
+    return resolve("sample_categorical", backend, logp.device)(logp, u, plan.seed)
 
 
 def gumbel_topk(
@@ -111,8 +112,9 @@ def gumbel_topk(
     vocab = logp.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
         raise ValueError(f"k must be an int in [0, V={vocab}], got {k!r}")
-    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
-    return GumbelTopK(*resolve("gumbel_topk", backend, logp.device)(logp, k, u))
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
+    return GumbelTopK(*resolve("gumbel_topk", backend, logp.device)(logp, k, u, plan.seed))
 
 
 def sbs_step(
@@ -149,8 +151,9 @@ def sbs_step(
         raise ValueError("sigma and gamma must not be NaN for valid beam entries")
     if isinstance(w_out, bool) or not isinstance(w_out, int) or not 1 <= w_out <= w_in * vocab:
         raise ValueError(f"w_out must be an int in [1, Win*V={w_in * vocab}], got {w_out!r}")
-    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
-    return SBSStep(*resolve("sbs_step", backend, logp.device)(logp, sigma, gamma, beam_valid, w_out, u))
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
+    return SBSStep(*resolve("sbs_step", backend, logp.device)(logp, sigma, gamma, beam_valid, w_out, u, plan.seed))
 
 
 def spechub_sample(
@@ -168,5 +171,6 @@ def spechub_sample(
     """
     check_tensor("logp", logp, min_ndim=1)
     check_logp("logp", logp)
-    u = noise_or_draw("noise", noise, logp.shape, generator, seed, logp.device)
-    return SpecHubDraft(*resolve("spechub_sample", backend, logp.device)(logp, u))
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
+    return SpecHubDraft(*resolve("spechub_sample", backend, logp.device)(logp, u, plan.seed))

@@ -10,6 +10,7 @@ import torch
 from .._registry import resolve
 from ..trees import depth_from_parents
 from ._checks import (
+    NoisePlan,
     check_bool,
     check_float,
     check_int,
@@ -20,8 +21,6 @@ from ._checks import (
     check_shape,
     check_tensor,
     eos_tensor,
-    make_generator,
-    noise_or_draw,
 )
 
 
@@ -145,13 +144,13 @@ def verify_node(
             raise ValueError("spechub nodes need a valid slot-0 candidate")
     elif hub is not None:
         raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
-    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
-    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
-    gen = make_generator(generator, seed, p.device)
-    u = noise_or_draw("accept_u", accept_u, (batch, k), gen, None, p.device, open_low=False)
-    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, p.device)
+    # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
+    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("accept_u", accept_u, (batch, k), p.device, open_low=False)
+    fin = plan.noise("final_noise", final_noise, (batch, vocab), p.device, open_low=True)
     impl = resolve("verify_node", backend, p.device)
-    return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, bool(analytic)))
+    return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, bool(analytic), plan.seed))
 
 
 def _check_distinct(name: str, cand: torch.Tensor, cand_valid: torch.Tensor) -> None:
@@ -223,14 +222,14 @@ def verify_chain(
         check_probs("p (rows in use)", p, rows=in_use)
         check_probs("q (rows in use)", q, rows=q_use)
         _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
-    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
-    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
-    gen = make_generator(generator, seed, q.device)
-    u = noise_or_draw("accept_u", accept_u, (batch, length), gen, None, q.device, open_low=False)
-    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, q.device)
+    # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
+    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    plan = NoisePlan(generator, seed)
+    u = plan.noise("accept_u", accept_u, (batch, length), q.device, open_low=False)
+    fin = plan.noise("final_noise", final_noise, (batch, vocab), q.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     impl = resolve("verify_chain", backend, q.device)
-    return ChainVerdict(*impl(draft, p, q, lens, u, fin, bool(greedy), eos))
+    return ChainVerdict(*impl(draft, p, q, lens, u, fin, bool(greedy), eos, plan.seed))
 
 
 def _check_tokens(name: str, tokens: torch.Tensor, live: torch.Tensor, vocab: int) -> None:
@@ -367,23 +366,18 @@ def verify_tree(
             raise ValueError(
                 f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
             )
-    # One generator for both draws: two generators seeded alike would give final_noise the same leading values
-    # as accept_u, correlating acceptance with the final sample (spec §1.4 independence).
-    gen = make_generator(generator, seed, q_rows.device)
-    u = noise_or_draw(
-        "accept_u",
-        accept_u,
-        (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2]),
-        gen,
-        None,
-        q_rows.device,
-        open_low=False,
-    )
-    fin = noise_or_draw("final_noise", final_noise, (batch, vocab), gen, None, q_rows.device)
+    # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
+    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    plan = NoisePlan(generator, seed)
+    u_shape = (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2])
+    u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
+    fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     max_depth = int(depth_from_parents(par).masked_fill(~valid, 0).max())
     impl = resolve("verify_tree", backend, q_rows.device)
-    return TreeVerdict(*impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth))
+    return TreeVerdict(
+        *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
+    )
 
 
 def _check_hub_pairs(

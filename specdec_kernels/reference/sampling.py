@@ -1,7 +1,8 @@
 """Backend "torch": sampling primitives (spec §1.3, §2.1-§2.3, §4.5 drafting).
 
-Noise arrives as float64 uniforms; Gumbel scores are formed in float64 from fp32 log-probs, so every backend can
-reproduce the same argmax decisions. Ties break to the lowest index through stable descending sorts.
+Noise arrives as float64 uniforms (or, when None, is drawn from the Philox stream of ``seed``); Gumbel scores are
+formed in float64 from fp32 log-probs, so every backend can reproduce the same argmax decisions. Ties break to the
+lowest index through stable descending sorts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 import torch
 
 from .._registry import register
+from .._rng import DRAFT, noise_or_philox
 
 NEG_INF = float("-inf")
 SWOR_MASS_EPS = 1e-7  # spec §2.2: stop drawing once the remaining draft mass is this small
@@ -52,14 +54,18 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 
 
 @register("sample_categorical", "torch")
-def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
     """Spec §2.1 Gumbel-max: argmax_v logp[v] + G[v] (torch.argmax returns the first maximum)."""
+    noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     return torch.argmax(logp.double() + gumbel(noise), dim=-1)
 
 
 @register("gumbel_topk", "torch")
-def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gumbel_topk(
+    logp: torch.Tensor, k: int, noise: torch.Tensor | None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §2.2: the k largest perturbed log-probs, descending = a sequential draw without replacement."""
+    noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     scores = logp.double() + gumbel(noise)
     sorted_s, order = torch.sort(scores, dim=-1, descending=True, stable=True)
     score = sorted_s[..., :k].clone()
@@ -97,9 +103,11 @@ def sbs_step(
     gamma: torch.Tensor,
     beam_valid: torch.Tensor,
     w_out: int,
-    noise: torch.Tensor,
+    noise: torch.Tensor | None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §2.3: one stochastic-beam-search expansion with truncated Gumbels, top-W over all (parent, token)."""
+    noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     batch, w_in, vocab = logp.shape
     sig = torch.where(beam_valid, sigma.double(), torch.zeros_like(sigma, dtype=torch.float64))
     gam = torch.where(beam_valid, gamma.double(), torch.zeros_like(gamma, dtype=torch.float64))
@@ -120,8 +128,11 @@ def sbs_step(
 
 
 @register("spechub_sample", "torch")
-def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spechub_sample(
+    logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §4.5 drafting: hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a)."""
+    noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     hub = torch.argmax(logp, dim=-1)
     (y, y_valid, _) = gumbel_topk(logp, min(2, logp.shape[-1]), noise)
     if y.shape[-1] == 1:  # V = 1: there is no second token to draw

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._registry import register
+from .._rng import ACCEPT, FINAL, noise_or_philox
 from .sampling import gumbel
 
 NEG_INF = float("-inf")
@@ -156,10 +157,13 @@ def verify_node(
     final_noise: torch.Tensor,
     hub: torch.Tensor | None,
     analytic: bool,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Spec §4: one node per row. Returns slot (-1 = none), token, and in analytic mode accept_prob, residual."""
     cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
     batch, k = cand.shape
+    accept_u = noise_or_philox(accept_u, seed, ACCEPT, (batch, k), p.device)
+    final_noise = noise_or_philox(final_noise, seed, FINAL, p.shape, p.device)
     slot = torch.full((batch,), -1, dtype=torch.long, device=p.device)
     token = torch.empty((batch,), dtype=torch.long, device=p.device)
     accept_prob = torch.zeros((batch, k), dtype=cd, device=p.device) if analytic else None
@@ -199,9 +203,12 @@ def verify_chain(
     final_noise: torch.Tensor,
     greedy: bool,
     eos: torch.Tensor | None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Spec §4.1 chain SD (greedy: §8). Row b verifies draft[b, :lengths[b]]."""
     batch = draft.shape[0]
+    accept_u = noise_or_philox(accept_u, seed, ACCEPT, draft.shape, q.device)
+    final_noise = noise_or_philox(final_noise, seed, FINAL, (batch, q.shape[-1]), q.device)
     n_acc = torch.zeros((batch,), dtype=torch.long, device=draft.device)
     nxt = torch.empty((batch,), dtype=torch.long, device=draft.device)
     eos_set = set() if eos is None else {int(e) for e in eos}
@@ -245,10 +252,14 @@ def verify_tree(
     greedy: bool,
     eos: torch.Tensor | None,
     max_depth: int,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Spec §3.6 TreeVerify per row. For ``kseq`` (SpecTr, §5.3) the candidates after an acceptance are the
     children of every alive chain node that carries the accepted token (chains sharing the prefix)."""
     batch, n = tokens.shape
+    # a node has at most N - 1 candidates (kseq: chains); Philox elements do not depend on the width
+    accept_u = noise_or_philox(accept_u, seed, ACCEPT, (batch, n, max(n - 1, 1)), q_rows.device)
+    final_noise = noise_or_philox(final_noise, seed, FINAL, (batch, q_rows.shape[-1]), q_rows.device)
     dev = tokens.device
     acc_nodes = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
     acc_rank = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)

@@ -84,4 +84,50 @@ SPECDEC_HD float exp_nonpos(float x) {
   return y * float_of(static_cast<uint32_t>(ni + 127) << 23);
 }
 
+// ---- counter-based noise (spec §1.4); the stream is defined in specdec_kernels/_rng.py ----
+enum NoisePurpose : uint32_t { kDraftNoise = 0, kAcceptNoise = 1, kFinalNoise = 2 };
+
+// Philox-4x32-10 (Salmon et al., SC'11) on c[0..3] in place, key (k0, k1).
+SPECDEC_HD void philox4x32_10(uint32_t c[4], uint32_t k0, uint32_t k1) {
+  for (int rnd = 0; rnd < 10; ++rnd) {
+    if (rnd) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c[2];
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k1;
+    c[0] = n0;
+    c[1] = static_cast<uint32_t>(p1);
+    c[2] = n2;
+    c[3] = static_cast<uint32_t>(p0);
+  }
+}
+
+// Two 32-bit words -> a uniform in (0, 1) with 52 random bits: (2m + 1) 2^-53 is exact in double.
+SPECDEC_HD double philox_u52(uint32_t a, uint32_t b) {
+  const uint64_t m = (static_cast<uint64_t>(a >> 12) << 32) | b;
+  return static_cast<double>(2 * m + 1) * 1.1102230246251565e-16;  // 2^-53
+}
+
+// Element `index` of noise row `row` of stream (seed, purpose).
+SPECDEC_HD double philox_uniform(uint64_t seed, uint32_t purpose, uint64_t row, uint64_t index) {
+  uint32_t c[4] = {static_cast<uint32_t>(index >> 1), static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32),
+                   purpose};
+  philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return (index & 1) ? philox_u52(c[2], c[3]) : philox_u52(c[0], c[1]);
+}
+
+// Noise row `row` of stream (seed, purpose), n elements: one Philox call per pair of elements.
+SPECDEC_HD void philox_fill_row(double* out, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row) {
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    uint32_t c[4] = {static_cast<uint32_t>(j), static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32),
+                     purpose};
+    philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    out[2 * j] = philox_u52(c[0], c[1]);
+    if (2 * j + 1 < n) out[2 * j + 1] = philox_u52(c[2], c[3]);
+  }
+}
+
 }  // namespace specdec

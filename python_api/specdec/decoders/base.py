@@ -113,6 +113,12 @@ def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.gather(idx, -1, order), torch.isfinite(vals)
 
 
+def op_seed(generator: torch.Generator | None) -> int:
+    """A fresh seed for one stochastic op call, drawn from the run's generator: the op's backend then draws its
+    noise itself from that Philox stream (spec §1.4), instead of the driver materialising float64 noise tensors."""
+    return int(torch.randint(0, 2**63 - 1, (), generator=generator))
+
+
 def iid_children(
     logits: torch.Tensor, logp: torch.Tensor | None, k: int, greedy: bool, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,8 +134,8 @@ def iid_children(
         valid[..., 0] = ok[..., 0]
         return tokens, valid
     assert logp is not None
-    # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape: independent draws.
-    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), generator=generator)
+    # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape (one Philox row per copy).
+    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), seed=op_seed(generator))
     return tokens, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
 
 

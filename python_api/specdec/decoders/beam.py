@@ -14,7 +14,7 @@ import specdec_kernels as sk
 
 from ..config import MethodConfig
 from ..tree import DraftTree
-from .base import Children, TreeBuilder, greedy_topk
+from .base import Children, TreeBuilder, greedy_topk, op_seed
 
 
 class BeamTreeBuilder(TreeBuilder):
@@ -57,7 +57,9 @@ class BeamTreeBuilder(TreeBuilder):
         else:
             assert logp is not None
             rows = live.any(dim=1).nonzero().squeeze(1)
-            step = sk.sbs_step(logp[rows], self.sigma[rows], self.gamma[rows], live[rows], w_out, generator=generator)
+            step = sk.sbs_step(
+                logp[rows], self.sigma[rows], self.gamma[rows], live[rows], w_out, seed=op_seed(generator)
+            )
             slot[rows], tokens[rows], valid[rows] = step.parent_slot, step.tokens.clamp_min(0), step.valid
             sigma[rows], gamma[rows] = step.sigma, step.gamma
         # Regroup by parent; invalid entries go last. Stable, so siblings keep descending scores (draft order).

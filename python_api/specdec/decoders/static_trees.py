@@ -7,7 +7,7 @@ import torch
 
 import specdec_kernels as sk
 
-from .base import StaticTreeBuilder, greedy_topk, iid_children
+from .base import StaticTreeBuilder, greedy_topk, iid_children, op_seed
 
 
 class IIDTreeBuilder(StaticTreeBuilder):
@@ -44,5 +44,5 @@ class SWORTreeBuilder(StaticTreeBuilder):
             tokens, valid = greedy_topk(logits, k)
             return tokens, valid, None
         assert logp is not None
-        draw = sk.gumbel_topk(logp, k, generator=generator)
+        draw = sk.gumbel_topk(logp, k, seed=op_seed(generator))
         return draw.tokens, draw.valid, None
