@@ -10,26 +10,27 @@ namespace cuda {
 constexpr double kSworEps = 1e-7;  // spec §2.2
 
 // Best (score desc, index asc) of logp[v] + Gumbel strictly after (prev_s, prev_i) in that order.
-__device__ ArgBest next_in_race(const float* lp, const double* u, double offset, int64_t V, double prev_s,
+__device__ ArgBest next_in_race(const float* lp, const NoiseRow& u, double offset, int64_t V, double prev_s,
                                 int64_t prev_i) {
   ArgBest best{-CUDART_INF, INT64_MAX};
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const double s = (offset + static_cast<double>(lp[v])) + gumbel(u[v]);
+  for_each_noise(u, V, [&](int64_t v, double uv) {
+    const double s = (offset + static_cast<double>(lp[v])) + gumbel(uv);
     if (s < prev_s || (s == prev_s && v > prev_i)) best = pick(best, ArgBest{s, v});
-  }
+  });
   return block_argbest(best);
 }
 
 __global__ void spechub_sample_kernel(const float* __restrict__ logp,    // [R, V]
-                                      const double* __restrict__ noise,  // [R, V]
+                                      const double* __restrict__ noise,  // [R, V] or nullptr: drawn (seed)
+                                      uint64_t seed,
                                       int64_t* __restrict__ tokens,      // [R, 2]
                                       int64_t* __restrict__ hub_out,     // [R]
                                       bool* __restrict__ valid,          // [R, 2]
                                       int64_t V) {
   const int64_t row = blockIdx.x;
   const float* lp = logp + row * V;
-  const double* u = noise + row * V;
-  const int64_t hub = row_argmax<true>(lp, nullptr, V);
+  const NoiseRow u = noise_row(noise, V, seed, kDraftNoise, row);
+  const int64_t hub = row_argmax<true>(lp, V);
   const ArgBest y1 = next_in_race(lp, u, 0.0, V, CUDART_INF, -1);
   const ArgBest y2 = next_in_race(lp, u, 0.0, V, y1.v, y1.i);
   if (threadIdx.x == 0) {
@@ -99,7 +100,8 @@ __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V
                                 const double* __restrict__ sigma,  // [B, Win]
                                 const double* __restrict__ gam,    // [B, Win]
                                 const bool* __restrict__ bvalid,   // [B, Win]
-                                const double* __restrict__ noise,  // [B, Win, V]
+                                const double* __restrict__ noise,  // [B, Win, V] or nullptr: drawn (seed)
+                                uint64_t seed,
                                 double* __restrict__ cpsi,         // [B, C] scratch
                                 int64_t* __restrict__ cidx,        // [B, C] scratch
                                 double* __restrict__ cphi,         // [B, C] scratch
@@ -115,7 +117,7 @@ __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V
     const bool live = bvalid[b * Win + k];
     const double sig = live ? sigma[b * Win + k] : 0.0, g = live ? gam[b * Win + k] : 0.0;
     const float* lp = logp + (b * Win + k) * V;
-    const double* u = noise + (b * Win + k) * V;
+    const NoiseRow u = noise_row(noise, V, seed, kDraftNoise, b * Win + k);
     double prev_s = CUDART_INF, z = -CUDART_INF, min_sel = CUDART_INF, psi_extra = -CUDART_INF,
            phit_extra = 0.0;
     int64_t prev_i = -1;
@@ -150,10 +152,10 @@ __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V
     int64_t prev_v = -1;
     for (int64_t j = 0; j < WSEL; ++j) {
       ArgBest best{-CUDART_INF, INT64_MAX};
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        const double psi = truncated_gumbel(g, (sig + static_cast<double>(lp[v])) + gumbel(u[v]), z);
+      for_each_noise(u, V, [&](int64_t v, double uv) {
+        const double psi = truncated_gumbel(g, (sig + static_cast<double>(lp[v])) + gumbel(uv), z);
         if (psi < prev_p || (psi == prev_p && v > prev_v)) best = pick(best, ArgBest{psi, v});
-      }
+      });
       best = block_argbest(best);
       if (threadIdx.x == 0) {
         const bool ok = best.i != INT64_MAX;
@@ -199,10 +201,11 @@ __global__ void sbs_step_kernel(const float* __restrict__ logp,    // [B, Win, V
 
 using namespace specdec::cuda;
 
-extern "C" int specdec_cuda_spechub_sample(const float* logp, const double* noise, int64_t* tokens, int64_t* hub,
-                                           bool* valid, int64_t rows, int64_t V, void* stream) {
+extern "C" int specdec_cuda_spechub_sample(const float* logp, const double* noise, uint64_t seed, int64_t* tokens,
+                                           int64_t* hub, bool* valid, int64_t rows, int64_t V, void* stream) {
   if (rows == 0) return 0;
-  spechub_sample_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, tokens, hub, valid, V);
+  spechub_sample_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, seed, tokens, hub,
+                                                                                 valid, V);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -214,13 +217,13 @@ extern "C" int specdec_cuda_kseq_gamma(const float* p, const float* q, const int
 }
 
 extern "C" int specdec_cuda_sbs_step(const float* logp, const double* sigma, const double* gamma, const bool* bvalid,
-                                     const double* noise, double* cpsi, int64_t* cidx, double* cphi,
+                                     const double* noise, uint64_t seed, double* cpsi, int64_t* cidx, double* cphi,
                                      int64_t* parent_slot, int64_t* tokens, double* sigma_out, double* gamma_out,
                                      bool* valid, int64_t B, int64_t Win, int64_t V, int64_t Wout, void* stream) {
   if (B == 0) return 0;
   const int64_t wsel = Wout < V ? Wout : V;
-  sbs_step_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, sigma, gamma, bvalid, noise, cpsi, cidx,
-                                                                        cphi, parent_slot, tokens, sigma_out,
+  sbs_step_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, sigma, gamma, bvalid, noise, seed, cpsi,
+                                                                        cidx, cphi, parent_slot, tokens, sigma_out,
                                                                         gamma_out, valid, Win, V, wsel, Wout);
   return static_cast<int>(cudaGetLastError());
 }

@@ -73,19 +73,83 @@ __device__ __forceinline__ T block_sum(T x) {
   return r;
 }
 
-// argmax_v of log(x[v]) (LOG_INPUT = false: x holds probabilities) or x[v] (log-probs), plus Gumbel(noise[v])
-// when noise is given; the whole block cooperates and every thread gets the token.
+// ---- noise (spec §1.4): a row of the caller's float64 uniforms, or drawn here from the Philox stream ----
+
+// Elements 2j and 2j + 1 of noise row `row` of the stream (seed, purpose): one Philox call gives both (the
+// layout of specdec_kernels/_rng.py and philox_uniform in specdec/common.h).
+SPECDEC_HD void philox_pair(uint64_t seed, uint32_t purpose, uint64_t row, uint64_t j, double* a, double* b) {
+  uint32_t c[4] = {static_cast<uint32_t>(j), static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32), purpose};
+  philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  *a = philox_u52(c[0], c[1]);
+  *b = philox_u52(c[2], c[3]);
+}
+
+// One noise row of an op: `u` points at the row of the noise tensor (test mode), or is nullptr and the elements
+// are drawn in the kernel from row `row` of the stream (seed, purpose), bit-identical to the other backends.
+struct NoiseRow {
+  const double* u;
+  uint64_t seed;
+  uint32_t purpose;
+  uint64_t row;
+
+  // element i
+  SPECDEC_HD double at(int64_t i) const {
+    return u != nullptr ? u[i] : philox_uniform(seed, purpose, row, static_cast<uint64_t>(i));
+  }
+
+  // elements 2j and 2j + 1 of a row of n; *b is 0 when 2j + 1 == n
+  SPECDEC_HD void pair(int64_t j, int64_t n, double* a, double* b) const {
+    if (u != nullptr) {
+      *a = u[2 * j];
+      *b = 2 * j + 1 < n ? u[2 * j + 1] : 0.0;
+    } else {
+      philox_pair(seed, purpose, row, static_cast<uint64_t>(j), a, b);
+    }
+  }
+};
+
+// Row `row` of a [rows, n] float64 noise tensor, or of the stream (seed, purpose) when noise is nullptr.
+SPECDEC_HD NoiseRow noise_row(const double* noise, int64_t n, uint64_t seed, uint32_t purpose, int64_t row) {
+  return NoiseRow{noise != nullptr ? noise + row * n : nullptr, seed, purpose, static_cast<uint64_t>(row)};
+}
+
+// f(v, u_v) for this thread's share of v in [0, V): the block strides over pairs (2j, 2j + 1), so a drawn row
+// costs one Philox call per pair. The races fold with the total order of pick, so the visit order is irrelevant.
+template <typename F>
+__device__ __forceinline__ void for_each_noise(const NoiseRow& nz, int64_t V, F f) {
+  for (int64_t j = threadIdx.x; 2 * j < V; j += blockDim.x) {
+    double a, b;
+    nz.pair(j, V, &a, &b);
+    f(2 * j, a);
+    if (2 * j + 1 < V) f(2 * j + 1, b);
+  }
+}
+
 template <bool LOG_INPUT>
-__device__ int64_t row_argmax(const float* x,        // [V]
-                              const double* noise,   // [V] or nullptr
+__device__ __forceinline__ double log_score(float x) {
+  const double xv = static_cast<double>(x);
+  return LOG_INPUT ? xv : (xv > 0.0 ? ::log(xv) : -CUDART_INF);
+}
+
+// argmax_v of log(x[v]) (LOG_INPUT = false: x holds probabilities) or x[v] (log-probs), lowest index on ties;
+// the whole block cooperates and every thread gets the token.
+template <bool LOG_INPUT>
+__device__ int64_t row_argmax(const float* x,  // [V]
                               int64_t V) {
   ArgBest best{-CUDART_INF, INT64_MAX};
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const double xv = static_cast<double>(x[v]);
-    double s = LOG_INPUT ? xv : (xv > 0.0 ? ::log(xv) : -CUDART_INF);
-    if (noise != nullptr) s += gumbel(noise[v]);
-    best = pick(best, ArgBest{s, v});
-  }
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) best = pick(best, ArgBest{log_score<LOG_INPUT>(x[v]), v});
+  best = block_argbest(best);
+  return best.i == INT64_MAX ? 0 : best.i;
+}
+
+// The same race perturbed by Gumbel(noise[v]): a Gumbel-max sample of the row.
+template <bool LOG_INPUT>
+__device__ int64_t row_argmax(const float* x,  // [V]
+                              const NoiseRow& noise, int64_t V) {
+  ArgBest best{-CUDART_INF, INT64_MAX};
+  for_each_noise(noise, V, [&](int64_t v, double u) {
+    best = pick(best, ArgBest{log_score<LOG_INPUT>(x[v]) + gumbel(u), v});
+  });
   best = block_argbest(best);
   return best.i == INT64_MAX ? 0 : best.i;
 }

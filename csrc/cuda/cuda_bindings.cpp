@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -28,6 +29,24 @@ void* stream() { return at::cuda::getCurrentCUDAStream().stream(); }
 Tensor f32(const Tensor& t) { return t.to(at::kFloat).contiguous(); }
 Tensor i64(const Tensor& t) { return t.to(at::kLong).contiguous(); }
 Tensor f64(const Tensor& t) { return t.to(at::kDouble).contiguous(); }
+
+// Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument
+// is None, an undefined tensor: the kernel then draws the Philox stream (seed, purpose) of specdec_kernels/_rng.py
+// itself, element by element where it uses it (no fill pass). `shape` is the shape the noise tensor would have.
+Tensor noise_or_none(const std::optional<Tensor>& noise, at::IntArrayRef shape, int64_t seed, const Tensor& like,
+                     const char* name) {
+  if (noise.has_value()) {
+    TORCH_CHECK(noise->device() == like.device(), "specdec: ", name, " must be on ", like.device(), ", got ",
+                noise->device());
+    TORCH_CHECK(noise->sizes() == shape, "specdec: ", name, " must have shape ", shape, ", got ", noise->sizes());
+    return f64(*noise);
+  }
+  TORCH_CHECK(seed >= 0, "seed must be >= 0, got ", seed);
+  return Tensor();
+}
+
+// Kernel argument of a noise tensor: nullptr = draw in the kernel.
+const double* noise_ptr(const Tensor& u) { return u.defined() ? u.data_ptr<double>() : nullptr; }
 
 int method_code(const std::string& m) {
   if (m == "sd" || m == "rrs") return 0;
@@ -75,29 +94,31 @@ Tensor filter_kv(at::TensorList kv, const Tensor& prefix_len, const Tensor& acce
   return p + n;
 }
 
-Tensor sample_categorical(const Tensor& logp, const Tensor& noise) {
+Tensor sample_categorical(const Tensor& logp, const std::optional<Tensor>& noise, int64_t seed) {
   const c10::cuda::CUDAGuard guard(logp.device());
   const int64_t V = logp.size(-1);
-  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  Tensor lp = f32(logp).view({-1, V}), u = noise_or_none(noise, logp.sizes(), seed, logp, "noise");
   Tensor out = at::empty({lp.size(0)}, logp.options().dtype(at::kLong));
-  check(specdec_cuda_sample_categorical(lp.data_ptr<float>(), u.data_ptr<double>(), out.data_ptr<int64_t>(),
-                                        lp.size(0), V, stream()),
+  check(specdec_cuda_sample_categorical(lp.data_ptr<float>(), noise_ptr(u), static_cast<uint64_t>(seed),
+                                        out.data_ptr<int64_t>(), lp.size(0), V, stream()),
         "sample_categorical");
   auto shape = logp.sizes().vec();
   shape.pop_back();
   return out.view(shape);
 }
 
-std::tuple<Tensor, Tensor, Tensor> gumbel_topk(const Tensor& logp, int64_t k, const Tensor& noise) {
+std::tuple<Tensor, Tensor, Tensor> gumbel_topk(const Tensor& logp, int64_t k, const std::optional<Tensor>& noise,
+                                               int64_t seed) {
   const c10::cuda::CUDAGuard guard(logp.device());
   const int64_t V = logp.size(-1);
-  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  Tensor lp = f32(logp).view({-1, V}), u = noise_or_none(noise, logp.sizes(), seed, logp, "noise");
   const int64_t R = lp.size(0);
   Tensor tok = at::empty({R, k}, logp.options().dtype(at::kLong));
   Tensor valid = at::empty({R, k}, logp.options().dtype(at::kBool));
   Tensor score = at::empty({R, k}, logp.options().dtype(at::kDouble));
-  check(specdec_cuda_gumbel_topk(lp.data_ptr<float>(), u.data_ptr<double>(), tok.data_ptr<int64_t>(),
-                                 valid.data_ptr<bool>(), score.data_ptr<double>(), R, V, k, stream()),
+  check(specdec_cuda_gumbel_topk(lp.data_ptr<float>(), noise_ptr(u), static_cast<uint64_t>(seed),
+                                 tok.data_ptr<int64_t>(), valid.data_ptr<bool>(), score.data_ptr<double>(), R, V, k,
+                                 stream()),
         "gumbel_topk");
   auto shape = logp.sizes().vec();
   shape.back() = k;
@@ -115,16 +136,19 @@ Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, d
   return out.view(logits.sizes());
 }
 
-// spec §2.3: fp64 sigma/gamma and noise; scratch holds each parent's top-min(Wout, V) candidates.
+// spec §2.3: fp64 sigma/gamma and noise (row b * Win + w when drawn); scratch holds each parent's top-min(Wout, V)
+// candidates.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sbs_step(const Tensor& logp, const Tensor& sigma,
                                                             const Tensor& gamma, const Tensor& beam_valid,
-                                                            int64_t w_out, const Tensor& noise) {
+                                                            int64_t w_out, const std::optional<Tensor>& noise,
+                                                            int64_t seed) {
   const c10::cuda::CUDAGuard guard(logp.device());
   TORCH_CHECK(logp.dim() == 3, "specdec::sbs_step: logp must be [B, Win, V], got ", logp.sizes());
   const int64_t B = logp.size(0), Win = logp.size(1), V = logp.size(2);
   TORCH_CHECK(w_out >= 1 && w_out <= Win * V, "specdec::sbs_step: w_out must be in [1, Win*V=", Win * V, "]");
   const int64_t C = Win * (w_out < V ? w_out : V);
-  Tensor lp = f32(logp), u = f64(noise), sg = f64(sigma), gm = f64(gamma);
+  Tensor lp = f32(logp), u = noise_or_none(noise, logp.sizes(), seed, logp, "noise");
+  Tensor sg = f64(sigma), gm = f64(gamma);
   Tensor bv = beam_valid.to(at::kBool).contiguous();
   auto dopt = logp.options().dtype(at::kDouble), lopt = logp.options().dtype(at::kLong);
   Tensor cpsi = at::empty({B, C}, dopt), cphi = at::empty({B, C}, dopt), cidx = at::empty({B, C}, lopt);
@@ -132,25 +156,28 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sbs_step(const Tensor& logp, 
   Tensor sigma_out = at::empty({B, w_out}, dopt), gamma_out = at::empty({B, w_out}, dopt);
   Tensor valid = at::empty({B, w_out}, logp.options().dtype(at::kBool));
   check(specdec_cuda_sbs_step(lp.data_ptr<float>(), sg.data_ptr<double>(), gm.data_ptr<double>(),
-                              bv.data_ptr<bool>(), u.data_ptr<double>(), cpsi.data_ptr<double>(),
-                              cidx.data_ptr<int64_t>(), cphi.data_ptr<double>(), parent_slot.data_ptr<int64_t>(),
-                              tokens.data_ptr<int64_t>(), sigma_out.data_ptr<double>(), gamma_out.data_ptr<double>(),
-                              valid.data_ptr<bool>(), B, Win, V, w_out, stream()),
+                              bv.data_ptr<bool>(), noise_ptr(u), static_cast<uint64_t>(seed),
+                              cpsi.data_ptr<double>(), cidx.data_ptr<int64_t>(), cphi.data_ptr<double>(),
+                              parent_slot.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(),
+                              sigma_out.data_ptr<double>(), gamma_out.data_ptr<double>(), valid.data_ptr<bool>(), B,
+                              Win, V, w_out, stream()),
         "sbs_step");
   return {parent_slot, tokens, sigma_out, gamma_out, valid};
 }
 
 // spec §4.5 drafting: rows of any leading shape.
-std::tuple<Tensor, Tensor, Tensor> spechub_sample(const Tensor& logp, const Tensor& noise) {
+std::tuple<Tensor, Tensor, Tensor> spechub_sample(const Tensor& logp, const std::optional<Tensor>& noise,
+                                                  int64_t seed) {
   const c10::cuda::CUDAGuard guard(logp.device());
   const int64_t V = logp.size(-1);
-  Tensor lp = f32(logp).view({-1, V}), u = f64(noise).view({-1, V});
+  Tensor lp = f32(logp).view({-1, V}), u = noise_or_none(noise, logp.sizes(), seed, logp, "noise");
   const int64_t R = lp.size(0);
   Tensor tokens = at::empty({R, 2}, logp.options().dtype(at::kLong));
   Tensor hub = at::empty({R}, logp.options().dtype(at::kLong));
   Tensor valid = at::empty({R, 2}, logp.options().dtype(at::kBool));
-  check(specdec_cuda_spechub_sample(lp.data_ptr<float>(), u.data_ptr<double>(), tokens.data_ptr<int64_t>(),
-                                    hub.data_ptr<int64_t>(), valid.data_ptr<bool>(), R, V, stream()),
+  check(specdec_cuda_spechub_sample(lp.data_ptr<float>(), noise_ptr(u), static_cast<uint64_t>(seed),
+                                    tokens.data_ptr<int64_t>(), hub.data_ptr<int64_t>(), valid.data_ptr<bool>(), R, V,
+                                    stream()),
         "spechub_sample");
   auto lead = logp.sizes().vec();
   lead.pop_back();
@@ -171,38 +198,46 @@ std::tuple<Tensor, Tensor> kseq_gamma(const Tensor& p, const Tensor& q, const Te
   return {gamma, beta};
 }
 
-Tensor eos_or_empty(const c10::optional<Tensor>& eos, const Tensor& like) {
+Tensor eos_or_empty(const std::optional<Tensor>& eos, const Tensor& like) {
   return eos.has_value() ? i64(*eos) : at::empty({0}, like.options().dtype(at::kLong));
 }
 
-std::tuple<Tensor, Tensor> verify_chain(const Tensor& draft, const c10::optional<Tensor>& p, const Tensor& q,
-                                        const Tensor& lengths, const Tensor& accept_u, const Tensor& final_noise,
-                                        bool greedy, const c10::optional<Tensor>& eos) {
+// accept_u [B, L] (row b, element j), final_noise [B, V] (row b): both unused when greedy.
+std::tuple<Tensor, Tensor> verify_chain(const Tensor& draft, const std::optional<Tensor>& p, const Tensor& q,
+                                        const Tensor& lengths, const std::optional<Tensor>& accept_u,
+                                        const std::optional<Tensor>& final_noise, bool greedy,
+                                        const std::optional<Tensor>& eos, int64_t seed) {
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = draft.size(0), L = draft.size(1), V = q.size(-1);
   Tensor qf = f32(q), pf = (greedy || !p.has_value()) ? qf : f32(*p), e = eos_or_empty(eos, draft);
   Tensor n_acc = at::empty({B}, draft.options().dtype(at::kLong)), next = at::empty_like(n_acc);
+  Tensor u = noise_or_none(accept_u, {B, L}, seed, q, "accept_u");
+  Tensor fin = noise_or_none(final_noise, {B, V}, seed, q, "final_noise");
   check(specdec_cuda_verify_chain(i64(draft).data_ptr<int64_t>(), pf.data_ptr<float>(), qf.data_ptr<float>(),
-                                  i64(lengths).data_ptr<int64_t>(), f64(accept_u).data_ptr<double>(),
-                                  f64(final_noise).data_ptr<double>(), e.data_ptr<int64_t>(), e.numel(),
+                                  i64(lengths).data_ptr<int64_t>(), noise_ptr(u), noise_ptr(fin),
+                                  static_cast<uint64_t>(seed), e.data_ptr<int64_t>(), e.numel(),
                                   n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, L, V, greedy, stream()),
         "verify_chain");
   return {n_acc, next};
 }
 
+// accept_u [B, K] (row b, element = slot), final_noise [B, V] (row b).
 std::tuple<Tensor, Tensor, Tensor, Tensor> verify_node(const std::string& method, const Tensor& cand,
                                                        const Tensor& cand_valid, const Tensor& p, const Tensor& q,
-                                                       const Tensor& accept_u, const Tensor& final_noise,
-                                                       const c10::optional<Tensor>& hub) {
+                                                       const std::optional<Tensor>& accept_u,
+                                                       const std::optional<Tensor>& final_noise,
+                                                       const std::optional<Tensor>& hub, int64_t seed) {
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = cand.size(0), K = cand.size(1), V = q.size(-1);
   Tensor r = at::empty({B, V}, q.options().dtype(at::kFloat));
   Tensor s = at::empty_like(r), ap = at::zeros({B, K}, r.options());
   Tensor slot = at::empty({B}, cand.options().dtype(at::kLong)), token = at::empty_like(slot);
   Tensor h = hub.has_value() ? i64(*hub) : at::zeros({B}, slot.options());
+  Tensor u = noise_or_none(accept_u, {B, K}, seed, q, "accept_u");
+  Tensor fin = noise_or_none(final_noise, {B, V}, seed, q, "final_noise");
   check(specdec_cuda_verify_node(i64(cand).data_ptr<int64_t>(), cand_valid.to(at::kBool).contiguous().data_ptr<bool>(),
-                                 f32(p).data_ptr<float>(), f32(q).data_ptr<float>(), f64(accept_u).data_ptr<double>(),
-                                 f64(final_noise).data_ptr<double>(), h.data_ptr<int64_t>(), r.data_ptr<float>(),
+                                 f32(p).data_ptr<float>(), f32(q).data_ptr<float>(), noise_ptr(u), noise_ptr(fin),
+                                 static_cast<uint64_t>(seed), h.data_ptr<int64_t>(), r.data_ptr<float>(),
                                  s.data_ptr<float>(), ap.data_ptr<float>(), slot.data_ptr<int64_t>(),
                                  token.data_ptr<int64_t>(), B, K, V, method_code(method), stream()),
         "verify_node");
@@ -210,12 +245,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_node(const std::string& method
   return {slot, token, ap.to(cd), r.to(cd)};
 }
 
+// accept_u [B, N, Kmax] (row b * N + node, element = candidate rank; drawn: any rank), final_noise [B, V] (row b).
 std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, const Tensor& parent,
-                                                       const Tensor& valid, const c10::optional<Tensor>& p_rows,
+                                                       const Tensor& valid, const std::optional<Tensor>& p_rows,
                                                        const Tensor& q_rows, const std::string& method,
-                                                       const c10::optional<Tensor>& hub, const Tensor& accept_u,
-                                                       const Tensor& final_noise, bool greedy,
-                                                       const c10::optional<Tensor>& eos, int64_t max_depth) {
+                                                       const std::optional<Tensor>& hub,
+                                                       const std::optional<Tensor>& accept_u,
+                                                       const std::optional<Tensor>& final_noise, bool greedy,
+                                                       const std::optional<Tensor>& eos, int64_t max_depth,
+                                                       int64_t seed) {
   const c10::cuda::CUDAGuard guard(q_rows.device());
   const int64_t B = tokens.size(0), N = tokens.size(1), V = q_rows.size(-1), KC = N > 1 ? N - 1 : 1;
   const int64_t L = max_depth > 0 ? max_depth : 1;
@@ -228,15 +266,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
   Tensor ones = at::ones({KC}, tokens.options().dtype(at::kBool));
   Tensor r = at::empty({B, V}, q_rows.options().dtype(at::kFloat)), s = at::empty_like(r);
   Tensor h = hub.has_value() ? i64(*hub) : at::zeros({B, N}, lopt), e = eos_or_empty(eos, tokens);
-  Tensor u = f64(accept_u);
+  if (accept_u.has_value()) {
+    TORCH_CHECK(accept_u->dim() == 3 && accept_u->size(0) == B && accept_u->size(1) == N,
+                "specdec::verify_tree: accept_u must be [B, N, Kmax], got ", accept_u->sizes());
+  }
+  // drawn: the row width is irrelevant (KU only strides a given tensor)
+  const std::vector<int64_t> u_shape = accept_u.has_value() ? accept_u->sizes().vec() : std::vector<int64_t>{B, N, KC};
+  Tensor u = noise_or_none(accept_u, u_shape, seed, q_rows, "accept_u");
+  Tensor fin = noise_or_none(final_noise, {B, V}, seed, q_rows, "final_noise");
+  const int64_t KU = u.defined() ? u.size(2) : KC;
   check(specdec_cuda_verify_tree(i64(tokens).data_ptr<int64_t>(), i64(parent).data_ptr<int64_t>(),
                                  valid.to(at::kBool).contiguous().data_ptr<bool>(), pf.data_ptr<float>(),
-                                 qf.data_ptr<float>(), h.data_ptr<int64_t>(), u.data_ptr<double>(),
-                                 f64(final_noise).data_ptr<double>(), e.data_ptr<int64_t>(), e.numel(),
+                                 qf.data_ptr<float>(), h.data_ptr<int64_t>(), noise_ptr(u), noise_ptr(fin),
+                                 static_cast<uint64_t>(seed), e.data_ptr<int64_t>(), e.numel(),
                                  alive.data_ptr<int>(), ctok.data_ptr<int64_t>(), cnode.data_ptr<int64_t>(),
                                  ones.data_ptr<bool>(), r.data_ptr<float>(), s.data_ptr<float>(),
                                  acc.data_ptr<int64_t>(), rank.data_ptr<int64_t>(), n_acc.data_ptr<int64_t>(),
-                                 next.data_ptr<int64_t>(), B, N, V, u.size(2), KC, L, method_code(method),
+                                 next.data_ptr<int64_t>(), B, N, V, KU, KC, L, method_code(method),
                                  method == "kseq", greedy, stream()),
         "verify_tree");
   if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};

@@ -10,34 +10,36 @@ namespace cuda {
 constexpr double kSworMassEps = 1e-7;  // spec §2.2
 
 __global__ void sample_categorical_kernel(const float* __restrict__ logp,    // [R, V]
-                                          const double* __restrict__ noise,  // [R, V]
+                                          const double* __restrict__ noise,  // [R, V] or nullptr: drawn (seed)
+                                          uint64_t seed,
                                           int64_t* __restrict__ out,         // [R]
                                           int64_t V) {
   const int64_t row = blockIdx.x;
-  const int64_t tok = row_argmax<true>(logp + row * V, noise + row * V, V);
+  const int64_t tok = row_argmax<true>(logp + row * V, noise_row(noise, V, seed, kDraftNoise, row), V);
   if (threadIdx.x == 0) out[row] = tok;
 }
 
 // k passes; pass j takes the best (score desc, index asc) strictly after the previous pick, so the picks come
 // out in the reference's stable-sort order without a sort.
 __global__ void gumbel_topk_kernel(const float* __restrict__ logp,    // [R, V]
-                                   const double* __restrict__ noise,  // [R, V]
+                                   const double* __restrict__ noise,  // [R, V] or nullptr: drawn (seed)
+                                   uint64_t seed,
                                    int64_t* __restrict__ tokens,      // [R, K]
                                    bool* __restrict__ valid,          // [R, K]
                                    double* __restrict__ score,        // [R, K]
                                    int64_t V, int64_t K) {
   const int64_t row = blockIdx.x;
   const float* lp = logp + row * V;
-  const double* u = noise + row * V;
+  const NoiseRow u = noise_row(noise, V, seed, kDraftNoise, row);
   double prev_s = CUDART_INF;
   int64_t prev_i = -1;
   double mass = 0.0;
   for (int64_t j = 0; j < K; ++j) {
     ArgBest best{-CUDART_INF, INT64_MAX};
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-      const double s = static_cast<double>(lp[v]) + gumbel(u[v]);
+    for_each_noise(u, V, [&](int64_t v, double uv) {
+      const double s = static_cast<double>(lp[v]) + gumbel(uv);
       if (s < prev_s || (s == prev_s && v > prev_i)) best = pick(best, ArgBest{s, v});
-    }
+    });
     best = block_argbest(best);
     if (threadIdx.x == 0) {
       const bool finite = best.v > -CUDART_INF && best.i != INT64_MAX;
@@ -67,7 +69,7 @@ __global__ void process_logits_kernel(const float* __restrict__ logits,  // [R, 
   const float* z = logits + row * V;
   float* o = out + row * V;
   if (greedy) {
-    const int64_t a = row_argmax<true>(z, nullptr, V);
+    const int64_t a = row_argmax<true>(z, V);
     for (int64_t v = threadIdx.x; v < V; v += blockDim.x) o[v] = v == a ? 0.0f : -CUDART_INF_F;
     return;
   }
@@ -152,18 +154,19 @@ __global__ void process_logits_kernel(const float* __restrict__ logits,  // [R, 
 
 using namespace specdec::cuda;
 
-extern "C" int specdec_cuda_sample_categorical(const float* logp, const double* noise, int64_t* out, int64_t rows,
-                                               int64_t V, void* stream) {
+extern "C" int specdec_cuda_sample_categorical(const float* logp, const double* noise, uint64_t seed, int64_t* out,
+                                               int64_t rows, int64_t V, void* stream) {
   if (rows == 0) return 0;
-  sample_categorical_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, out, V);
+  sample_categorical_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, seed, out, V);
   return static_cast<int>(cudaGetLastError());
 }
 
-extern "C" int specdec_cuda_gumbel_topk(const float* logp, const double* noise, int64_t* tokens, bool* valid,
-                                        double* score, int64_t rows, int64_t V, int64_t K, void* stream) {
+extern "C" int specdec_cuda_gumbel_topk(const float* logp, const double* noise, uint64_t seed, int64_t* tokens,
+                                        bool* valid, double* score, int64_t rows, int64_t V, int64_t K,
+                                        void* stream) {
   if (rows == 0 || K == 0) return 0;
-  gumbel_topk_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, tokens, valid, score,
-                                                                               V, K);
+  gumbel_topk_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(logp, noise, seed, tokens, valid,
+                                                                               score, V, K);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -50,17 +50,17 @@ __device__ void remove_and_renormalize(float* s, int64_t x, int64_t V) {
 }
 
 // Gumbel-max sample of Norm[(q - s)^+] (q itself when the mass is numerically zero).
-__device__ int64_t sample_residual(const float* q, const float* s, const double* noise, int64_t V) {
+__device__ int64_t sample_residual(const float* q, const float* s, const NoiseRow& noise, int64_t V) {
   float tot = 0.0f;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += fmaxf(q[v] - s[v], 0.0f);
   tot = block_sum<float>(tot);
   const bool use_q = tot <= kZeroMassTol;
   ArgBest best{-CUDART_INF, INT64_MAX};
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+  for_each_noise(noise, V, [&](int64_t v, double u) {
     const float r = use_q ? q[v] : fmaxf(q[v] - s[v], 0.0f) / tot;
-    const double sc = (r > 0.0f ? ::log(static_cast<double>(r)) : -CUDART_INF) + gumbel(noise[v]);
+    const double sc = (r > 0.0f ? ::log(static_cast<double>(r)) : -CUDART_INF) + gumbel(u);
     best = pick(best, ArgBest{sc, v});
-  }
+  });
   return block_argbest(best).i;
 }
 
@@ -100,7 +100,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
                                    int64_t K,
                                    const float* p,         // [V] draft law
                                    const float* q,         // [V] target law
-                                   const double* u,        // [K] acceptance uniforms by slot
+                                   const NoiseRow& u,      // [K] acceptance uniforms by slot
                                    int64_t hub,
                                    float* r,               // [V] scratch -> final residual
                                    float* s,               // [V] scratch (rrsw)
@@ -117,7 +117,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       const float den = method == kRrsw ? s[x] : p[x];
       const float num = r[x];
       if (analytic && threadIdx.x == 0) ap[j] = ratio_prob(num, den);
-      if (chosen < 0 && passes(u[j], den, num)) chosen = j;
+      if (chosen < 0 && passes(u.at(j), den, num)) chosen = j;
       if (chosen < 0 || analytic) {
         __syncthreads();  // every thread has read r[x] / s[x] before they change
         if (method == kRrsw) {
@@ -140,7 +140,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
         const int64_t x = cand[j];
         const float den = g32 * p[x], num = q[x];
         if (analytic && threadIdx.x == 0) ap[j] = ratio_prob(num, den);
-        if (chosen < 0 && passes(u[j], den, num)) chosen = j;
+        if (chosen < 0 && passes(u.at(j), den, num)) chosen = j;
       }
       const float c = static_cast<float>((1.0 - ::pow(1.0 - be, n_valid)) / be);
       float tot = 0.0f;
@@ -157,7 +157,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
     if (K < 2 || !cvalid[1]) {  // a one-child tree node, or p(hub) ~ 1: a single-candidate SD node
       const float den = p[x0], num = q[x0];
       if (analytic && threadIdx.x == 0) ap[0] = ratio_prob(num, den);
-      if (passes(u[0], den, num)) chosen = 0;
+      if (passes(u.at(0), den, num)) chosen = 0;
       residual_inplace(r, p, V);
     } else {
       const float pa = p[hub], qa = q[hub];
@@ -203,7 +203,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
         ap[0] = ratio_prob(num0, den0);
         ap[1] = ratio_prob(num1, den1);
       }
-      const bool ok0 = passes(u[0], den0, num0), ok1 = passes(u[1], den1, num1);
+      const bool ok0 = passes(u.at(0), den0, num0), ok1 = passes(u.at(1), den1, num1);
       chosen = x0 == hub ? (ok1 ? 1 : (ok0 ? 0 : -1)) : (ok0 ? 0 : (ok1 ? 1 : -1));
     }
   }
@@ -221,20 +221,21 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
                                     const float* __restrict__ p,         // [B, L, V] (unused when greedy)
                                     const float* __restrict__ q,         // [B, L+1, V]
                                     const int64_t* __restrict__ lengths, // [B]
-                                    const double* __restrict__ accept_u, // [B, L]
-                                    const double* __restrict__ fin,      // [B, V]
+                                    const double* __restrict__ accept_u, // [B, L] or nullptr: drawn (seed)
+                                    const double* __restrict__ fin,      // [B, V] or nullptr: drawn (seed)
+                                    uint64_t seed,
                                     const int64_t* __restrict__ eos, int64_t n_eos,
                                     int64_t* __restrict__ n_acc,         // [B]
                                     int64_t* __restrict__ next,          // [B]
                                     int64_t L, int64_t V, bool greedy) {
   const int64_t b = blockIdx.x;
+  const NoiseRow ua = noise_row(accept_u, L, seed, kAcceptNoise, b), fz = noise_row(fin, V, seed, kFinalNoise, b);
   int64_t j = 0;
   int state = 0;  // 0 running, 1 rejected at j, 2 stopped at EOS
   while (state == 0 && j < lengths[b]) {
     const int64_t x = draft[b * L + j];
     const float* qrow = q + (b * (L + 1) + j) * V;
-    const bool ok = greedy ? x == row_argmax<true>(qrow, nullptr, V)
-                           : passes(accept_u[b * L + j], p[(b * L + j) * V + x], qrow[x]);
+    const bool ok = greedy ? x == row_argmax<true>(qrow, V) : passes(ua.at(j), p[(b * L + j) * V + x], qrow[x]);
     if (ok) {
       ++j;
       if (is_eos(x, eos, n_eos)) state = 2;
@@ -245,9 +246,9 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
   const float* qrow = q + (b * (L + 1) + j) * V;
   int64_t out;
   if (state == 2) out = -1;
-  else if (greedy) out = row_argmax<true>(qrow, nullptr, V);
-  else if (state == 1) out = sample_residual(qrow, p + (b * L + j) * V, fin + b * V, V);
-  else out = row_argmax<false>(qrow, fin + b * V, V);
+  else if (greedy) out = row_argmax<true>(qrow, V);
+  else if (state == 1) out = sample_residual(qrow, p + (b * L + j) * V, fz, V);
+  else out = row_argmax<false>(qrow, fz, V);
   if (threadIdx.x == 0) {
     n_acc[b] = j;
     next[b] = out;
@@ -256,17 +257,19 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
 
 __global__ void verify_node_kernel(const int64_t* __restrict__ cand, const bool* __restrict__ cvalid,  // [B, K]
                                    const float* __restrict__ p, const float* __restrict__ q,           // [B, V]
-                                   const double* __restrict__ accept_u,                                // [B, K]
-                                   const double* __restrict__ fin,                                     // [B, V]
+                                   const double* __restrict__ accept_u,                                // [B, K] or null
+                                   const double* __restrict__ fin,                                     // [B, V] or null
+                                   uint64_t seed,                                                      // null: drawn
                                    const int64_t* __restrict__ hub,                                    // [B]
                                    float* __restrict__ r, float* __restrict__ s,                       // [B, V]
                                    float* __restrict__ ap,                                             // [B, K] or null
                                    int64_t* __restrict__ slot, int64_t* __restrict__ token,            // [B]
                                    int64_t K, int64_t V, int method) {
   const int64_t b = blockIdx.x;
-  const int64_t chosen = verify_node_row(cand + b * K, cvalid + b * K, K, p + b * V, q + b * V, accept_u + b * K,
-                                         hub[b], r + b * V, s + b * V, ap ? ap + b * K : nullptr, V, method);
-  const int64_t tok = chosen >= 0 ? cand[b * K + chosen] : row_argmax<false>(r + b * V, fin + b * V, V);
+  const NoiseRow ua = noise_row(accept_u, K, seed, kAcceptNoise, b), fz = noise_row(fin, V, seed, kFinalNoise, b);
+  const int64_t chosen = verify_node_row(cand + b * K, cvalid + b * K, K, p + b * V, q + b * V, ua, hub[b],
+                                         r + b * V, s + b * V, ap ? ap + b * K : nullptr, V, method);
+  const int64_t tok = chosen >= 0 ? cand[b * K + chosen] : row_argmax<false>(r + b * V, fz, V);
   if (threadIdx.x == 0) {
     slot[b] = chosen;
     token[b] = tok;
@@ -279,8 +282,9 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
                                    const bool* __restrict__ valid,                                          // [B, N]
                                    const float* __restrict__ p, const float* __restrict__ q,                // [B,N,V]
                                    const int64_t* __restrict__ hub,                                         // [B, N]
-                                   const double* __restrict__ accept_u,                                     // [B,N,KU]
-                                   const double* __restrict__ fin,                                          // [B, V]
+                                   const double* __restrict__ accept_u,                          // [B,N,KU] or null
+                                   const double* __restrict__ fin,                               // [B, V] or null
+                                   uint64_t seed,                                                // null: drawn
                                    const int64_t* __restrict__ eos, int64_t n_eos,
                                    int* __restrict__ alive,                                                 // [B, N]
                                    int64_t* __restrict__ ctok, int64_t* __restrict__ cnode,                 // [B, KC]
@@ -291,6 +295,7 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
                                    int64_t N, int64_t V, int64_t KU, int64_t KC, int64_t L, int method,
                                    bool kseq, bool greedy) {
   const int64_t b = blockIdx.x;
+  const NoiseRow fz = noise_row(fin, V, seed, kFinalNoise, b);
   __shared__ int64_t cnt;
   int gen = 0;
   if (threadIdx.x == 0) alive[b * N] = 0;
@@ -312,10 +317,10 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
     const float* qrow = q + (b * N + rep) * V;
     int64_t chosen = -1;
     if (cnt == 0) {
-      out = greedy ? row_argmax<true>(qrow, nullptr, V) : row_argmax<false>(qrow, fin + b * V, V);
+      out = greedy ? row_argmax<true>(qrow, V) : row_argmax<false>(qrow, fz, V);
       state = 1;
     } else if (greedy) {
-      const int64_t target = row_argmax<true>(qrow, nullptr, V);
+      const int64_t target = row_argmax<true>(qrow, V);
       for (int64_t j = 0; j < cnt && chosen < 0; ++j)
         if (ctok[b * KC + j] == target) chosen = j;
       if (chosen < 0) {
@@ -323,10 +328,12 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
         state = 1;
       }
     } else {
-      chosen = verify_node_row(ctok + b * KC, ones, cnt, p + (b * N + rep) * V, qrow, accept_u + (b * N + rep) * KU,
-                               hub[b * N + rep], r + b * V, s + b * V, nullptr, V, method);
+      // acceptance uniforms of the node's candidates: row b * N + rep, one element per rank
+      const NoiseRow ua = noise_row(accept_u, KU, seed, kAcceptNoise, b * N + rep);
+      chosen = verify_node_row(ctok + b * KC, ones, cnt, p + (b * N + rep) * V, qrow, ua, hub[b * N + rep], r + b * V,
+                               s + b * V, nullptr, V, method);
       if (chosen < 0) {
-        out = row_argmax<false>(r + b * V, fin + b * V, V);
+        out = row_argmax<false>(r + b * V, fz, V);
         state = 1;
       }
     }
@@ -369,35 +376,35 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
 using namespace specdec::cuda;
 
 extern "C" int specdec_cuda_verify_chain(const int64_t* draft, const float* p, const float* q, const int64_t* lengths,
-                                         const double* accept_u, const double* fin, const int64_t* eos, int64_t n_eos,
-                                         int64_t* n_acc, int64_t* next, int64_t B, int64_t L, int64_t V, bool greedy,
-                                         void* stream) {
+                                         const double* accept_u, const double* fin, uint64_t seed, const int64_t* eos,
+                                         int64_t n_eos, int64_t* n_acc, int64_t* next, int64_t B, int64_t L, int64_t V,
+                                         bool greedy, void* stream) {
   if (B == 0) return 0;
-  verify_chain_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(draft, p, q, lengths, accept_u, fin, eos,
-                                                                            n_eos, n_acc, next, L, V, greedy);
+  verify_chain_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(draft, p, q, lengths, accept_u, fin, seed,
+                                                                            eos, n_eos, n_acc, next, L, V, greedy);
   return static_cast<int>(cudaGetLastError());
 }
 
 extern "C" int specdec_cuda_verify_node(const int64_t* cand, const bool* cvalid, const float* p, const float* q,
-                                        const double* accept_u, const double* fin, const int64_t* hub, float* r,
-                                        float* s, float* ap, int64_t* slot, int64_t* token, int64_t B, int64_t K,
-                                        int64_t V, int method, void* stream) {
+                                        const double* accept_u, const double* fin, uint64_t seed, const int64_t* hub,
+                                        float* r, float* s, float* ap, int64_t* slot, int64_t* token, int64_t B,
+                                        int64_t K, int64_t V, int method, void* stream) {
   if (B == 0) return 0;
-  verify_node_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(cand, cvalid, p, q, accept_u, fin, hub, r,
-                                                                           s, ap, slot, token, K, V, method);
+  verify_node_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(cand, cvalid, p, q, accept_u, fin, seed,
+                                                                           hub, r, s, ap, slot, token, K, V, method);
   return static_cast<int>(cudaGetLastError());
 }
 
 extern "C" int specdec_cuda_verify_tree(const int64_t* tokens, const int64_t* parent, const bool* valid,
                                         const float* p, const float* q, const int64_t* hub, const double* accept_u,
-                                        const double* fin, const int64_t* eos, int64_t n_eos, int* alive,
+                                        const double* fin, uint64_t seed, const int64_t* eos, int64_t n_eos, int* alive,
                                         int64_t* ctok, int64_t* cnode, const bool* ones, float* r, float* s,
                                         int64_t* acc, int64_t* rank, int64_t* n_acc, int64_t* next, int64_t B,
                                         int64_t N, int64_t V, int64_t KU, int64_t KC, int64_t L, int method, bool kseq,
                                         bool greedy, void* stream) {
   if (B == 0) return 0;
   verify_tree_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      tokens, parent, valid, p, q, hub, accept_u, fin, eos, n_eos, alive, ctok, cnode, ones, r, s, acc, rank, n_acc,
-      next, N, V, KU, KC, L, method, kseq, greedy);
+      tokens, parent, valid, p, q, hub, accept_u, fin, seed, eos, n_eos, alive, ctok, cnode, ones, r, s, acc, rank,
+      n_acc, next, N, V, KU, KC, L, method, kseq, greedy);
   return static_cast<int>(cudaGetLastError());
 }
