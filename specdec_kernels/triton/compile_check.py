@@ -1,5 +1,9 @@
 """Compile every Triton kernel to PTX/cubin for sm_80 and sm_90 without a GPU (a CI check).
 
+The seven kernels that consume noise are built twice: reading noise tensors (``RNG=False``) and drawing the
+Philox stream in the kernel (``RNG=True``, key ``...[rng]``). Their seed travels as two "i32" words (the
+launchers always pass signed 32-bit halves, so this is the only signature they launch).
+
 Run as ``python -m specdec_kernels.triton.compile_check`` in a process WITHOUT ``TRITON_INTERPRET=1`` (under the
 interpreter the kernels are not JIT functions and cannot be compiled).
 """
@@ -10,16 +14,17 @@ import sys
 import time
 
 P32, P64, PI64, PI8, PI32 = "*fp32", "*fp64", "*i64", "*i8", "*i32"
+SEED = ["i32", "i32"]  # seed_lo, seed_hi
 
 # kernel name -> (argument types in order, constexpr values)
 SIGNATURES: dict[str, tuple[list[str], dict[str, object]]] = {
-    "_sample_categorical_kernel": ([P32, P64, PI64, "i32"], {"BLOCK_V": 1024}),
-    "_gumbel_topk_kernel": ([P32, P64, PI64, PI8, P64, "i32", "i32"], {"BLOCK_V": 1024}),
+    "_sample_categorical_kernel": ([P32, P64, PI64, "i32", *SEED], {"RNG": False, "BLOCK_V": 1024}),
+    "_gumbel_topk_kernel": ([P32, P64, PI64, PI8, P64, "i32", "i32", *SEED], {"RNG": False, "BLOCK_V": 1024}),
     "_tree_positions_kernel": ([PI64, PI64, PI64, "i32"], {"BLOCK_N": 64}),
     "_tree_mask_kernel": ([PI64, PI8, PI8, PI8, "i32", "i32"], {"BLOCK": 1024}),
     "_verify_chain_kernel": (
-        [PI64, P32, P32, PI64, P64, P64, PI64, "i32", PI64, PI64, "i32", "i32"],
-        {"GREEDY": False, "BLOCK_V": 1024},
+        [PI64, P32, P32, PI64, P64, P64, PI64, "i32", PI64, PI64, "i32", "i32", *SEED],
+        {"GREEDY": False, "RNG": False, "BLOCK_V": 1024},
     ),
 }
 SIGNATURES["_process_logits_kernel"] = ([P32, P32, "i32", "fp32", "i32", "fp64"], {"GREEDY": False, "BLOCK_V": 1024})
@@ -27,18 +32,21 @@ SIGNATURES["_process_logits_kernel[greedy]"] = (
     [P32, P32, "i32", "fp32", "i32", "fp64"],
     {"GREEDY": True, "BLOCK_V": 1024},
 )
-SIGNATURES["_spechub_sample_kernel"] = ([P32, P64, PI64, PI64, PI8, "i32"], {"BLOCK_V": 1024})
+SIGNATURES["_spechub_sample_kernel"] = ([P32, P64, PI64, PI64, PI8, "i32", *SEED], {"RNG": False, "BLOCK_V": 1024})
 SIGNATURES["_kseq_gamma_kernel"] = ([P32, P32, PI64, P64, P64, "i32"], {"BLOCK_V": 1024})
 SIGNATURES["_filter_kv_kernel"] = ([P32, PI64, PI64, PI64, "i32", "i32", "i32", "i32"], {"BLOCK_D": 64})
 SIGNATURES["_sbs_step_kernel"] = (
-    [P32, P64, P64, PI8, P64, P64, PI64, P64, PI64, PI64, P64, P64, PI8, "i32", "i32", "i32", "i32"],
-    {"BLOCK_V": 1024, "BLOCK_C": 64},
+    [P32, P64, P64, PI8, P64, P64, PI64, P64, PI64, PI64, P64, P64, PI8, "i32", "i32", "i32", "i32", *SEED],
+    {"RNG": False, "BLOCK_V": 1024, "BLOCK_C": 64},
 )
-SIGNATURES["_verify_chain_kernel[greedy]"] = (SIGNATURES["_verify_chain_kernel"][0], {"GREEDY": True, "BLOCK_V": 1024})
+SIGNATURES["_verify_chain_kernel[greedy]"] = (
+    SIGNATURES["_verify_chain_kernel"][0],
+    {"GREEDY": True, "RNG": False, "BLOCK_V": 1024},
+)
 for _m in range(4):
     SIGNATURES[f"_verify_node_kernel[{_m}]"] = (
-        [PI64, PI8, P32, P32, P64, P64, PI64, P32, P32, P32, PI64, PI64, "i32", "i32"],
-        {"METHOD": _m, "ANALYTIC": True, "BLOCK_V": 1024},
+        [PI64, PI8, P32, P32, P64, P64, PI64, P32, P32, P32, PI64, PI64, "i32", "i32", *SEED],
+        {"METHOD": _m, "ANALYTIC": True, "RNG": False, "BLOCK_V": 1024},
     )
     SIGNATURES[f"_verify_tree_kernel[{_m}]"] = (
         [
@@ -68,13 +76,19 @@ for _m in range(4):
             "i32",
             "i32",
             "i32",
+            *SEED,
         ],
-        {"METHOD": _m, "KSEQ": _m == 2, "GREEDY": False, "BLOCK_V": 1024},
+        {"METHOD": _m, "KSEQ": _m == 2, "GREEDY": False, "RNG": False, "BLOCK_V": 1024},
     )
 SIGNATURES["_verify_tree_kernel[greedy]"] = (
     SIGNATURES["_verify_tree_kernel[0]"][0],
-    {"METHOD": 0, "KSEQ": False, "GREEDY": True, "BLOCK_V": 1024},
+    {"METHOD": 0, "KSEQ": False, "GREEDY": True, "RNG": False, "BLOCK_V": 1024},
 )
+# the in-kernel Philox variants of every noise-reading build (greedy verifiers draw no noise)
+for _key in [k for k, (_, c) in SIGNATURES.items() if "RNG" in c and not c.get("GREEDY", False)]:
+    _types, _consts = SIGNATURES[_key]
+    _name = _key[:-1] + ",rng]" if _key.endswith("]") else _key + "[rng]"
+    SIGNATURES[_name] = (_types, _consts | {"RNG": True})
 
 
 def compile_all(capabilities: tuple[int, ...] = (80, 90)) -> dict[str, float]:

@@ -1,9 +1,11 @@
 """Backend "triton": @triton.jit kernels and their launchers.
 
 Every kernel runs one program per row and loops over the vocabulary in chunks of ``BLOCK`` entries, so the
-same code serves any V. Noise arrives as float64 uniforms; Gumbel scores are formed in float64 from fp32
-log-probs exactly as in the reference, and argmax ties break to the lowest index (``tie_break_left`` within a
-chunk, strict ``>`` across chunks). On CPU tensors the kernels only run under ``TRITON_INTERPRET=1``.
+same code serves any V. Noise arrives as float64 uniforms, or (``RNG=True``, the launchers' ``noise=None``
+path) the kernels draw the Philox-4x32-10 stream of ``specdec_kernels._rng`` themselves, bit for bit. Gumbel
+scores are formed in float64 from fp32 log-probs exactly as in the reference, and argmax ties break to the
+lowest index (``tie_break_left`` within a chunk, strict ``>`` across chunks). On CPU tensors the kernels only
+run under ``TRITON_INTERPRET=1``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .. import _rng
 
 BLOCK = 1024
 ZERO_MASS_TOL = tl.constexpr(1e-6)  # spec §2.4 fp32 rule, same as the reference for fp32 inputs
@@ -30,6 +34,84 @@ def _gumbel(u):
     return -tl.log(-tl.log(u))
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# counter-based noise (spec §1.4, ``specdec_kernels._rng``): with RNG=True a kernel draws the uniforms of the
+# stream (seed, purpose) itself instead of reading a noise tensor; the bits equal ``_rng.philox_uniform``.
+
+DRAFT = tl.constexpr(_rng.DRAFT)  # the `noise` of the drafting ops
+ACCEPT = tl.constexpr(_rng.ACCEPT)  # acceptance uniforms
+FINAL = tl.constexpr(_rng.FINAL)  # final (corrected / bonus) sample
+
+
+def _seed_args(seed: int) -> tuple[int, int]:
+    """The key words (seed mod 2**32, seed >> 32) as signed 32-bit values, so every seed launches the same
+    "i32" kernel signature (the kernels reinterpret them as uint32)."""
+    seed = int(seed)
+    if not 0 <= seed < _rng.SEED_LIMIT:
+        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    lo, hi = seed & 0xFFFFFFFF, seed >> 32
+    return lo - (1 << 32) if lo >= 1 << 31 else lo, hi
+
+
+@triton.jit
+def _philox4x32_10(c0, c1, c2, c3, k0, k1):
+    """Philox-4x32-10 (Salmon et al., SC'11) on uint32 tensors of one shape: 10 rounds of two 32x32->64-bit
+    products (high word by umulhi, low word by the wrapping product), Weyl key schedule."""
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, 0xD2511F53)
+        lo0 = c0 * 0xD2511F53
+        hi1 = tl.umulhi(c2, 0xCD9E8D57)
+        lo1 = c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0, c1, c2, c3
+
+
+@triton.jit
+def _philox_uniform(seed_lo, seed_hi, PURPOSE: tl.constexpr, row, idx):
+    """float64 uniform in (0, 1) of the stream (seed, PURPOSE) at (row, idx), the layout of ``_rng``:
+    counter (idx >> 1, row mod 2**32, row >> 32, PURPOSE), key (seed_lo, seed_hi); words (0, 1) for an even
+    idx, (2, 3) for an odd one; U = (2m + 1) 2**-53 with m = (a >> 12) 2**32 + b (exact in float64).
+
+    row: int scalar (< 2**63); idx: int scalar or block (>= 0); seed_lo, seed_hi: 32-bit ints (any signedness)."""
+    i = tl.zeros((), tl.int64) + idx  # also accepts Python ints (constexpr)
+    r = tl.zeros((), tl.int64) + row
+    c0 = (i >> 1).to(tl.uint32)
+    zero = c0 ^ c0  # uint32 zeros of idx's shape
+    c1 = zero + r.to(tl.uint32)  # truncation = row mod 2**32
+    c2 = zero + (r >> 32).to(tl.uint32)
+    c3 = zero + tl.full((), PURPOSE, tl.uint32)
+    k0 = zero + seed_lo.to(tl.uint32)
+    k1 = zero + seed_hi.to(tl.uint32)
+    o0, o1, o2, o3 = _philox4x32_10(c0, c1, c2, c3, k0, k1)
+    odd = (i & 1) != 0
+    a = tl.where(odd, o2, o0)
+    b = tl.where(odd, o3, o1)
+    m = ((a >> 12).to(tl.uint64) << 32) | b.to(tl.uint64)
+    return (m * 2 + 1).to(tl.float64) * 1.1102230246251565e-16  # 2**-53, exact in fp32 and fp64
+
+
+@triton.jit
+def _noise_block(ptr, offs, m, row, seed_lo, seed_hi, PURPOSE: tl.constexpr, RNG: tl.constexpr):
+    """Uniforms at the block ``offs`` of one noise row: read from ``ptr`` (the row's base) or drawn (RNG)."""
+    if RNG:
+        u = _philox_uniform(seed_lo, seed_hi, PURPOSE, row, offs)
+    else:
+        u = tl.load(ptr + offs, mask=m, other=0.5)
+    return u
+
+
+@triton.jit
+def _noise_at(ptr, idx, row, seed_lo, seed_hi, PURPOSE: tl.constexpr, RNG: tl.constexpr):
+    """The uniform at the scalar index ``idx`` of one noise row (see _noise_block)."""
+    if RNG:
+        u = _philox_uniform(seed_lo, seed_hi, PURPOSE, row, idx)
+    else:
+        u = tl.load(ptr + idx)
+    return u
+
+
 @triton.jit
 def _merge_chunk_best(s, start, best_val, best_idx):
     """Fold one chunk of scores into the running (max, argmax): lowest index inside the chunk
@@ -41,10 +123,23 @@ def _merge_chunk_best(s, start, best_val, best_idx):
 
 
 @triton.jit
-def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: tl.constexpr, BLOCK_V: tl.constexpr):
+def _argmax_chunked(
+    row_ptr,
+    noise_ptr,
+    noise_row,
+    seed_lo,
+    seed_hi,
+    V,
+    USE_NOISE: tl.constexpr,
+    LOG_INPUT: tl.constexpr,
+    PURPOSE: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     """argmax_v of x[v] (+ Gumbel(noise[v])) with x = row (log-probs) or log(row) (probabilities), in float64.
 
-    Shape: row_ptr -> [V] fp32, noise_ptr -> [V] fp64 uniforms in (0, 1)."""
+    Shape: row_ptr -> [V] fp32, noise_ptr -> [V] fp64 uniforms in (0, 1), or (RNG) the Philox row
+    ``noise_row`` of the stream (seed, PURPOSE)."""
     best_val = tl.full((), float("-inf"), tl.float64)
     best_idx = tl.full((), 0, tl.int64)
     for start in range(0, V, BLOCK_V):
@@ -56,7 +151,7 @@ def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: t
         else:
             s = tl.where(x > 0, tl.log(x), float("-inf"))
         if USE_NOISE:
-            u = tl.load(noise_ptr + offs, mask=m, other=0.5)
+            u = _noise_block(noise_ptr, offs, m, noise_row, seed_lo, seed_hi, PURPOSE, RNG)
             s = s + _gumbel(u)
         s = tl.where(m, s, float("-inf"))
         best_val, best_idx = _merge_chunk_best(s, start, best_val, best_idx)
@@ -64,10 +159,18 @@ def _argmax_chunked(row_ptr, noise_ptr, V, USE_NOISE: tl.constexpr, LOG_INPUT: t
 
 
 @triton.jit
-def _sample_residual(q_ptr, s_ptr, scale, noise_ptr, V, BLOCK_V: tl.constexpr):
+def _argmax_plain(row_ptr, V, LOG_INPUT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """argmax_v of row (log-probs) or log(row) (probabilities), no noise; ties to the lowest index."""
+    return _argmax_chunked(row_ptr, row_ptr, 0, 0, 0, V, False, LOG_INPUT, DRAFT, False, BLOCK_V)
+
+
+@triton.jit
+def _sample_residual(
+    q_ptr, s_ptr, scale, noise_ptr, noise_row, seed_lo, seed_hi, V, RNG: tl.constexpr, BLOCK_V: tl.constexpr
+):
     """Sample Norm[(q - scale*s)^+] by Gumbel-max; falls back to q when the mass is numerically zero (§2.4).
 
-    Shape: q_ptr, s_ptr -> [V] fp32 probabilities; noise_ptr -> [V] fp64."""
+    Shape: q_ptr, s_ptr -> [V] fp32 probabilities; noise_ptr -> [V] fp64, or (RNG) the FINAL Philox row."""
     tot = tl.zeros((), tl.float32)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
@@ -84,7 +187,7 @@ def _sample_residual(q_ptr, s_ptr, scale, noise_ptr, V, BLOCK_V: tl.constexpr):
         q = tl.load(q_ptr + offs, mask=m, other=0.0)
         s = tl.load(s_ptr + offs, mask=m, other=0.0)
         r = tl.where(use_q, q, tl.maximum(q - scale * s, 0.0) / tot)
-        u = tl.load(noise_ptr + offs, mask=m, other=0.5)
+        u = _noise_block(noise_ptr, offs, m, noise_row, seed_lo, seed_hi, FINAL, RNG)
         sc = tl.where(r > 0, tl.log(r.to(tl.float64)), float("-inf")) + _gumbel(u)
         sc = tl.where(m, sc, float("-inf"))
         best_val, best_idx = _merge_chunk_best(sc, start, best_val, best_idx)
@@ -95,38 +198,54 @@ def _sample_residual(q_ptr, s_ptr, scale, noise_ptr, V, BLOCK_V: tl.constexpr):
 # sample_categorical / gumbel_topk
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _sample_categorical_kernel(
     logp_ptr,  # [R, V] fp32
-    noise_ptr,  # [R, V] fp64
+    noise_ptr,  # [R, V] fp64 (unused when RNG)
     out_ptr,  # [R] int64
     V,
+    seed_lo,
+    seed_hi,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    idx = _argmax_chunked(logp_ptr + row * V, noise_ptr + row * V, V, True, True, BLOCK_V)
+    idx = _argmax_chunked(
+        logp_ptr + row * V, noise_ptr + row * V, row, seed_lo, seed_hi, V, True, True, DRAFT, RNG, BLOCK_V
+    )
     tl.store(out_ptr + row, idx)
 
 
-def sample_categorical(logp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def _rows(noise: torch.Tensor | None, vocab: int, like: torch.Tensor) -> torch.Tensor:
+    """The noise as contiguous [R, V] float64 rows, or a 1-element placeholder when the kernel draws it (RNG)."""
+    if noise is None:
+        return torch.empty(1, dtype=torch.float64, device=like.device)
+    return noise.reshape(-1, vocab).contiguous()
+
+
+def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
     vocab = logp.shape[-1]
     lp = logp.float().reshape(-1, vocab).contiguous()
-    u = noise.reshape(-1, vocab).contiguous()
     out = torch.empty(lp.shape[0], dtype=torch.long, device=lp.device)
     if lp.shape[0]:
-        _sample_categorical_kernel[(lp.shape[0],)](lp, u, out, vocab, BLOCK_V=_block(vocab))
+        _sample_categorical_kernel[(lp.shape[0],)](
+            lp, _rows(noise, vocab, lp), out, vocab, *_seed_args(seed), RNG=noise is None, BLOCK_V=_block(vocab)
+        )
     return out.reshape(logp.shape[:-1])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _gumbel_topk_kernel(
     logp_ptr,  # [R, V] fp32
-    noise_ptr,  # [R, V] fp64
+    noise_ptr,  # [R, V] fp64 (unused when RNG)
     tok_ptr,  # [R, K] int64
     valid_ptr,  # [R, K] int8
     score_ptr,  # [R, K] fp64
     V,
     K,
+    seed_lo,
+    seed_hi,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """k passes; pass j takes the largest (score desc, index asc) strictly after the previous pick."""
@@ -141,7 +260,7 @@ def _gumbel_topk_kernel(
             offs = start + tl.arange(0, BLOCK_V)
             m = offs < V
             lp = tl.load(logp_ptr + row * V + offs, mask=m, other=float("-inf")).to(tl.float64)
-            u = tl.load(noise_ptr + row * V + offs, mask=m, other=0.5)
+            u = _noise_block(noise_ptr + row * V, offs, m, row, seed_lo, seed_hi, DRAFT, RNG)
             s = lp + _gumbel(u)
             after = (s < prev_s) | ((s == prev_s) & (offs > prev_i))
             s = tl.where(m & after, s, float("-inf"))
@@ -157,16 +276,20 @@ def _gumbel_topk_kernel(
         prev_i = best_idx
 
 
-def gumbel_topk(logp: torch.Tensor, k: int, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gumbel_topk(
+    logp: torch.Tensor, k: int, noise: torch.Tensor | None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     vocab = logp.shape[-1]
     lp = logp.float().reshape(-1, vocab).contiguous()
-    u = noise.reshape(-1, vocab).contiguous()
+    u = _rows(noise, vocab, lp)
     rows = lp.shape[0]
     tok = torch.empty((rows, k), dtype=torch.long, device=lp.device)
     valid = torch.empty((rows, k), dtype=torch.int8, device=lp.device)
     score = torch.empty((rows, k), dtype=torch.float64, device=lp.device)
     if rows and k:
-        _gumbel_topk_kernel[(rows,)](lp, u, tok, valid, score, vocab, k, BLOCK_V=_block(vocab))
+        _gumbel_topk_kernel[(rows,)](
+            lp, u, tok, valid, score, vocab, k, *_seed_args(seed), RNG=noise is None, BLOCK_V=_block(vocab)
+        )
     shape = (*logp.shape[:-1], k)
     return tok.reshape(shape), valid.bool().reshape(shape), score.reshape(shape)
 
@@ -251,6 +374,27 @@ def tree_mask(parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tenso
 # verify_chain
 
 
+def _verify_noise(
+    accept_u: torch.Tensor | None,
+    final_noise: torch.Tensor | None,
+    seed: int,
+    u_shape: tuple[int, ...],
+    fin_shape: tuple[int, ...],
+    dev: torch.device,
+) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """(RNG, accept_u, final_noise) for a verifier launch. Both None: the kernel draws both streams (RNG, the
+    tensors are placeholders). Both given: read them. One given (the op layer never does this): the other is
+    materialised from the same Philox stream, so the kernel reads both."""
+    if accept_u is None and final_noise is None:
+        ph = torch.empty(1, dtype=torch.float64, device=dev)
+        return True, ph, ph
+    if accept_u is None:
+        accept_u = _rng.philox_uniform(seed, _rng.ACCEPT, u_shape, dev)
+    if final_noise is None:
+        final_noise = _rng.philox_uniform(seed, _rng.FINAL, fin_shape, dev)
+    return False, accept_u.contiguous(), final_noise.contiguous()
+
+
 @triton.jit
 def _is_eos(x, eos_ptr, n_eos):
     hit = x < 0  # always false: token ids are >= 0
@@ -259,21 +403,24 @@ def _is_eos(x, eos_ptr, n_eos):
     return hit
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _verify_chain_kernel(
     draft_ptr,  # [B, L] int64
     p_ptr,  # [B, L, V] fp32 (unused when GREEDY)
     q_ptr,  # [B, L+1, V] fp32
     len_ptr,  # [B] int64
-    u_ptr,  # [B, L] fp64
-    fin_ptr,  # [B, V] fp64
+    u_ptr,  # [B, L] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
     eos_ptr,  # [n_eos] int64
     n_eos,
     nacc_ptr,  # [B] int64
     next_ptr,  # [B] int64
     L,
     V,
+    seed_lo,
+    seed_hi,
     GREEDY: tl.constexpr,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -284,11 +431,11 @@ def _verify_chain_kernel(
         x = tl.load(draft_ptr + b * L + j)
         q_row = q_ptr + (b * (L + 1) + j) * V
         if GREEDY:
-            ok = x == _argmax_chunked(q_row, fin_ptr, V, False, True, BLOCK_V)
+            ok = x == _argmax_plain(q_row, V, True, BLOCK_V)
         else:
             px = tl.load(p_ptr + (b * L + j) * V + x).to(tl.float64)
             qx = tl.load(q_row + x).to(tl.float64)
-            ok = tl.load(u_ptr + b * L + j) * px < qx
+            ok = _noise_at(u_ptr + b * L, j, b, seed_lo, seed_hi, ACCEPT, RNG) * px < qx
         if ok:
             j += 1
             if _is_eos(x, eos_ptr, n_eos):
@@ -300,14 +447,16 @@ def _verify_chain_kernel(
         nxt = tl.full((), -1, tl.int64)
     elif state == 1:
         if GREEDY:
-            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+            nxt = _argmax_plain(q_row, V, True, BLOCK_V)
         else:
-            nxt = _sample_residual(q_row, p_ptr + (b * L + j) * V, 1.0, fin_ptr + b * V, V, BLOCK_V)
+            nxt = _sample_residual(
+                q_row, p_ptr + (b * L + j) * V, 1.0, fin_ptr + b * V, b, seed_lo, seed_hi, V, RNG, BLOCK_V
+            )
     else:
         if GREEDY:
-            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+            nxt = _argmax_plain(q_row, V, True, BLOCK_V)
         else:
-            nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, True, False, BLOCK_V)
+            nxt = _argmax_chunked(q_row, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
     tl.store(nacc_ptr + b, j)
     tl.store(next_ptr + b, nxt)
 
@@ -317,14 +466,16 @@ def verify_chain(
     p: torch.Tensor | None,
     q: torch.Tensor,
     lengths: torch.Tensor,
-    accept_u: torch.Tensor,
-    final_noise: torch.Tensor,
+    accept_u: torch.Tensor | None,
+    final_noise: torch.Tensor | None,
     greedy: bool,
     eos: torch.Tensor | None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, length = draft.shape
     vocab = q.shape[-1]
     dev = draft.device
+    rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, length), (batch, vocab), dev)
     qf = q.float().contiguous()
     pf = qf if p is None else p.float().contiguous()
     eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
@@ -336,15 +487,17 @@ def verify_chain(
             pf,
             qf,
             lengths.long().contiguous(),
-            accept_u.contiguous(),
-            final_noise.contiguous(),
+            accept_u,
+            final_noise,
             eos_t if eos_t.numel() else n_acc,  # any valid pointer when there is no EOS
             eos_t.numel(),
             n_acc,
             nxt,
             length,
             vocab,
+            *_seed_args(seed),
             GREEDY=bool(greedy),
+            RNG=rng,
             BLOCK_V=_block(vocab),
         )
     return n_acc, nxt
@@ -460,7 +613,10 @@ def _verify_node_row(
     K,
     p_ptr,  # [V] fp32 draft law
     q_ptr,  # [V] fp32 target law
-    u_ptr,  # [K] fp64 acceptance uniforms by slot
+    u_ptr,  # [K] fp64 acceptance uniforms by slot (unused when RNG)
+    u_row,  # int64 Philox row of the acceptance uniforms (RNG)
+    seed_lo,
+    seed_hi,
     hub,  # int64 hub token (spechub)
     r_ptr,  # [V] fp32 scratch: current target residual; holds the final residual on return
     s_ptr,  # [V] fp32 scratch: current draft law (rrsw)
@@ -468,9 +624,12 @@ def _verify_node_row(
     V,
     METHOD: tl.constexpr,
     ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Returns the accepted slot (-1 = none). The final residual is left normalized in r_ptr."""
+    """Returns the accepted slot (-1 = none). The final residual is left normalized in r_ptr.
+
+    The acceptance uniform of slot j is u_ptr[j], or (RNG) element (u_row, j) of the ACCEPT stream."""
     chosen = tl.full((), -1, tl.int64)
     _copy_row(q_ptr, r_ptr, V, BLOCK_V)
     if METHOD == 1:
@@ -487,7 +646,9 @@ def _verify_node_row(
                 num = tl.load(r_ptr + x)
                 if ANALYTIC:
                     tl.store(ap_ptr + j, _ratio_prob(num, den))
-                if (chosen < 0) & (tl.load(u_ptr + j) * den.to(tl.float64) < num.to(tl.float64)):
+                if (chosen < 0) & (
+                    _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64)
+                ):
                     chosen = tl.zeros((), tl.int64) + j
                 if (chosen < 0) | ANALYTIC:
                     if METHOD == 1:
@@ -510,7 +671,10 @@ def _verify_node_row(
                     num = tl.load(q_ptr + x).to(tl.float32)
                     if ANALYTIC:
                         tl.store(ap_ptr + j, _ratio_prob(num, den))
-                    if (chosen < 0) & (tl.load(u_ptr + j) * den.to(tl.float64) < num.to(tl.float64)):
+                    if (chosen < 0) & (
+                        _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64)
+                        < num.to(tl.float64)
+                    ):
                         chosen = tl.zeros((), tl.int64) + j
             c = ((1.0 - _pow_int(1.0 - be, n_valid)) / be).to(tl.float32)
             tot = tl.zeros((), tl.float32)
@@ -537,7 +701,7 @@ def _verify_node_row(
             num = tl.load(q_ptr + x0).to(tl.float32)
             if ANALYTIC:
                 tl.store(ap_ptr, _ratio_prob(num, den))
-            if tl.load(u_ptr) * den.to(tl.float64) < num.to(tl.float64):
+            if _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64):
                 chosen = tl.zeros((), tl.int64)
             _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
         else:
@@ -590,8 +754,10 @@ def _verify_node_row(
             if ANALYTIC:
                 tl.store(ap_ptr, _ratio_prob(num0, den0))
                 tl.store(ap_ptr + 1, _ratio_prob(num1, den1))
-            ok0 = tl.load(u_ptr) * den0.to(tl.float64) < num0.to(tl.float64)
-            ok1 = tl.load(u_ptr + 1) * den1.to(tl.float64) < num1.to(tl.float64)
+            u0 = _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+            u1 = _noise_at(u_ptr, 1, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+            ok0 = u0 * den0.to(tl.float64) < num0.to(tl.float64)
+            ok1 = u1 * den1.to(tl.float64) < num1.to(tl.float64)
             if x0 == hub:
                 chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
             else:
@@ -599,14 +765,14 @@ def _verify_node_row(
     return chosen
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _verify_node_kernel(
     cand_ptr,  # [B, K] int64
     cvalid_ptr,  # [B, K] int8
     p_ptr,  # [B, V] fp32
     q_ptr,  # [B, V] fp32
-    u_ptr,  # [B, K] fp64
-    fin_ptr,  # [B, V] fp64
+    u_ptr,  # [B, K] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
     hub_ptr,  # [B] int64
     r_ptr,  # [B, V] fp32 scratch -> final residual
     s_ptr,  # [B, V] fp32 scratch
@@ -615,8 +781,11 @@ def _verify_node_kernel(
     tok_ptr,  # [B] int64
     K,
     V,
+    seed_lo,
+    seed_hi,
     METHOD: tl.constexpr,
     ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -628,6 +797,9 @@ def _verify_node_kernel(
         p_ptr + b * V,
         q_ptr + b * V,
         u_ptr + b * K,
+        b,
+        seed_lo,
+        seed_hi,
         hub,
         r_ptr + b * V,
         s_ptr + b * V,
@@ -635,12 +807,13 @@ def _verify_node_kernel(
         V,
         METHOD,
         ANALYTIC,
+        RNG,
         BLOCK_V,
     )
     if chosen >= 0:
         tok = tl.load(cand_ptr + b * K + chosen)
     else:
-        tok = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, V, True, False, BLOCK_V)
+        tok = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
     tl.store(slot_ptr + b, chosen)
     tl.store(tok_ptr + b, tok)
 
@@ -651,14 +824,16 @@ def verify_node(
     cand_valid: torch.Tensor,
     p: torch.Tensor,
     q: torch.Tensor,
-    accept_u: torch.Tensor,
-    final_noise: torch.Tensor,
+    accept_u: torch.Tensor | None,
+    final_noise: torch.Tensor | None,
     hub: torch.Tensor | None,
     analytic: bool,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     batch, k = cand.shape
     vocab = p.shape[-1]
     dev = p.device
+    rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, k), (batch, vocab), dev)
     r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
     s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method == "rrsw" else r
     ap = torch.zeros((batch, k), dtype=torch.float32, device=dev)
@@ -671,8 +846,8 @@ def verify_node(
             cand_valid.to(torch.int8).contiguous(),
             p.float().contiguous(),
             q.float().contiguous(),
-            accept_u.contiguous(),
-            final_noise.contiguous(),
+            accept_u,
+            final_noise,
             hub_t,
             r,
             s,
@@ -681,8 +856,10 @@ def verify_node(
             tok,
             k,
             vocab,
+            *_seed_args(seed),
             METHOD=METHOD_CODE[method],
             ANALYTIC=bool(analytic),
+            RNG=rng,
             BLOCK_V=_block(vocab),
         )
     if not analytic:
@@ -694,7 +871,7 @@ def verify_node(
 # verify_tree (spec §3.6): one program walks one row's tree
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _verify_tree_kernel(
     tok_ptr,  # [B, N] int64
     par_ptr,  # [B, N] int64
@@ -702,8 +879,8 @@ def _verify_tree_kernel(
     p_ptr,  # [B, N, V] fp32
     q_ptr,  # [B, N, V] fp32
     hub_ptr,  # [B, N] int64
-    u_ptr,  # [B, N, KU] fp64
-    fin_ptr,  # [B, V] fp64
+    u_ptr,  # [B, N, KU] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
     eos_ptr,  # [n_eos] int64
     n_eos,
     alive_ptr,  # [B, N] int32 scratch, -1 initialised: generation in which a node is alive
@@ -722,9 +899,12 @@ def _verify_tree_kernel(
     KU,
     KC,
     L,
+    seed_lo,
+    seed_hi,
     METHOD: tl.constexpr,
     KSEQ: tl.constexpr,
     GREEDY: tl.constexpr,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -749,13 +929,13 @@ def _verify_tree_kernel(
         chosen = tl.full((), -1, tl.int64)
         if cnt == 0:
             if GREEDY:
-                nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+                nxt = _argmax_plain(q_row, V, True, BLOCK_V)
             else:
-                nxt = _argmax_chunked(q_row, fin_ptr + b * V, V, True, False, BLOCK_V)
+                nxt = _argmax_chunked(q_row, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
             state = 1
         else:
             if GREEDY:
-                target = _argmax_chunked(q_row, fin_ptr + b * V, V, False, True, BLOCK_V)
+                target = _argmax_plain(q_row, V, True, BLOCK_V)
                 for j in range(0, cnt):
                     if (chosen < 0) & (tl.load(ctok_ptr + b * KC + j) == target):
                         chosen = tl.zeros((), tl.int64) + j
@@ -770,6 +950,9 @@ def _verify_tree_kernel(
                     p_ptr + (b * N + rep) * V,
                     q_row,
                     u_ptr + (b * N + rep) * KU,
+                    b * N + rep,
+                    seed_lo,
+                    seed_hi,
                     tl.load(hub_ptr + b * N + rep),
                     r_ptr + b * V,
                     s_ptr + b * V,
@@ -777,10 +960,13 @@ def _verify_tree_kernel(
                     V,
                     METHOD,
                     False,
+                    RNG,
                     BLOCK_V,
                 )
                 if chosen < 0:
-                    nxt = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, V, True, False, BLOCK_V)
+                    nxt = _argmax_chunked(
+                        r_ptr + b * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V
+                    )
                     state = 1
         if chosen >= 0:
             child = tl.load(cnode_ptr + b * KC + chosen)
@@ -819,18 +1005,21 @@ def verify_tree(
     q_rows: torch.Tensor,
     method: str,
     hub: torch.Tensor | None,
-    accept_u: torch.Tensor,
-    final_noise: torch.Tensor,
+    accept_u: torch.Tensor | None,
+    final_noise: torch.Tensor | None,
     greedy: bool,
     eos: torch.Tensor | None,
     max_depth: int,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, n = tokens.shape
     vocab = q_rows.shape[-1]
     dev = tokens.device
     qf = q_rows.float().contiguous()
     pf = qf if p_rows is None else p_rows.float().contiguous()
-    kc = max(n - 1, 1)
+    kc = max(n - 1, 1)  # a node has at most N - 1 candidates
+    # the Philox element (b * N + node, rank) does not depend on the width of accept_u
+    rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, n, kc), (batch, vocab), dev)
     acc = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
     rank = torch.full((batch, max_depth), -1, dtype=torch.long, device=dev)
     n_acc = torch.empty(batch, dtype=torch.long, device=dev)
@@ -845,8 +1034,8 @@ def verify_tree(
             pf,
             qf,
             (torch.zeros_like(tokens) if hub is None else hub).long().contiguous(),
-            accept_u.contiguous(),
-            final_noise.contiguous(),
+            accept_u,
+            final_noise,
             eos_t if eos_t.numel() else n_acc,
             eos_t.numel(),
             torch.full((batch, n), -1, dtype=torch.int32, device=dev),
@@ -862,12 +1051,14 @@ def verify_tree(
             nxt,
             n,
             vocab,
-            accept_u.shape[2],
+            1 if rng else accept_u.shape[2],
             kc,
             max(max_depth, 1),
+            *_seed_args(seed),
             METHOD=METHOD_CODE[method],
             KSEQ=method == "kseq",
             GREEDY=bool(greedy),
+            RNG=rng,
             BLOCK_V=_block(vocab),
         )
     return acc, n_acc, nxt, rank
@@ -899,7 +1090,7 @@ def _process_logits_kernel(
     x_row = x_ptr + row * V
     o_row = out_ptr + row * V
     if GREEDY:
-        a = _argmax_chunked(x_row, x_row, V, False, True, BLOCK_V)
+        a = _argmax_plain(x_row, V, True, BLOCK_V)
         for start in range(0, V, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             tl.store(o_row + offs, tl.where(offs == a, 0.0, float("-inf")), mask=offs < V)
@@ -999,30 +1190,33 @@ def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 # spechub_sample, kseq_gamma, filter_kv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _spechub_sample_kernel(
     logp_ptr,  # [R, V] fp32
-    noise_ptr,  # [R, V] fp64
+    noise_ptr,  # [R, V] fp64 (unused when RNG)
     tok_ptr,  # [R, 2] int64
     hub_ptr,  # [R] int64
     valid_ptr,  # [R, 2] int8
     V,
+    seed_lo,
+    seed_hi,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """Hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a) (spec §4.5)."""
     row = tl.program_id(0).to(tl.int64)
     lp_row = logp_ptr + row * V
     u_row = noise_ptr + row * V
-    hub = _argmax_chunked(lp_row, u_row, V, False, True, BLOCK_V)
-    y1 = _argmax_chunked(lp_row, u_row, V, True, True, BLOCK_V)
-    s1 = tl.load(lp_row + y1).to(tl.float64) + _gumbel(tl.load(u_row + y1))
+    hub = _argmax_plain(lp_row, V, True, BLOCK_V)
+    y1 = _argmax_chunked(lp_row, u_row, row, seed_lo, seed_hi, V, True, True, DRAFT, RNG, BLOCK_V)
+    s1 = tl.load(lp_row + y1).to(tl.float64) + _gumbel(_noise_at(u_row, y1, row, seed_lo, seed_hi, DRAFT, RNG))
     best_val = tl.full((), float("-inf"), tl.float64)
     y2 = tl.full((), 0, tl.int64)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         m = offs < V
         s = tl.load(lp_row + offs, mask=m, other=float("-inf")).to(tl.float64) + _gumbel(
-            tl.load(u_row + offs, mask=m, other=0.5)
+            _noise_block(u_row, offs, m, row, seed_lo, seed_hi, DRAFT, RNG)
         )
         s = tl.where(m & ((s < s1) | ((s == s1) & (offs > y1))), s, float("-inf"))
         best_val, y2 = _merge_chunk_best(s, start, best_val, y2)
@@ -1039,7 +1233,9 @@ def _spechub_sample_kernel(
     tl.store(hub_ptr + row, hub)
 
 
-def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spechub_sample(
+    logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     vocab = logp.shape[-1]
     lp = logp.float().reshape(-1, vocab).contiguous()
     rows = lp.shape[0]
@@ -1048,7 +1244,15 @@ def spechub_sample(logp: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tenso
     valid = torch.empty((rows, 2), dtype=torch.int8, device=lp.device)
     if rows:
         _spechub_sample_kernel[(rows,)](
-            lp, noise.reshape(-1, vocab).contiguous(), tok, hub, valid, vocab, BLOCK_V=_block(vocab)
+            lp,
+            _rows(noise, vocab, lp),
+            tok,
+            hub,
+            valid,
+            vocab,
+            *_seed_args(seed),
+            RNG=noise is None,
+            BLOCK_V=_block(vocab),
         )
     lead = logp.shape[:-1]
     return tok.reshape(*lead, 2), hub.reshape(lead), valid.bool().reshape(*lead, 2)
@@ -1159,13 +1363,13 @@ def _truncated_gumbel(u, phit, z):
     return tl.where(phit == float("-inf"), float("-inf"), out)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
 def _sbs_step_kernel(
     logp_ptr,  # [B, Win, V] fp32
     sigma_ptr,  # [B, Win] fp64
     gamma_ptr,  # [B, Win] fp64
     bvalid_ptr,  # [B, Win] int8
-    noise_ptr,  # [B, Win, V] fp64
+    noise_ptr,  # [B, Win, V] fp64 (unused when RNG)
     cpsi_ptr,  # [B, C] fp64 scratch, C = Win * WSEL
     cidx_ptr,  # [B, C] int64 scratch (flattened parent * V + token)
     cphi_ptr,  # [B, C] fp64 scratch
@@ -1178,6 +1382,9 @@ def _sbs_step_kernel(
     V,
     WSEL,
     WOUT,
+    seed_lo,
+    seed_hi,
+    RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -1199,7 +1406,7 @@ def _sbs_step_kernel(
                 offs = start + tl.arange(0, BLOCK_V)
                 m = offs < V
                 lp = tl.load(lp_row + offs, mask=m, other=float("-inf")).to(tl.float64)
-                s = (sig + lp) + _gumbel(tl.load(u_row + offs, mask=m, other=0.5))
+                s = (sig + lp) + _gumbel(_noise_block(u_row, offs, m, b * WIN + k, seed_lo, seed_hi, DRAFT, RNG))
                 s = tl.where(m & ((s < prev_s) | ((s == prev_s) & (offs > prev_i))), s, float("-inf"))
                 best_val, best_idx = _merge_chunk_best(s, start, best_val, best_idx)
             z = tl.where(j == 0, best_val, z)
@@ -1243,7 +1450,8 @@ def sbs_step(
     gamma: torch.Tensor,
     beam_valid: torch.Tensor,
     w_out: int,
-    noise: torch.Tensor,
+    noise: torch.Tensor | None,
+    seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, w_in, vocab = logp.shape
     dev = logp.device
@@ -1262,7 +1470,7 @@ def sbs_step(
             sigma.double().contiguous(),
             gamma.double().contiguous(),
             beam_valid.to(torch.int8).contiguous(),
-            noise.contiguous(),
+            _rows(noise, vocab, logp),
             torch.empty((batch, c), dtype=torch.float64, device=dev),
             torch.empty((batch, c), dtype=torch.long, device=dev),
             torch.empty((batch, c), dtype=torch.float64, device=dev),
@@ -1271,6 +1479,8 @@ def sbs_step(
             vocab,
             wsel,
             w_out,
+            *_seed_args(seed),
+            RNG=noise is None,
             BLOCK_V=_block(vocab),
             BLOCK_C=max(16, triton.next_power_of_2(c)),
         )
