@@ -212,13 +212,19 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return (not self.do_sample) or sk.is_greedy(self.temperature)
 
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """The shared processing of draft AND target logits.
+    def process(self, logits: torch.Tensor, source: str = "model") -> torch.Tensor:
+        """The shared processing of draft AND target logits; ``source`` names the model in errors.
 
         Shape: logits [..., V] (any float dtype) -> logp [..., V] float32, -inf for masked tokens (one-hot in greedy).
         """
         temperature = 0.0 if self.greedy else self.temperature
-        return sk.process_logits(logits, temperature, self.top_k, self.top_p)
+        try:
+            return sk.process_logits(logits, temperature, self.top_k, self.top_p)
+        except ValueError as exc:
+            if "NaN" in str(exc):
+                msg = f"{source} produced NaN logits; NaN logits are rejected (check the model/dtype)"
+                raise ValueError(msg) from exc
+            raise
 
 
 def resolve_sampling(

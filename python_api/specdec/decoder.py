@@ -302,13 +302,13 @@ class SpeculativeDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Target laws with the shared processing, then the tree walk. Shape: q_logits [B, N, V]."""
         batch = tree.batch
-        q_logits = torch.where(tree.valid[..., None], q_logits, torch.zeros((), dtype=q_logits.dtype))
-        q_logp = sampling.process(q_logits)
+        # padding nodes already hold zero logits (HFCausalLM computes rows of valid nodes only)
+        q_logp = sampling.process(q_logits, "target")
         if tree.size == 1:  # nothing drafted: a plain autoregressive step
             if sampling.greedy:
                 nxt = q_logp[:, 0].argmax(dim=-1)
             else:
-                nxt = sk.sample_categorical(q_logp[:, 0], seed=op_seed(generator))
+                nxt = sk.sample_categorical(q_logp[:, 0], seed=op_seed(generator), validate=False)
             empty = torch.zeros((batch, 0), dtype=torch.long, device=tree.device)
             return empty, torch.zeros((batch,), dtype=torch.long, device=tree.device), nxt, empty
         verifier = self.config.verifier
@@ -323,6 +323,7 @@ class SpeculativeDecoder:
                 valid=tree.valid,
                 greedy=True,
                 eos_token_id=eos or None,
+                validate=False,
             )
         else:
             out = sk.verify_tree(
@@ -335,6 +336,7 @@ class SpeculativeDecoder:
                 hub=tree.hub() if verifier == "spechub" else None,
                 eos_token_id=eos or None,
                 seed=op_seed(generator),
+                validate=False,  # the tree and both laws come from the validated processing above
             )
         return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
 

@@ -81,13 +81,18 @@ def sample_categorical(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """One Gumbel-max sample per row (spec §2.1).
 
     Shape: logp [..., V] -> tokens [...] int64. ``noise`` [..., V]: uniforms in (0, 1) (float64 preferred).
+    ``seed=`` draws the noise inside the backend (Philox, spec §1.4), ``generator=`` in torch.
+    ``validate=False`` skips the O(V) value checks (NaN/inf/empty rows) for callers that pass the output of
+    ``process_logits`` unchanged; shapes and types are still checked and the kernels still bounds-check.
     """
     check_tensor("logp", logp, min_ndim=1)
-    check_logp("logp", logp)
+    if validate:
+        check_logp("logp", logp)
     plan = NoisePlan(generator, seed)
     u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
     return resolve("sample_categorical", backend, logp.device)(logp, u, plan.seed)
@@ -101,14 +106,18 @@ def gumbel_topk(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    validate: bool = True,
 ) -> GumbelTopK:
     """Gumbel-top-k: k draws without replacement, in draw order (spec §2.2).
 
     Shape: logp [..., V] -> tokens/valid/score [..., k]. Candidates with p = 0 (score -inf) or drawn after the
     remaining mass fell below 1e-7 are invalid (token -1). ``noise`` [..., V] uniforms in (0, 1).
+    ``validate=False`` skips the O(V) value checks (NaN/inf/empty rows) for callers that pass the output of
+    ``process_logits`` unchanged; shapes and types are still checked and the kernels still bounds-check.
     """
     check_tensor("logp", logp, min_ndim=1)
-    check_logp("logp", logp)
+    if validate:
+        check_logp("logp", logp)
     vocab = logp.shape[-1]
     if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
         raise ValueError(f"k must be an int in [0, V={vocab}], got {k!r}")
@@ -128,11 +137,14 @@ def sbs_step(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    validate: bool = True,
 ) -> SBSStep:
     """One stochastic-beam-search expansion with truncated Gumbels (spec §2.3).
 
     Shape: logp [B, Win, V] conditional draft log-probs of the beam entries, sigma/gamma [B, Win] (root: 0, 0),
     beam_valid [B, Win] bool -> SBSStep fields [B, Wout], sorted by descending gamma. ``noise`` [B, Win, V].
+    ``validate=False`` skips the O(V) value checks (NaN/inf/empty rows) for callers that pass the output of
+    ``process_logits`` unchanged; shapes and types are still checked and the kernels still bounds-check.
     """
     check_tensor("logp", logp, ndim=3)
     check_float("logp", logp)
@@ -144,11 +156,12 @@ def sbs_step(
     check_float("gamma", gamma)
     check_bool("beam_valid", beam_valid)
     check_same_device(logp=logp, sigma=sigma, gamma=gamma, beam_valid=beam_valid)
-    if beam_valid.numel() and not bool(beam_valid.any(dim=-1).all()):
-        raise ValueError("beam_valid must mark at least one valid beam entry per row")
-    check_logp("logp (valid beam entries)", logp, rows=beam_valid)
-    if bool(torch.isnan(sigma[beam_valid]).any() | torch.isnan(gamma[beam_valid]).any()):
-        raise ValueError("sigma and gamma must not be NaN for valid beam entries")
+    if validate:
+        if beam_valid.numel() and not bool(beam_valid.any(dim=-1).all()):
+            raise ValueError("beam_valid must mark at least one valid beam entry per row")
+        check_logp("logp (valid beam entries)", logp, rows=beam_valid)
+        if bool(torch.isnan(sigma[beam_valid]).any() | torch.isnan(gamma[beam_valid]).any()):
+            raise ValueError("sigma and gamma must not be NaN for valid beam entries")
     if isinstance(w_out, bool) or not isinstance(w_out, int) or not 1 <= w_out <= w_in * vocab:
         raise ValueError(f"w_out must be an int in [1, Win*V={w_in * vocab}], got {w_out!r}")
     plan = NoisePlan(generator, seed)
@@ -163,14 +176,18 @@ def spechub_sample(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    validate: bool = True,
 ) -> SpecHubDraft:
     """SpecHub's two drafts through the hub a = argmax p (spec §4.5).
 
     Shape: logp [..., V] -> tokens [..., 2], hub [...], valid [..., 2]. Store ``hub`` and pass it to the
     verifier; never recompute it. ``noise`` [..., V] uniforms in (0, 1).
+    ``validate=False`` skips the O(V) value checks (NaN/inf/empty rows) for callers that pass the output of
+    ``process_logits`` unchanged; shapes and types are still checked and the kernels still bounds-check.
     """
     check_tensor("logp", logp, min_ndim=1)
-    check_logp("logp", logp)
+    if validate:
+        check_logp("logp", logp)
     plan = NoisePlan(generator, seed)
     u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
     return SpecHubDraft(*resolve("spechub_sample", backend, logp.device)(logp, u, plan.seed))

@@ -34,13 +34,15 @@ def tree_mask(
     past_valid: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
     backend: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """4-D additive attention mask of a tree forward for HF models (spec §3.3).
 
     Shape: parent [B, N] (level order, node 0 = root), valid [B, N] bool, past_valid [B, past_len] bool
     (cache slots a row may attend; default all) -> mask [B, 1, N, past_len + N] in ``dtype``: 0 = attend,
     finfo(dtype).min = blocked. Node i sees the allowed past, its ancestors and itself; padding nodes see
-    only themselves.
+    only themselves. ``validate=False`` skips the tree-structure checks (level order, valid parents) for trees a
+    caller built itself; shapes and types are still checked and the kernels still bounds-check.
     """
     check_tensor("parent", parent, ndim=2)
     check_int("parent", parent)
@@ -60,7 +62,8 @@ def tree_mask(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype (the model's), got {dtype!r}")
     check_same_device(parent=parent, valid=valid, past_valid=past_valid)
-    _check_tree(parent, valid)
+    if validate:
+        _check_tree(parent, valid)
     return resolve("tree_mask", backend, parent.device)(parent.long(), valid, past_valid, dtype)
 
 

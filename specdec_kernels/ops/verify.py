@@ -279,6 +279,7 @@ def verify_tree(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    validate: bool = True,
 ) -> TreeVerdict:
     """Walk a batch of ragged draft trees and verify each visited node with ``method`` (spec §3.6).
 
@@ -288,7 +289,10 @@ def verify_tree(
     the node's candidates uses accept_u[:, node, j]; for kseq Kmax >= number of chains), final_noise [B, V].
     Returns accepted_nodes [B, L], n_accepted [B], next_token [B], accepted_rank [B, L] with L = max depth.
     ``kseq`` treats the tree as SpecTr chains: after accepting token t, the candidates are the children of all
-    alive chain nodes carrying t (spec §5.3).
+    alive chain nodes carrying t (spec §5.3). ``validate=False`` skips the O(N V) value checks (laws sum to 1,
+    drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for callers that built
+    the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and types are still checked
+    and the kernels still bounds-check.
     """
     method = check_method(method)
     check_tensor("tokens", tokens, ndim=2)
@@ -308,17 +312,16 @@ def verify_tree(
         raise ValueError(f"q_rows must have shape (B, N, V) = ({batch}, {n}, V), got {tuple(q_rows.shape)}")
     vocab = q_rows.shape[-1]
     check_same_device(tokens=tokens, parent=parent, valid=valid, p_rows=p_rows, q_rows=q_rows, hub=hub)
-    _check_tree(parent, valid)
-    _check_tokens("tokens", tokens, valid, vocab)
+    if validate:
+        _check_tree(parent, valid)
+        _check_tokens("tokens", tokens, valid, vocab)
     par = parent.clamp_min(0).long()
     child = valid.clone()
     child[:, 0] = False
     counts = torch.zeros((batch, n), dtype=torch.long, device=tokens.device)
     counts.scatter_add_(1, par, child.long())
     internal = counts > 0
-    if greedy:
-        check_logp("q_rows (valid nodes)", q_rows, rows=valid)
-    else:
+    if not greedy:
         if p_rows is None:
             raise ValueError("p_rows is required unless greedy=True")
         check_tensor("p_rows", p_rows, ndim=3)
@@ -328,37 +331,17 @@ def verify_tree(
                 f"p_rows and q_rows must share the vocabulary size, got {p_rows.shape[-1]} and {vocab} "
                 "(draft and target vocabularies differ?)"
             )
-        check_probs("q_rows (valid nodes)", q_rows, rows=valid)
-        check_probs("p_rows (internal nodes)", p_rows, rows=internal)
-        # p_rows[b, parent[b, n], tokens[b, n]]: one element per node (flattened index, no [B, N, V] copy)
-        flat = par * vocab + tokens.clamp(0, vocab - 1)
-        drafted_p = torch.gather(p_rows.reshape(batch, n * vocab), 1, flat)
-        if bool((child & (drafted_p <= 0)).any()):
-            raise ValueError(
-                "a draft node's token has zero probability under p_rows of its parent; p_rows must be the exact "
-                "draft laws the children were sampled from (spec §1.3)"
-            )
     max_children = int(counts.max()) if counts.numel() else 0
     if method == "sd" and max_children > 1:
         raise ValueError(f"method 'sd' allows at most one child per node, found a node with {max_children}")
-    if method == "spechub":
-        if max_children > 2:
-            raise ValueError(f"method 'spechub' supports at most two children per node, found {max_children}")
-        if not greedy:
-            if hub is None:
-                raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
-            check_tensor("hub", hub, ndim=2)
-            check_int("hub", hub)
-            check_shape("hub", hub, (batch, n))
-            _check_hub_pairs(tokens, par, child, counts, hub)
-    elif hub is not None:
+    if method == "spechub" and max_children > 2:
+        raise ValueError(f"method 'spechub' supports at most two children per node, found {max_children}")
+    if method != "spechub" and hub is not None:
         raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
-    if method == "rrsw":
-        sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])
-        dup = sib & (tokens[:, :, None] == tokens[:, None, :])
-        dup &= ~torch.eye(n, dtype=torch.bool, device=tokens.device)
-        if bool(dup.any()):
-            raise ValueError("tokens: method 'rrsw' needs distinct siblings (drafted without replacement)")
+    if validate:
+        _check_tree_values(tokens, par, child, counts, internal, valid, p_rows, q_rows, method, hub, greedy)
+    elif method == "spechub" and not greedy and hub is None:
+        raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
     kmax = int(counts[:, 0].max()) if method == "kseq" else max_children
     if accept_u is not None:
         check_tensor("accept_u", accept_u, ndim=3)
@@ -378,6 +361,51 @@ def verify_tree(
     return TreeVerdict(
         *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
     )
+
+
+def _check_tree_values(
+    tokens: torch.Tensor,
+    par: torch.Tensor,
+    child: torch.Tensor,
+    counts: torch.Tensor,
+    internal: torch.Tensor,
+    valid: torch.Tensor,
+    p_rows: torch.Tensor | None,
+    q_rows: torch.Tensor,
+    method: str,
+    hub: torch.Tensor | None,
+    greedy: bool,
+) -> None:
+    """verify_tree's O(N V) value checks: laws, drafted tokens with p > 0, hub pairs, distinct rrsw siblings."""
+    batch, n = tokens.shape
+    vocab = q_rows.shape[-1]
+    if greedy:
+        check_logp("q_rows (valid nodes)", q_rows, rows=valid)
+    else:
+        assert p_rows is not None
+        check_probs("q_rows (valid nodes)", q_rows, rows=valid)
+        check_probs("p_rows (internal nodes)", p_rows, rows=internal)
+        # p_rows[b, parent[b, n], tokens[b, n]]: one element per node (flattened index, no [B, N, V] copy)
+        flat = par * vocab + tokens.clamp(0, vocab - 1)
+        drafted_p = torch.gather(p_rows.reshape(batch, n * vocab), 1, flat)
+        if bool((child & (drafted_p <= 0)).any()):
+            raise ValueError(
+                "a draft node's token has zero probability under p_rows of its parent; p_rows must be the exact "
+                "draft laws the children were sampled from (spec §1.3)"
+            )
+    if method == "spechub" and not greedy:
+        if hub is None:
+            raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
+        check_tensor("hub", hub, ndim=2)
+        check_int("hub", hub)
+        check_shape("hub", hub, (batch, n))
+        _check_hub_pairs(tokens, par, child, counts, hub)
+    if method == "rrsw":
+        sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])
+        dup = sib & (tokens[:, :, None] == tokens[:, None, :])
+        dup &= ~torch.eye(n, dtype=torch.bool, device=tokens.device)
+        if bool(dup.any()):
+            raise ValueError("tokens: method 'rrsw' needs distinct siblings (drafted without replacement)")
 
 
 def _check_hub_pairs(

@@ -78,11 +78,15 @@ class TreeBuilder(ABC):
             live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
             if not bool(live.any()):
                 break
-            if bool(torch.isnan(logits[live]).any()):
-                raise ValueError(f"the draft ({drafter.name}) produced NaN logits; NaN logits are rejected")
-            # Rows without a proposal are zeroed so that processing never sees an all -inf row.
-            logits = torch.where(live[..., None], logits, torch.zeros((), dtype=logits.dtype))
-            logp = None if sampling.greedy else sampling.process(logits)
+            if not bool(live.all()):
+                # Rows without a proposal are zeroed so that processing never sees an all -inf row.
+                logits = torch.where(live[..., None], logits, torch.zeros((), dtype=logits.dtype))
+            if sampling.greedy:  # sampling mode: process() rejects NaN logits
+                logp = None
+                if bool(torch.isnan(logits).any()):
+                    raise ValueError(f"{drafter.name} produced NaN logits; NaN logits are rejected")
+            else:
+                logp = sampling.process(logits, drafter.name)
             kids = self.expand(tree, lo, hi, logits, logp, live, sampling.greedy, generator)
             if logp is not None:
                 tree.set_level_laws(logp.exp(), kids.hub)
@@ -135,7 +139,7 @@ def iid_children(
         return tokens, valid
     assert logp is not None
     # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape (one Philox row per copy).
-    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), seed=op_seed(generator))
+    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), seed=op_seed(generator), validate=False)
     return tokens, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
 
 

@@ -57,9 +57,9 @@ class BeamTreeBuilder(TreeBuilder):
         else:
             assert logp is not None
             rows = live.any(dim=1).nonzero().squeeze(1)
-            step = sk.sbs_step(
-                logp[rows], self.sigma[rows], self.gamma[rows], live[rows], w_out, seed=op_seed(generator)
-            )
+            sigma_in, gamma_in = self.sigma[rows], self.gamma[rows]
+            seed = op_seed(generator)
+            step = sk.sbs_step(logp[rows], sigma_in, gamma_in, live[rows], w_out, seed=seed, validate=False)
             slot[rows], tokens[rows], valid[rows] = step.parent_slot, step.tokens.clamp_min(0), step.valid
             sigma[rows], gamma[rows] = step.sigma, step.gamma
         # Regroup by parent; invalid entries go last. Stable, so siblings keep descending scores (draft order).

@@ -25,6 +25,6 @@ class SpecHubBuilder(StaticTreeBuilder):
             tokens, valid = greedy_topk(logits, k)
             return tokens, valid, None
         assert logp is not None
-        draw = sk.spechub_sample(logp, seed=op_seed(generator))
+        draw = sk.spechub_sample(logp, seed=op_seed(generator), validate=False)
         # The hub is stored per node and reused by the verifier, never recomputed (spec §13.2 item 12).
         return draw.tokens[..., :k], draw.valid[..., :k], draw.hub

@@ -44,5 +44,5 @@ class SWORTreeBuilder(StaticTreeBuilder):
             tokens, valid = greedy_topk(logits, k)
             return tokens, valid, None
         assert logp is not None
-        draw = sk.gumbel_topk(logp, k, seed=op_seed(generator))
+        draw = sk.gumbel_topk(logp, k, seed=op_seed(generator), validate=False)
         return draw.tokens, draw.valid, None
