@@ -143,7 +143,10 @@ class HFCausalLM:
         block_valid: torch.Tensor,
         want: torch.Tensor | None,
     ) -> torch.Tensor | None:
-        """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] fp32 at ``want`` rows (else 0)."""
+        """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] at ``want`` rows (else 0).
+
+        Logits keep the head's dtype: process_logits widens bf16/fp16 exactly, so a separate fp32 copy would only
+        cost a pass over the vocabulary."""
         out = self.base(
             input_ids=tokens,
             attention_mask=mask,
@@ -157,17 +160,17 @@ class HFCausalLM:
         hidden = out.last_hidden_state
         # NaN logits are caught where the logits are processed (one pass there instead of one more here).
         if bool(want.all()):
-            return self.head(hidden).float()
-        logits = torch.zeros((*tokens.shape, self.vocab_size), dtype=torch.float32, device=tokens.device)
-        if bool(want.any()):
-            logits[want] = self.head(hidden[want]).float()
+            return self.head(hidden)
+        rows = self.head(hidden[want])
+        logits = torch.zeros((*tokens.shape, self.vocab_size), dtype=rows.dtype, device=tokens.device)
+        logits[want] = rows
         return logits
 
     def forward_chain(self, state: KVState, chains: list[list[int]], *, last_logits: bool) -> torch.Tensor | None:
         """Append each row's ``chains[b]`` (committed tokens, possibly empty) to the cache.
 
-        Shape: returns logits [B, V] fp32 of the last token of every chain when ``last_logits`` (every chain must
-        then be non-empty), else None.
+        Shape: returns logits [B, V] (head dtype) of the last token of every chain when ``last_logits`` (every
+        chain must then be non-empty), else None.
         """
         batch = state.batch
         lens = torch.tensor([len(c) for c in chains], dtype=torch.long, device=self.device)
@@ -206,8 +209,8 @@ class HFCausalLM:
         """Target evaluation of a batch of draft trees whose root is NOT cached yet (spec §3.5).
 
         Shape: tokens/parent/depth [B, N] (node 0 = root = each row's last committed token), valid [B, N] bool
-        -> logits [B, N, V] fp32 (valid nodes; zero rows for padding). Node n lands in slot S + n (S = cache
-        length before the call); the root's position is n_cached, node n's position n_cached + depth[n].
+        -> logits [B, N, V] in the head dtype (valid nodes; zero rows for padding). Node n lands in slot S + n
+        (S = cache length before the call); the root's position is n_cached, node n's position n_cached + depth[n].
         """
         past = state.length
         mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype)
@@ -231,7 +234,7 @@ class HFCausalLM:
 
         Shape: tokens/parent/valid/depth [B, >= hi]; the root (node 0) is a committed cached token; nodes
         1..lo-1 sit in slots base .. base+lo-2 (``base`` = cache length right after the root's block) and node n
-        goes to slot base + n - 1. Returns logits [B, hi - lo, V] fp32 of the new nodes (valid ones).
+        goes to slot base + n - 1. Returns logits [B, hi - lo, V] (head dtype) of the new nodes (valid ones).
         """
         if state.length != base + lo - 1:
             raise RuntimeError(f"draft cache holds {state.length} slots, expected {base + lo - 1} before level {lo}")
