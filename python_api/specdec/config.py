@@ -16,7 +16,7 @@ import torch
 
 import specdec_kernels as sk
 
-METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub")
+METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
 
 # Which node verifier of specdec_kernels.verify_tree each decoder uses (spec §5).
 VERIFIER = {
@@ -27,6 +27,7 @@ VERIFIER = {
     "rsd_s": "rrsw",
     "spectr": "kseq",
     "spechub": "spechub",
+    "specdec_pp": "sd",  # SD chains of adaptive length (spec §7)
 }
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -38,6 +39,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "rsd_s": {"beam_width": 2, "draft_length": 3},
     "spectr": {"num_chains": 2, "draft_length": 3},
     "spechub": {"branching": (2, 2)},
+    "specdec_pp": {"draft_length": 20},  # the hard cap of the paper's runs (spec §7.4)
 }
 _ALLOWED = {
     "ar": set(),
@@ -48,6 +50,7 @@ _ALLOWED = {
     "rsd_s": {"beam_width", "draft_length"},
     "spectr": {"num_chains", "draft_length"},
     "spechub": {"branching", "parents"},
+    "specdec_pp": {"draft_length"},
 }
 
 
@@ -96,6 +99,8 @@ class MethodConfig:
             return "ar"
         if self.method == "sd":
             return f"sd(L={self.draft_length})"
+        if self.method == "specdec_pp":
+            return f"specdec_pp(cap={self.draft_length})"
         if self.method == "rsd_s":
             return f"rsd_s(W={self.beam_width},L={self.draft_length})"
         if self.method == "spectr":
@@ -115,11 +120,12 @@ def make_method(
     num_chains: int | None = None,
 ) -> MethodConfig:
     """Validate ``method`` and its tree parameters; fill defaults (sd L=4, trees b=(2,2), rsd_s W=2 L=3,
-    spectr K=2 L=3).
+    spectr K=2 L=3, specdec_pp cap 20).
 
     ar: none. sd: ``draft_length``. rrs, rrsw, spechub: ``branching`` (children per level) or ``parents`` (a
     level-order parent list; spechub allows at most 2 children per node). rsd_c: ``branching``. rsd_s:
-    ``beam_width``, ``draft_length``. spectr: ``num_chains`` (K), ``draft_length`` (L).
+    ``beam_width``, ``draft_length``. spectr: ``num_chains`` (K), ``draft_length`` (L). specdec_pp:
+    ``draft_length`` = the hard cap of the adaptive chain (the decoder also needs an acceptance head).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -181,7 +187,7 @@ def make_method(
                 counts[par] = counts.get(par, 0) + 1
             if max(counts.values()) > 2:
                 raise ValueError("parents for method 'spechub' must give every node at most 2 children (binary trees)")
-    if method == "sd":
+    if method in ("sd", "specdec_pp"):
         tree = sk.chain_parents(opts["draft_length"])
     elif method == "spectr":
         tree = sk.kseq_chain_parents(opts["num_chains"], opts["draft_length"])

@@ -23,8 +23,9 @@ import specdec_kernels as sk
 
 from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
+from .decoders.adaptive import AdaptiveStop
 from .decoders.base import op_seed
-from .drafting import Drafter, ModelDrafter, NGramDrafter
+from .drafting import Drafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree
@@ -45,12 +46,22 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-def _as_drafter(draft: Any, target: HFCausalLM, method: str) -> Drafter | None:
+def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = False) -> Drafter | None:
     if method == "ar":
         return None
     if draft is None:
         raise ValueError(f"draft is required for method {method!r}: pass a draft model, a Drafter or 'ngram'")
-    if isinstance(draft, Drafter):
+    if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
+        if isinstance(draft, HiddenStateDrafter):
+            drafter: Drafter = draft
+        elif isinstance(draft, (Drafter, str)):
+            raise ValueError(
+                f"head= needs a neural draft model (its hidden states feed the head), got {draft!r}; pass the HF "
+                "draft model itself"
+            )
+        else:
+            drafter = HiddenStateDrafter(draft, name="draft")
+    elif isinstance(draft, Drafter):
         drafter = draft
     elif isinstance(draft, str):
         if draft != "ngram":
@@ -126,6 +137,9 @@ def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[list[int]]
     return prompts
 
 
+DEFAULT_THRESHOLD = 0.7  # SpecDec++ stopping threshold h when head= is given without threshold=
+
+
 class SpeculativeDecoder:
     """A target model, a drafter and a decoding method, reusable across ``generate`` calls.
 
@@ -133,7 +147,10 @@ class SpeculativeDecoder:
     ``draft``: an HF model of the same vocabulary, any :class:`~specdec.drafting.Drafter`, the string
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. Method parameters: see
     :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
-    ``num_chains``). ``last_stats`` holds the statistics of the latest call.
+    ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default 0.7) make the draft
+    depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++ spec §7; with a tree method it stops
+    growing the tree once the best path's predicted rejection risk exceeds h). ``last_stats`` holds the statistics
+    of the latest call.
     """
 
     def __init__(
@@ -147,6 +164,8 @@ class SpeculativeDecoder:
         parents: Sequence[int] | None = None,
         beam_width: int | None = None,
         num_chains: int | None = None,
+        head: Any = None,
+        threshold: float | None = None,
     ) -> None:
         self.config: MethodConfig = make_method(
             method,
@@ -156,9 +175,21 @@ class SpeculativeDecoder:
             beam_width=beam_width,
             num_chains=num_chains,
         )
+        if method == "specdec_pp" and head is None:
+            raise ValueError(
+                "method 'specdec_pp' needs head= (an acceptance head, e.g. specdec.train.load_head("
+                "'smollm2-distill-head')[0], or any callable hidden [..., H] -> Phat)"
+            )
+        if head is not None and method == "ar":
+            raise ValueError("head= (adaptive draft depth) needs a drafting method, got method 'ar'")
+        if threshold is not None and head is None:
+            raise ValueError("threshold= is the acceptance head's stopping threshold h: pass head= too")
         self.target = target if isinstance(target, HFCausalLM) else HFCausalLM(target, name="target")
-        self.drafter = _as_drafter(draft, self.target, method)
+        self.drafter = _as_drafter(draft, self.target, method, hidden=head is not None)
         self.builder = make_builder(self.config)
+        if head is not None:
+            assert self.builder is not None
+            self.builder.stop_rule = AdaptiveStop(head, DEFAULT_THRESHOLD if threshold is None else threshold)
         self.last_stats: GenerationStats | None = None
 
     def generate(
@@ -388,6 +419,8 @@ def generate(
     parents: Sequence[int] | None = None,
     beam_width: int | None = None,
     num_chains: int | None = None,
+    head: Any = None,
+    threshold: float | None = None,
     **kwargs: Any,
 ) -> GenerationOutput:
     """One-shot speculative generation: ``SpeculativeDecoder(target, draft, method=..., ...).generate(...)``.
@@ -405,5 +438,7 @@ def generate(
         parents=parents,
         beam_width=beam_width,
         num_chains=num_chains,
+        head=head,
+        threshold=threshold,
     )
     return decoder.generate(input_ids, attention_mask, **kwargs)

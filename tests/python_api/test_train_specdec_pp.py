@@ -79,7 +79,7 @@ def test_stopping_rule_varies_the_length():
         dec = SpecDecPPDecoder(target, draft, random_head(32, 2), threshold=h, max_draft_length=4)
         ids, mask = left_pad([PROMPTS[i % 2] for i in range(64)])
         dec.generate(ids, mask, max_new_tokens=5, temperature=TEMPERATURE, seed=0)
-        lengths = dec.builder.round_lengths[0]  # the first round may draft up to the cap (enough room)
+        lengths = dec.builder.stop_rule.round_lengths[0]  # the first round may draft up to the cap (enough room)
         seen.update(lengths)
         if h == 0.0:
             # The first candidate is never predicted, so even h = 0 drafts two before stopping.
@@ -109,7 +109,7 @@ def test_bad_specdec_pp_inputs():
     with pytest.raises(ValueError, match=r"threshold must lie in \[0, 1\]"):
         SpecDecPPDecoder(target, draft, random_head(32, 0), threshold=1.5)
     other = tiny_llama(0, vocab=VOCAB + 4, hidden=32)
-    with pytest.raises(ValueError, match="differs from target vocab_size"):
+    with pytest.raises(ValueError, match="differs from the target"):
         SpecDecPPDecoder(other, draft, random_head(32, 0))
     with pytest.raises(ValueError, match="depth must be >= 0"):
         AcceptanceHead(8, -1)

@@ -18,6 +18,7 @@ _BUILDERS: dict[str, type[TreeBuilder]] = {
     "rsd_s": BeamTreeBuilder,
     "spectr": SpecTrBuilder,
     "spechub": SpecHubBuilder,
+    "specdec_pp": ChainBuilder,  # + decoders.adaptive.AdaptiveStop, attached by SpeculativeDecoder
 }
 
 

@@ -9,7 +9,7 @@ the raw draft logits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -38,6 +38,8 @@ class TreeBuilder(ABC):
         self.config = config
         self.verifier = config.verifier
         self.depth = config.depth
+        # Optional per-row early stop from an acceptance head (decoders.adaptive.AdaptiveStop); None = fixed depth.
+        self.stop_rule: Any = None
 
     def reset(self, batch: int, device: torch.device) -> None:  # noqa: B027 (optional hook)
         """Per-round state (beam scores for RSD-S); nothing for static trees."""
@@ -71,11 +73,16 @@ class TreeBuilder(ABC):
         if depth < 1:
             return tree
         self.reset(tree.batch, tree.device)
+        rule = self.stop_rule
+        if rule is not None:
+            rule.start(tree, drafter)
         out = drafter.propose_root(committed)
         for level in range(depth):
             lo, hi = tree.levels[-1]
             logits = out.logits.to(tree.device)
             live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
+            if rule is not None:
+                live = rule.live(level, tree, lo, hi, live, drafter)
             if not bool(live.any()):
                 break
             if not bool(live.all()):
@@ -93,8 +100,14 @@ class TreeBuilder(ABC):
             if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
                 break
             new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
-            if level + 1 < depth:
-                out = drafter.propose_level(tree, new_lo, new_hi)
+            more = level + 1 < depth
+            if rule is not None:
+                more = rule.keep_drafting(kids.valid) and more
+            if not more:
+                break
+            out = drafter.propose_level(tree, new_lo, new_hi)
+        if rule is not None:
+            rule.finish()
         return tree
 
 
