@@ -105,15 +105,8 @@ def test_sbs_step_matches_reference(vocab, w_in, w_out):
     """Integer outputs identical, sigma bitwise (one float64 addition), gamma within 1e-12 (float64 transcendental
     functions of CUDA vs SLEEF); includes invalid beam entries and a flattened-truncation parent (Gamma << Z)."""
     gen = torch.Generator().manual_seed(vocab + w_in)
-    batch = 4
-    logp = torch.log_softmax(torch.randn(batch, w_in, vocab, generator=gen) * 2.5, -1)
-    sigma = -5 * torch.rand(batch, w_in, generator=gen, dtype=torch.float64)
-    gamma = torch.sort(3 * torch.randn(batch, w_in, generator=gen, dtype=torch.float64), -1, descending=True).values
-    gamma[-1, 0] = -60.0  # psi rounds to gamma for many children: ties resolved by index
-    valid = torch.rand(batch, w_in, generator=gen) < 0.8
-    valid[:, 0] = True
-    args = [t.to(DEV) for t in (logp, sigma, gamma, valid)]
-    u = _u((batch, w_in, vocab), gen)
+    args = _sbs_args(vocab, w_in, vocab + w_in)
+    u = _u((4, w_in, vocab), gen)
     ra = sk.sbs_step(*args, w_out, noise=u, backend="torch")
     rb = sk.sbs_step(*args, w_out, noise=u, backend="cuda")
     assert torch.equal(ra.parent_slot, rb.parent_slot) and torch.equal(ra.tokens, rb.tokens)

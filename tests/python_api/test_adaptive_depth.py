@@ -13,11 +13,8 @@ import numpy as np
 import pytest
 import specdec
 import torch
-from specdec.config import SamplingConfig
-from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, exact_law, random_head, reduced_draft
+from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law, random_head, reduced_draft
 from tiny_models import left_pad, reference_greedy, tiny_llama
-
-from specdec_kernels.testing.stats import law_check
 
 TREES = [("rsd_c", {"branching": (2, 2, 1)}), ("rsd_s", {"beam_width": 2, "draft_length": 3})]
 
@@ -32,12 +29,7 @@ def test_adaptive_tree_keeps_the_target_law(method, kw):
     out = dec.generate(ids, mask, max_new_tokens=4, temperature=TEMPERATURE, seed=11)
     lengths = [x for r in dec.builder.stop_rule.round_lengths for x in r]
     assert min(lengths) < dec.config.depth  # the rule did stop some trees early
-    first_two = np.array([t[:2] for t in out.new_tokens])
-    for i, prompt in enumerate(PROMPTS):
-        counts = np.zeros((VOCAB, VOCAB))
-        np.add.at(counts, (first_two[i::2, 0], first_two[i::2, 1]), 1)
-        check = law_check(counts, exact_law(target, prompt, SamplingConfig(temperature=TEMPERATURE)), max_tv=0.08)
-        assert check.ok, check
+    assert_first_two_law(target, out.new_tokens)
 
 
 @pytest.mark.parametrize(("method", "kw"), [*TREES, ("specdec_pp", {"draft_length": 5})])
