@@ -5,9 +5,12 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "specdec/common.h"
 
@@ -83,6 +86,54 @@ inline void philox_fill_span(double* out, int64_t lo, int64_t hi, uint64_t seed,
     o[2 * t + 1] = to_u(c2, c3);
   }
   if (j0 + full < j1) out[hi - 1] = philox_uniform(seed, purpose, row, static_cast<uint64_t>(hi - 1));  // odd tail
+}
+
+// Philox uniforms of one row where lp is finite; masked tokens (-inf) get 0.5, which never matters: their race
+// score is -inf whatever the noise. Top-k/top-p laws and reduced-vocabulary drafts mask most of the vocabulary, so
+// this draws a fraction of the row; dense rows fall back to the pairwise fill. idx: scratch.
+template <typename T>
+void philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row,
+                        std::vector<int64_t>& idx) {
+  idx.resize(n);
+  int64_t m = 0;
+  for (int64_t v = 0; v < n; ++v) {  // branch-free compaction
+    idx[m] = v;
+    m += static_cast<double>(lp[v]) != -INFINITY;
+  }
+  if (3 * m > n) {  // one Philox call per element below vs one per pair here
+    philox_fill_span(out, 0, n, seed, purpose, row);
+    return;
+  }
+  std::fill(out, out + n, 0.5);
+  uint32_t ka[10], kb[10];
+  ka[0] = static_cast<uint32_t>(seed);
+  kb[0] = static_cast<uint32_t>(seed >> 32);
+  for (int r = 1; r < 10; ++r) {
+    ka[r] = ka[r - 1] + 0x9E3779B9u;
+    kb[r] = kb[r - 1] + 0xBB67AE85u;
+  }
+  const uint32_t r0 = static_cast<uint32_t>(row), r1 = static_cast<uint32_t>(row >> 32);
+  const int64_t* ids = idx.data();
+#pragma omp simd
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t v = ids[t];
+    uint32_t c0 = static_cast<uint32_t>(v >> 1), c1 = r0, c2 = r1, c3 = purpose;
+    for (int r = 0; r < 10; ++r) {
+      const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+      const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ ka[r];
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ kb[r];
+      c1 = static_cast<uint32_t>(p1);
+      c3 = static_cast<uint32_t>(p0);
+      c0 = n0;
+      c2 = n2;
+    }
+    const uint32_t a = (v & 1) ? c2 : c0, b = (v & 1) ? c3 : c1;
+    const uint64_t bits = ((static_cast<uint64_t>(a >> 12) << 32) | b) | 0x4330000000000000ull;
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    out[v] = (d - 4503599627370496.0 + 0.5) * 2.220446049250313e-16;
+  }
 }
 
 // Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument is

@@ -12,18 +12,34 @@
 namespace specdec::cpu {
 namespace {
 
-// Rows of a [..., V] float tensor and its float64 noise, both contiguous.
+// Rows of a [..., V] float tensor and its float64 noise, both contiguous; without a noise tensor the rows draw
+// their Philox noise themselves (noise_row).
 struct Rows {
   at::Tensor data, noise;
   int64_t rows, vocab;
+  uint64_t seed;
+  const double* u() const { return noise.defined() ? noise.const_data_ptr<double>() : nullptr; }
 };
 
 Rows as_rows(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed) {
   check_cpu(logp, "logp");
   TORCH_CHECK(at::isFloatingType(logp.scalar_type()), "logp must be floating, got ", logp.scalar_type());
   TORCH_CHECK(logp.dim() >= 1 && logp.size(-1) > 0, "logp must be [..., V] with V > 0, got ", logp.sizes());
+  TORCH_CHECK(seed >= 0, "seed must be >= 0, got ", seed);
   const int64_t vocab = logp.size(-1);
-  return {widen(logp), noise_or_philox(noise, logp.sizes(), seed, kDraftNoise, "noise"), logp.numel() / vocab, vocab};
+  at::Tensor u;
+  if (noise.has_value()) u = noise_or_philox(noise, logp.sizes(), seed, kDraftNoise, "noise");
+  return {widen(logp), u, logp.numel() / vocab, vocab, static_cast<uint64_t>(seed)};
+}
+
+// Noise of row i: the caller's, or the row's Philox stream drawn into this thread's scratch (finite entries only).
+template <typename T>
+const double* noise_row(const double* u, const T* lp, int64_t vocab, int64_t i, uint64_t seed,
+                        std::vector<double>& scratch, std::vector<int64_t>& idx) {
+  if (u != nullptr) return u + i * vocab;
+  scratch.resize(vocab);
+  philox_fill_finite(scratch.data(), lp, vocab, seed, kDraftNoise, static_cast<uint64_t>(i), idx);
+  return scratch.data();
 }
 
 std::vector<int64_t> lead_shape(const at::Tensor& t, int64_t last) {
@@ -33,20 +49,33 @@ std::vector<int64_t> lead_shape(const at::Tensor& t, int64_t last) {
 }
 
 template <typename T>
-void sample_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int64_t* out) {
-#pragma omp parallel for num_threads(omp_threads(rows, rows * vocab)) schedule(static)
-  for (int64_t i = 0; i < rows; ++i) out[i] = sample_categorical_row(lp + i * vocab, u + i * vocab, vocab);
+void sample_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_t vocab, int64_t* out) {
+#pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
+  {
+    std::vector<double> scratch;
+    std::vector<int64_t> idx;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = lp + i * vocab;
+      out[i] = sample_categorical_row(row, noise_row(u, row, vocab, i, seed, scratch, idx), vocab);
+    }
+  }
 }
 
 template <typename T>
-void topk_rows(const T* lp, const double* u, int64_t rows, int64_t vocab, int64_t k, int64_t* tok, bool* val,
-               double* sc) {
+void topk_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_t vocab, int64_t k, int64_t* tok,
+               bool* val, double* sc) {
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
     std::vector<std::pair<double, int64_t>> heap(k > kTopkBuffer ? k : 0);
+    std::vector<double> scratch;
+    std::vector<int64_t> idx;
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < rows; ++i)
-      gumbel_topk_row(lp + i * vocab, u + i * vocab, vocab, k, tok + i * k, val + i * k, sc + i * k, heap.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      const T* row = lp + i * vocab;
+      const double* ui = noise_row(u, row, vocab, i, seed, scratch, idx);
+      gumbel_topk_row(row, ui, vocab, k, tok + i * k, val + i * k, sc + i * k, heap.data());
+    }
   }
 }
 
@@ -77,9 +106,8 @@ at::Tensor sample_categorical(const at::Tensor& logp, const std::optional<at::Te
   const Rows r = as_rows(logp, noise, seed);
   at::Tensor out = at::empty(lead_shape(logp, -1), logp.options().dtype(at::kLong));
   int64_t* o = out.mutable_data_ptr<int64_t>();
-  const double* u = r.noise.const_data_ptr<double>();
   AT_DISPATCH_FLOATING_TYPES(r.data.scalar_type(), "specdec_sample_categorical", [&] {
-    sample_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, o);
+    sample_rows(r.data.const_data_ptr<scalar_t>(), r.u(), r.seed, r.rows, r.vocab, o);
   });
   return out;
 }
@@ -95,9 +123,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& log
   int64_t* tok = tokens.mutable_data_ptr<int64_t>();
   bool* val = valid.mutable_data_ptr<bool>();
   double* sc = score.mutable_data_ptr<double>();
-  const double* u = r.noise.const_data_ptr<double>();
   AT_DISPATCH_FLOATING_TYPES(r.data.scalar_type(), "specdec_gumbel_topk", [&] {
-    topk_rows(r.data.const_data_ptr<scalar_t>(), u, r.rows, r.vocab, k, tok, val, sc);
+    topk_rows(r.data.const_data_ptr<scalar_t>(), r.u(), r.seed, r.rows, r.vocab, k, tok, val, sc);
   });
   return {tokens, valid, score};
 }
