@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..decoder import SpeculativeDecoder
+from ..decoder import DEFAULT_THRESHOLD, SpeculativeDecoder
 from ..drafting import HiddenStateDrafter
 
 __all__ = ["HiddenStateDrafter", "SpecDecPPDecoder"]
@@ -25,7 +25,7 @@ class SpecDecPPDecoder(SpeculativeDecoder):
     """
 
     def __init__(
-        self, target: Any, draft: Any, head: Any, *, threshold: float = 0.7, max_draft_length: int = 20
+        self, target: Any, draft: Any, head: Any, *, threshold: float = DEFAULT_THRESHOLD, max_draft_length: int = 20
     ) -> None:
         super().__init__(
             target, draft, method="specdec_pp", draft_length=max_draft_length, head=head, threshold=threshold
