@@ -167,24 +167,12 @@ def _longest_match_continuation(seq: np.ndarray, n: int) -> list[int]:
 
 
 class HiddenStateDrafter(ModelDrafter):
-    """A :class:`ModelDrafter` that keeps the final-norm output of its latest forward (``last_hidden`` [B, n, H]),
-    for acceptance heads (SpecDec++, spec §7; adaptive tree depth)."""
+    """A :class:`ModelDrafter` that exposes the final hidden state (after the final norm) of its latest forward,
+    ``last_hidden`` [B, n, H], for acceptance heads (SpecDec++, spec §7; adaptive tree depth)."""
 
-    def __init__(self, model: Any, *, name: str = "draft") -> None:
-        super().__init__(model, name=name)
-        hf = self.lm.model if hasattr(self.lm, "model") else model
-        inner = getattr(hf, "model", None)
-        norm = getattr(inner, "norm", None)
-        if not isinstance(norm, torch.nn.Module):
-            raise ValueError(
-                "an acceptance head needs the draft's final hidden state: expected an HF causal LM with "
-                f"model.model.norm (Llama/Mistral/Qwen2), got {type(hf).__name__}"
-            )
-        self.last_hidden: torch.Tensor | None = None
-        norm.register_forward_hook(self._keep)
-
-    def _keep(self, module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-        self.last_hidden = output.detach()
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        return self.lm.last_hidden
 
 
 class NGramDrafter(Drafter):

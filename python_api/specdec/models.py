@@ -123,6 +123,7 @@ class HFCausalLM:
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
+        self.last_hidden: torch.Tensor | None = None  # hidden state of the latest forward (see _run)
 
     def new_state(self, batch: int) -> KVState:
         """An empty cache for ``batch`` rows."""
@@ -155,9 +156,10 @@ class HFCausalLM:
             use_cache=True,
         )
         state.valid = torch.cat([state.valid, block_valid], dim=1)
+        hidden = out.last_hidden_state
+        self.last_hidden = hidden.detach()  # final-norm output [B, n, H], read by acceptance heads
         if want is None:
             return None
-        hidden = out.last_hidden_state
         # NaN logits are caught where the logits are processed (one pass there instead of one more here).
         if bool(want.all()):
             return self.head(hidden)
