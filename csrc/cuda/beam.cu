@@ -64,7 +64,7 @@ __global__ void kseq_gamma_kernel(const float* __restrict__ p, const float* __re
   const int kk = static_cast<int>(k[b]);
   double a, be, hi = 1.0;
   kseq_sums_d(p + b * V, q + b * V, 1.0, V, &a, &be);
-  if (kk > 1 && a - 1.0 + ::pow(1.0 - be, kk) < 0.0) {
+  if (kk > 1 && be < 1.0 - 1e-12 && a - 1.0 + ::pow(1.0 - be, kk) < 0.0) {  // p = q up to round-off: gamma = 1
     double lo = 1.0;
     hi = static_cast<double>(kk);
     for (int it = 0; it < 40; ++it) {

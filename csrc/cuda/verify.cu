@@ -80,7 +80,8 @@ __device__ void kseq_gamma_row(const float* p, const float* q, int k, int64_t V,
   double a, be;
   kseq_sums(p, q, 1.0, V, &a, &be);
   double hi = 1.0;
-  if (k > 1 && a - 1.0 + ::pow(1.0 - be, k) < 0.0) {
+  // p = q up to round-off (be >= 1 - 1e-12, reference KSEQ_EQUAL_TOL): gamma = 1
+  if (k > 1 && be < 1.0 - 1e-12 && a - 1.0 + ::pow(1.0 - be, k) < 0.0) {
     double lo = 1.0;
     hi = static_cast<double>(k);
     for (int it = 0; it < 40; ++it) {

@@ -593,7 +593,7 @@ def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
     h1 = a1 - 1.0 + _pow_int(1.0 - be1, k)
     lo = tl.full((), 1.0, tl.float64)
     hi = tl.full((), 1.0, tl.float64) * k
-    if (k <= 1) | (h1 >= 0.0):
+    if (k <= 1) | (be1 >= 1.0 - 1e-12) | (h1 >= 0.0):  # p = q up to round-off: gamma = 1 (reference KSEQ_EQUAL_TOL)
         hi = tl.full((), 1.0, tl.float64)
     else:
         for _ in range(0, 40):

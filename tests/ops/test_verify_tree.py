@@ -174,7 +174,14 @@ def test_p_equal_q_accepts_the_first_child_everywhere(seed: int, method: str, vo
             if not kids:
                 break
             node, depth = kids[0], depth + 1
-            assert int(res.accepted_nodes[b, depth - 1]) == node
+            got = int(res.accepted_nodes[b, depth - 1])
+            if method == "kseq":
+                # SpecTr chains that carry the same tokens are interchangeable: the accepted path may run through a
+                # duplicate chain (rebuilt parent-consistently from its last node), so compare tokens, not node ids
+                assert int(tokens[b, got]) == int(tokens[b, node])
+                assert int(parent[b, got]) == (0 if depth == 1 else int(res.accepted_nodes[b, depth - 2]))
+            else:
+                assert got == node
         assert int(res.n_accepted[b]) == depth
         assert (res.accepted_rank[b, :depth] == 0).all()
         assert int(res.next_token[b]) >= 0

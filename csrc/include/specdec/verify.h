@@ -264,6 +264,8 @@ inline int64_t kseq_fold(double* mp, double* mq, int64_t n, double g, bool up, d
 // for the whole bracket [lo, hi] is folded into two running sums (kseq_fold) and dropped, so each step only
 // visits the tokens whose ratio q/p lies inside the bracket: about 2V terms in all instead of 41V. The sums differ
 // from the reference's by round-off only.
+constexpr double kKseqEqualTol = 1e-12;  // sum_v min(p, q) >= 1 - tol: gamma* = 1 (reference KSEQ_EQUAL_TOL)
+
 template <typename S>
 void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* gamma, double* beta_out) {
   const double kd = static_cast<double>(k);
@@ -273,7 +275,8 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
     const double pv = static_cast<double>(p[v]), qv = static_cast<double>(q[v]);
     a1 += pv < qv ? pv : qv;
   }
-  if (k <= 1 || a1 - 1.0 + std::pow(1.0 - a1, kd) >= 0.0) {
+  // p = q up to round-off (kKseqEqualTol, as the reference): gamma* = 1, not 1 + ulp^(1/K)
+  if (k <= 1 || a1 >= 1.0 - kKseqEqualTol || a1 - 1.0 + std::pow(1.0 - a1, kd) >= 0.0) {
     *gamma = 1.0;
     *beta_out = a1;
     return;
