@@ -46,9 +46,7 @@ FINAL = tl.constexpr(_rng.FINAL)  # final (corrected / bonus) sample
 def _seed_args(seed: int) -> tuple[int, int]:
     """The key words (seed mod 2**32, seed >> 32) as signed 32-bit values, so every seed launches the same
     "i32" kernel signature (the kernels reinterpret them as uint32)."""
-    seed = int(seed)
-    if not 0 <= seed < _rng.SEED_LIMIT:
-        raise ValueError(f"seed must be in [0, 2**63), got {seed}")
+    seed = _rng.check_seed(int(seed))
     lo, hi = seed & 0xFFFFFFFF, seed >> 32
     return lo - (1 << 32) if lo >= 1 << 31 else lo, hi
 

@@ -119,15 +119,4 @@ SPECDEC_HD double philox_uniform(uint64_t seed, uint32_t purpose, uint64_t row, 
   return (index & 1) ? philox_u52(c[2], c[3]) : philox_u52(c[0], c[1]);
 }
 
-// Noise row `row` of stream (seed, purpose), n elements: one Philox call per pair of elements.
-SPECDEC_HD void philox_fill_row(double* out, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row) {
-  for (int64_t j = 0; 2 * j < n; ++j) {
-    uint32_t c[4] = {static_cast<uint32_t>(j), static_cast<uint32_t>(row), static_cast<uint32_t>(row >> 32),
-                     purpose};
-    philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-    out[2 * j] = philox_u52(c[0], c[1]);
-    if (2 * j + 1 < n) out[2 * j + 1] = philox_u52(c[2], c[3]);
-  }
-}
-
 }  // namespace specdec
