@@ -25,7 +25,7 @@ from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
 from .decoders.adaptive import AdaptiveStop
 from .decoders.base import op_seed
-from .drafting import Drafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
+from .drafting import Drafter, FeatureDrafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree
@@ -52,6 +52,11 @@ def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = F
     if draft is None:
         raise ValueError(f"draft is required for method {method!r}: pass a draft model, a Drafter or 'ngram'")
     if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
+        if getattr(draft, "reads_target_features", False):
+            raise ValueError(
+                "head= (adaptive depth) is not supported with a feature draft (EAGLE-style, it reads the target's "
+                "hidden states); use a plain draft model such as specdec.train.load_draft('smollm2-distill')"
+            )
         if isinstance(draft, HiddenStateDrafter):
             drafter: Drafter = draft
         elif isinstance(draft, (Drafter, str)):
@@ -63,6 +68,8 @@ def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = F
             drafter = HiddenStateDrafter(draft, name="draft")
     elif isinstance(draft, Drafter):
         drafter = draft
+    elif getattr(draft, "reads_target_features", False):
+        drafter = FeatureDrafter(draft, name="draft")
     elif isinstance(draft, str):
         if draft != "ngram":
             raise ValueError(f"draft must be a model, a Drafter or the string 'ngram', got {draft!r}")
@@ -279,6 +286,7 @@ class SpeculativeDecoder:
         state = target.new_state(batch)
         if drafter is not None:
             drafter.start(prompts)
+        feature_drafter = drafter if drafter is not None and drafter.reads_target_features else None
         calls_before = drafter.calls if drafter is not None else 0
         while active:
             rows = [committed[r] for r in active]
@@ -288,6 +296,10 @@ class SpeculativeDecoder:
                 if any(pending):
                     target.forward_chain(state, pending, last_logits=False)
                     stats.prefill_calls += 1
+                    if feature_drafter is not None:
+                        assert target.last_hidden is not None
+                        lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
+                        feature_drafter.observe_target(target.last_hidden, lens)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
             room = max(max_new - len(new_tokens[r]) for r in active)
             with stats.timer("draft"):
@@ -309,6 +321,14 @@ class SpeculativeDecoder:
                 )
                 target.keep_path(state, root_slot, acc_nodes, n_acc)
                 state.n_cached = state.n_cached + 1 + n_acc
+                if feature_drafter is not None:
+                    # target states of the root and the accepted nodes: the newly committed positions but the last
+                    assert target.last_hidden is not None
+                    idx = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes.clamp_min(0)], dim=1)
+                    hid = target.last_hidden
+                    feature_drafter.observe_target(
+                        hid.gather(1, idx[..., None].expand(-1, -1, hid.shape[-1])), n_acc + 1
+                    )
                 if drafter is not None:
                     drafter.accept(tree, acc_nodes, n_acc)
                 if any(finished):

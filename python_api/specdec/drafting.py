@@ -60,6 +60,16 @@ class Drafter(ABC):
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (int64 [B']) of the batch."""
 
+    #: True for drafters that read the target's final hidden states (EAGLE-style); the decoder then calls
+    #: ``observe_target`` after every target forward.
+    reads_target_features: bool = False
+
+    def observe_target(self, hidden: torch.Tensor, count: torch.Tensor) -> None:  # noqa: B027 (optional hook)
+        """The target's final hidden states of newly committed positions, in order: row b's are
+        ``hidden[b, :count[b]]`` (every committed token but each row's newest, whose state comes next round).
+
+        Shape: hidden [B, m, E], count [B] int64."""
+
 
 class ModelDrafter(Drafter):
     """A neural draft model (HF causal LM, same vocabulary as the target) with a KV cache kept in sync with the
@@ -173,6 +183,113 @@ class HiddenStateDrafter(ModelDrafter):
     @property
     def last_hidden(self) -> torch.Tensor | None:
         return self.lm.last_hidden
+
+
+class FeatureDrafter(Drafter):
+    """EAGLE-style drafter (``specdec.train.FeatureDraft``): draft position i reads the pair (target hidden state
+    after token i, token i + 1), so the first draft level sees the target's own features of the whole committed
+    prefix; deeper levels feed the draft's output for the parent node in place of the feature the target has not
+    computed yet.
+
+    Each round the draft appends the pairs of the newly committed tokens (true target features, from
+    ``observe_target``) and drafts the tree in slots after them; ``accept`` drops every tree slot, because the
+    accepted nodes are re-read next round with the target's features instead of the draft's own.
+    Exactness is unaffected: the draft law is a deterministic function of the committed prefix.
+    """
+
+    reads_target_features = True
+
+    def __init__(self, model: Any, *, name: str = "draft") -> None:
+        self.lm = model if isinstance(model, HFCausalLM) else HFCausalLM(model, name=name)
+        if not getattr(self.lm.model, "reads_target_features", False):
+            raise TypeError(f"{name} is not a feature draft (no reads_target_features attribute)")
+        self.name = name
+        self.num_parameters = self.lm.num_parameters
+        self.vocab_size = self.lm.vocab_size
+        self.state: KVState | None = None
+        self.pending: list[torch.Tensor] = []
+        self.calls = 0
+        self._round = False
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.state = self.lm.new_state(len(prompts))
+        self.pending = [torch.zeros((0, 0)) for _ in prompts]
+        self._round = False
+
+    def _state(self) -> KVState:
+        if self.state is None:
+            raise RuntimeError("call start(prompts) before drafting")
+        return self.state
+
+    def observe_target(self, hidden: torch.Tensor, count: torch.Tensor) -> None:
+        for b, n in enumerate(count.tolist()):
+            if n:
+                new = hidden[b, :n].to(self.lm.dtype)
+                self.pending[b] = torch.cat([self.pending[b], new]) if self.pending[b].numel() else new
+
+    def propose_root(self, committed: list[list[int]]) -> DraftLogits:
+        st = self._state()
+        done = st.n_cached.tolist()
+        counts = [int(p.shape[0]) if p.numel() else 0 for p in self.pending]
+        chains = []
+        for b, (c, n, k) in enumerate(zip(committed, done, counts, strict=True)):
+            if n + k != len(c) - 1:
+                raise RuntimeError(
+                    f"feature drafter row {b}: {n} pairs read + {k} target features pending, but {len(c)} committed "
+                    "tokens (the decoder must call observe_target after every target forward)"
+                )
+            if k == 0 and n > 0:
+                raise RuntimeError(f"feature drafter row {b}: no new target feature since the last round")
+            chains.append(c[n + 1 : n + 1 + k])  # pair j = (f_j, x_{j+1})
+        width = max(counts)
+        dev = self.lm.device
+        ok = torch.tensor([k > 0 for k in counts], dtype=torch.bool, device=dev)
+        start = st.length
+        lens = torch.tensor(counts, dtype=torch.long, device=dev)
+        if width:
+            feats = torch.zeros((st.batch, width, self.lm.head.weight.shape[1]), dtype=self.lm.dtype, device=dev)
+            for b, k in enumerate(counts):
+                if k:
+                    feats[b, :k] = self.pending[b]
+            self.lm.forward_chain(st, chains, last_logits=False, features=feats)
+            hidden = self.lm.last_hidden
+            assert hidden is not None
+            last = hidden[torch.arange(st.batch, device=dev), (lens - 1).clamp_min(0)]
+        else:  # one-token prompts in the first round: nothing to pair yet, no proposal
+            last = torch.zeros((st.batch, self.lm.head.weight.shape[1]), dtype=self.lm.dtype, device=dev)
+        self.pending = [torch.zeros((0, 0)) for _ in counts]
+        self.calls += 1
+        self._root_slot = start + lens - 1
+        self._base = st.length
+        self._node_feat = last[:, None]  # the draft's prediction of each tree node's target feature
+        self._round = True
+        return DraftLogits(self.lm.head(last)[:, None], ok[:, None])
+
+    def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
+        st = self._state()
+        parent = tree.parent[:, lo:hi].clamp_min(0)
+        feats = self._node_feat.gather(1, parent[..., None].expand(-1, -1, self._node_feat.shape[-1]))
+        logits = self.lm.forward_level(
+            st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, features=feats
+        )
+        hidden = self.lm.last_hidden
+        assert hidden is not None
+        self._node_feat = torch.cat([self._node_feat, hidden], dim=1)
+        self.calls += 1
+        return DraftLogits(logits, tree.valid[:, lo:hi].clone())
+
+    def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        if not self._round:
+            return
+        self._round = False
+        st = self._state()
+        empty = torch.zeros((st.batch, 0), dtype=torch.long, device=self.lm.device)
+        HFCausalLM.keep_path(st, self._root_slot, empty, torch.zeros_like(self._root_slot))
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self._state().select_rows(rows)
+        keep = rows.tolist()
+        self.pending = [self.pending[i] for i in keep]
 
 
 class NGramDrafter(Drafter):

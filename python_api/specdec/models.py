@@ -143,17 +143,21 @@ class HFCausalLM:
         mask: torch.Tensor,
         block_valid: torch.Tensor,
         want: torch.Tensor | None,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] at ``want`` rows (else 0).
 
+        ``features`` [B, n, E]: the extra input of a feature draft (specdec.train.FeatureDraft), else None.
         Logits keep the head's dtype: process_logits widens bf16/fp16 exactly, so a separate fp32 copy would only
         cost a pass over the vocabulary."""
+        extra = {} if features is None else {"features": features}
         out = self.base(
             input_ids=tokens,
             attention_mask=mask,
             position_ids=position_ids,
             past_key_values=state.cache,
             use_cache=True,
+            **extra,
         )
         state.valid = torch.cat([state.valid, block_valid], dim=1)
         hidden = out.last_hidden_state
@@ -168,11 +172,19 @@ class HFCausalLM:
         logits[want] = rows
         return logits
 
-    def forward_chain(self, state: KVState, chains: list[list[int]], *, last_logits: bool) -> torch.Tensor | None:
+    def forward_chain(
+        self,
+        state: KVState,
+        chains: list[list[int]],
+        *,
+        last_logits: bool,
+        features: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Append each row's ``chains[b]`` (committed tokens, possibly empty) to the cache.
 
         Shape: returns logits [B, V] (head dtype) of the last token of every chain when ``last_logits`` (every
-        chain must then be non-empty), else None.
+        chain must then be non-empty), else None. ``features`` [B, >= longest chain, E]: a feature draft's
+        paired input (right-padded like the chains).
         """
         batch = state.batch
         lens = torch.tensor([len(c) for c in chains], dtype=torch.long, device=self.device)
@@ -194,7 +206,8 @@ class HFCausalLM:
             if int(lens.min()) < 1:
                 raise ValueError("forward_chain: every row needs a token to produce logits")
             want = cols[None, :] == (lens - 1)[:, None]
-        logits = self._run(state, tokens, pos, mask, block_valid, want)
+        feats = None if features is None else features[:, :width]
+        logits = self._run(state, tokens, pos, mask, block_valid, want, feats)
         state.n_cached = state.n_cached + lens
         if logits is None:
             return None
@@ -231,12 +244,14 @@ class HFCausalLM:
         lo: int,
         hi: int,
         base: int,
+        features: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Level-synchronous drafting (spec §3.4): append tree nodes ``lo..hi-1`` of a tree whose root is cached.
 
         Shape: tokens/parent/valid/depth [B, >= hi]; the root (node 0) is a committed cached token; nodes
         1..lo-1 sit in slots base .. base+lo-2 (``base`` = cache length right after the root's block) and node n
         goes to slot base + n - 1. Returns logits [B, hi - lo, V] (head dtype) of the new nodes (valid ones).
+        ``features`` [B, hi - lo, E]: a feature draft's paired input for the new nodes.
         """
         if state.length != base + lo - 1:
             raise RuntimeError(f"draft cache holds {state.length} slots, expected {base + lo - 1} before level {lo}")
@@ -249,8 +264,10 @@ class HFCausalLM:
         )
         rows = full[:, :, lo:hi]
         mask = torch.cat([rows[..., :base], rows[..., base + 1 :]], dim=-1)
-        pos = sk.tree_positions(depth[:, lo:hi], state.n_cached)
-        logits = self._run(state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi])
+        # a row with nothing cached (a feature draft before its first pair) has no valid node in the level: its
+        # positions are never used, the clamp only satisfies tree_positions' prefix >= 1
+        pos = sk.tree_positions(depth[:, lo:hi], state.n_cached.clamp_min(1))
+        logits = self._run(state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi], features)
         assert logits is not None
         return logits
 

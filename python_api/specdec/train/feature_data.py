@@ -1,0 +1,140 @@
+"""Stage ``feature-data``: training data for the feature draft (EAGLE-style, reads the target's hidden states).
+
+Every record is a token sequence with, at every position t, the target's final hidden state ``feats[t]`` (the
+final-norm output after token t, what the target's lm_head reads) and its top-k next-token log-probs
+``topk_*[t]`` (the law of token t + 1), both from one teacher-forced target pass (bf16, as at inference).
+
+Two sources, written as resumable shards ``<workdir>/feature/data/<source>_<i>.pt``:
+
+* ``magpie``: the target writes an instruction itself (chat template cut at the user turn), then answers it at
+  T = 1; in-domain for chat prompts.
+* ``gsm8k``: GSM8K *train* question + reference solution (teacher-forced only).
+
+Each shard has its own seed derived from (seed, source, shard), so an interrupted run resumes to the same data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .common import chat_ids, clean_gsm8k_answer, save_atomic, sub_seed, tensors_sha256, update_manifest
+from .data import DataConfig, _magpie_prompts, gsm8k_splits, sample_responses
+
+
+@dataclass
+class FeatureDataConfig:
+    """How much data to build (defaults: ~25 minutes on a quiet 2-core CPU, see train/README)."""
+
+    seed: int = 0
+    n_magpie: int = 1536  # instruction attempts; ~60 % end within max_instruction_tokens and are kept
+    n_gsm8k: int = 256
+    max_instruction_tokens: int = 64
+    max_new_tokens: int = 128
+    batch_size: int = 64
+    label_batch_size: int = 16
+    top_k: int = 32
+    shard_size: int = 64
+
+
+@torch.no_grad()
+def label_with_features(model: Any, seqs: list[list[int]], *, top_k: int, batch_size: int) -> list[dict[str, Any]]:
+    """Teacher-forced target pass: per sequence, feats [T, H] bf16 and top-k log-probs [T, k] of every position."""
+    out: list[dict[str, Any]] = [{} for _ in seqs]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # less padding
+    for lo in range(0, len(order), batch_size):
+        idx = order[lo : lo + batch_size]
+        L = max(len(seqs[i]) for i in idx)
+        ids = torch.zeros((len(idx), L), dtype=torch.long)
+        mask = torch.zeros((len(idx), L), dtype=torch.long)
+        for b, i in enumerate(idx):
+            ids[b, : len(seqs[i])] = torch.tensor(seqs[i])
+            mask[b, : len(seqs[i])] = 1
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        for b, i in enumerate(idx):
+            h = hidden[b, : len(seqs[i])]
+            logp = torch.log_softmax(model.lm_head(h).float(), dim=-1)
+            lp, ix = logp.topk(top_k, dim=-1)
+            out[i] = {
+                "tokens": torch.tensor(seqs[i], dtype=torch.int32),
+                "feats": h.to(torch.bfloat16).clone(),
+                "topk_ids": ix.to(torch.int32),
+                "topk_logp": lp.to(torch.float16),
+            }
+    return out
+
+
+def _shard_path(workdir: Path, source: str, i: int) -> Path:
+    return workdir / "feature" / "data" / f"{source}_{i:04d}.pt"
+
+
+def _magpie_sequences(model: Any, tok: Any, n: int, cfg: FeatureDataConfig, seed: int) -> tuple[list, list]:
+    dcfg = DataConfig(max_instruction_tokens=cfg.max_instruction_tokens, batch_size=cfg.batch_size)
+    prompts = _magpie_prompts(model, tok, n, dcfg, seed)
+    g = torch.Generator().manual_seed(sub_seed(seed, "response"))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    seqs, starts = [], []
+    for lo in range(0, len(order), cfg.batch_size):
+        chunk = [prompts[i] for i in order[lo : lo + cfg.batch_size]]
+        res = sample_responses(
+            model, chunk, max_new_tokens=cfg.max_new_tokens, eos_id=int(tok.eos_token_id), generator=g, top_k=1
+        )
+        for p, (toks, _, _) in zip(chunk, res, strict=True):
+            seqs.append(p + toks)
+            starts.append(len(p))
+    return seqs, starts
+
+
+def build_feature_data(
+    model: Any, tok: Any, workdir: Path, cfg: FeatureDataConfig, *, progress: bool = True
+) -> dict[str, Any]:
+    """Run (or resume) the feature-data stage; returns the manifest record (counts, hash, seconds)."""
+    t0 = time.time()
+    _, gsm = gsm8k_splits(DataConfig(seed=cfg.seed, n_gsm8k_sample=0, n_gsm8k_label=cfg.n_gsm8k))
+    per_source = []
+    for source, n in (("magpie", cfg.n_magpie), ("gsm8k", len(gsm))):
+        starts = range(0, n, cfg.shard_size)
+        per_source.append([(source, i, min(cfg.shard_size, n - lo)) for i, lo in enumerate(starts)])
+    jobs = [job for group in zip_longest(*per_source) for job in group if job is not None]
+    bar = tqdm(jobs, desc="feature-data shards", disable=not progress)
+    for source, i, n in bar:
+        path = _shard_path(workdir, source, i)
+        if path.is_file():
+            continue
+        seed = sub_seed(cfg.seed, "feature", source, i)
+        if source == "magpie":
+            seqs, starts = _magpie_sequences(model, tok, n, cfg, seed)
+        else:
+            rows = gsm[i * cfg.shard_size : i * cfg.shard_size + n]
+            seqs = [chat_ids(tok, r["question"], clean_gsm8k_answer(r["answer"])) for r in rows]
+            starts = [len(chat_ids(tok, r["question"])) for r in rows]
+        recs = label_with_features(model, seqs, top_k=cfg.top_k, batch_size=cfg.label_batch_size)
+        for r, s in zip(recs, starts, strict=True):
+            r["start"] = s
+        save_atomic({"records": recs, "source": source}, path)
+        bar.set_postfix(positions=sum(len(s) for s in seqs))
+    records = load_feature_records(workdir)
+    info = {
+        "config": asdict(cfg),
+        "sequences": len(records),
+        "positions": int(sum(len(r["tokens"]) for r in records)),
+        "response_positions": int(sum(len(r["tokens"]) - r["start"] for r in records)),
+        "data_sha256": tensors_sha256(t for r in records for t in (r["tokens"], r["topk_ids"])),
+        "seconds_this_run": round(time.time() - t0, 1),
+    }
+    update_manifest(workdir / "feature", "data", info)
+    return info
+
+
+def load_feature_records(workdir: Path) -> list[dict[str, Any]]:
+    """All shards' records in a fixed order (sorted file names)."""
+    recs: list[dict[str, Any]] = []
+    for path in sorted((workdir / "feature" / "data").glob("*.pt")):
+        recs += torch.load(path, weights_only=False)["records"]
+    return recs

@@ -1,0 +1,338 @@
+"""Stages ``feature-distill`` and ``feature-eval``: train and score the feature draft (EAGLE-style).
+
+Training pairs (records from ``feature-data``): input at draft position i is (f_i, x_{i+1}); the output h_i is
+trained on the target's law of x_{i+2} (soft cross-entropy on the top-k inside the head plus the TV term
+``1 - sum min(p, q)`` that alpha rewards) and on the next feature f_{i+1} (smooth L1, EAGLE's regression loss).
+
+Two passes per batch (``unroll = 2``): pass 1 reads the target's features; pass 2 reads the draft's own pass-1
+outputs in place of the features, attending to the pass-1 keys of earlier positions and to itself — exactly the
+situation of a second-level draft token at inference (true features for the committed prefix, its own prediction
+for the newest node), so depth-2 acceptance is trained, not hoped for.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
+from .distill import batch_indices, head_index_map
+from .draft import select_head_ids
+from .feature_data import label_with_features, load_feature_records
+from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, trainable_state
+
+
+@dataclass
+class FeatureDistillConfig:
+    seed: int = 0
+    draft: FeatureDraftConfig = field(default_factory=FeatureDraftConfig)
+    steps: int = 1200
+    batch_size: int = 16
+    max_len: int = 256
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 40
+    weight_decay: float = 0.0
+    tv_weight: float = 1.0
+    reg_weight: float = 1.0
+    feature_noise: float = 0.1  # uniform +-noise on input features (EAGLE's augmentation)
+    unroll: int = 2
+    grad_clip: float = 1.0
+    val_every_nth: int = 40
+    eval_every: int = 300
+    ckpt_every: int = 100
+    autocast_bf16: bool = True
+
+
+def lr_at(step: int, cfg: FeatureDistillConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+
+def collate(recs: list[dict[str, Any]], max_len: int) -> dict[str, torch.Tensor]:
+    """Right-padded pairs. Shape: feats [B, L, E] (f_0..f_{L-1}), ids [B, L], topk_* [B, L, k], n [B]."""
+    lens = [min(len(r["tokens"]), max_len) for r in recs]
+    L = max(lens)
+    E = recs[0]["feats"].shape[1]
+    k = recs[0]["topk_ids"].shape[1]
+    feats = torch.zeros((len(recs), L, E), dtype=torch.float32)
+    ids = torch.zeros((len(recs), L), dtype=torch.long)
+    tk_ids = torch.zeros((len(recs), L, k), dtype=torch.long)
+    tk_lp = torch.full((len(recs), L, k), -float("inf"), dtype=torch.float32)
+    for b, (r, n) in enumerate(zip(recs, lens, strict=True)):
+        feats[b, :n] = r["feats"][:n].float()
+        ids[b, :n] = r["tokens"][:n].long()
+        tk_ids[b, :n] = r["topk_ids"][:n].long()
+        tk_lp[b, :n] = r["topk_logp"][:n].float()
+    return {"feats": feats, "ids": ids, "topk_ids": tk_ids, "topk_logp": tk_lp, "n": torch.tensor(lens)}
+
+
+def _pass_mask(n_pairs: int) -> torch.Tensor:
+    """Boolean mask of pass 2 (True = attend): row i sees pass-1 keys j < i and its own new key.
+
+    Shape: [1, 1, n, 2n]."""
+    i = torch.arange(n_pairs)
+    allowed = torch.cat([i[None, :] < i[:, None], i[None, :] == i[:, None]], dim=1)
+    return allowed[None, None]
+
+
+def _head_terms(
+    draft: FeatureDraft, h: torch.Tensor, tk_ids: torch.Tensor, tk_lp: torch.Tensor, hmap: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair soft CE and alpha on the top-k inside the head. Shape: h [N, E], tk [N, k] -> [N], [N]."""
+    logp = torch.log_softmax(draft.lm_head.reduced(h).float(), dim=-1)
+    idx = hmap[tk_ids]
+    inside = idx >= 0
+    q = tk_lp.exp() * inside
+    lp = logp.gather(1, idx.clamp_min(0))
+    return -(q * lp).sum(-1), (torch.minimum(lp.exp(), q) * inside).sum(-1)
+
+
+def feature_loss(
+    draft: FeatureDraft, batch: dict[str, torch.Tensor], hmap: torch.Tensor, cfg: FeatureDistillConfig, train: bool
+) -> tuple[torch.Tensor, dict[str, float]]:
+    from transformers import DynamicCache
+
+    feats, ids, n = batch["feats"], batch["ids"], batch["n"]
+    B, L, _ = feats.shape
+    P = L - 1  # pairs (f_i, x_{i+1}), i = 0 .. L-2
+    f_in = feats[:, :P]
+    if train and cfg.feature_noise > 0:
+        f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * cfg.feature_noise
+    pos = torch.arange(P)[None].expand(B, P)
+    cache = DynamicCache(config=draft.config)
+    out = draft.decoder(ids[:, 1:], features=f_in, position_ids=pos, past_key_values=cache, use_cache=True)
+    h1 = out.last_hidden_state
+    valid = torch.arange(P)[None] < (n - 1)[:, None]  # pair i has a label at position i + 1
+    tk_ids, tk_lp = batch["topk_ids"][:, 1:], batch["topk_logp"][:, 1:]
+    ce1, a1 = _head_terms(draft, h1[valid], tk_ids[valid], tk_lp[valid], hmap)
+    reg1 = torch.nn.functional.smooth_l1_loss(h1[valid].float(), feats[:, 1:][valid], reduction="none").mean(-1)
+    loss = (ce1 + cfg.tv_weight * (1 - a1) + cfg.reg_weight * reg1).mean()
+    m = {
+        "ce": ce1.mean().item(),
+        "alpha_topk": a1.mean().item(),
+        "reg": reg1.mean().item(),
+        "positions": int(a1.numel()),
+    }
+    if cfg.unroll >= 2 and P >= 2:
+        # pair i (i >= 1) reads h1[i-1] (the pass-1 prediction of f_i) instead of f_i
+        f2 = torch.cat([feats[:, :1], h1[:, :-1].float()], dim=1)
+        mask = _pass_mask(P).expand(B, 1, P, 2 * P)
+        h2 = draft.decoder(ids[:, 1:], features=f2, position_ids=pos, past_key_values=cache, attention_mask=mask)
+        h2 = h2.last_hidden_state
+        v2 = valid & (torch.arange(P)[None] >= 1)
+        ce2, a2 = _head_terms(draft, h2[v2], tk_ids[v2], tk_lp[v2], hmap)
+        reg2 = torch.nn.functional.smooth_l1_loss(h2[v2].float(), feats[:, 1:][v2], reduction="none").mean(-1)
+        loss = loss + (ce2 + cfg.tv_weight * (1 - a2) + cfg.reg_weight * reg2).mean()
+        m["alpha2_topk"] = a2.mean().item()
+    return loss, m
+
+
+def _split(records: list[dict[str, Any]], nth: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    train = [r for i, r in enumerate(records) if i % nth != nth - 1]
+    val = [r for i, r in enumerate(records) if i % nth == nth - 1]
+    return train, val
+
+
+@torch.no_grad()
+def validate(draft: FeatureDraft, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: FeatureDistillConfig) -> dict:
+    draft.eval()
+    tot: dict[str, float] = {}
+    n = 0
+    for lo in range(0, len(val), cfg.batch_size):
+        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            _, m = feature_loss(draft, batch, hmap, cfg, train=False)
+        for k, v in m.items():
+            if k != "positions":
+                tot[k] = tot.get(k, 0.0) + v * m["positions"]
+        n += m["positions"]
+    draft.train()
+    return {f"val_{k}": v / max(1, n) for k, v in tot.items()}
+
+
+def run_feature_distill(
+    workdir: Path,
+    cfg: FeatureDistillConfig,
+    *,
+    target: Any = None,
+    records: list[dict[str, Any]] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train (or resume) the feature draft; writes ``<workdir>/feature/{ckpt.pt,final.pt}`` and the manifest."""
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    if target is None:
+        from ..smollm2 import load_smollm2
+
+        target, _ = load_smollm2("bf16")
+    records = load_feature_records(workdir) if records is None else records
+    if not records:
+        raise ValueError(f"no training data under {workdir}/feature/data; run the feature-data stage first")
+    train, val = _split(records, cfg.val_every_nth)
+    vocab = int(target.config.vocab_size)
+    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
+    eos = target.config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((int(eos),) if eos is not None else ())
+    head_ids = select_head_ids(train, vocab, min(cfg.draft.head_vocab, vocab), always=eos_ids)
+    draft = FeatureDraft(cfg.draft, target.config, table, head_ids)
+    init_from_target(draft, target)
+    hmap = head_index_map(head_ids, vocab)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    out_dir = workdir / "feature"
+    ckpt_path = out_dir / "ckpt.pt"
+    step, history = 0, []
+    if ckpt_path.is_file():
+        ck = torch.load(ckpt_path, weights_only=False)
+        if ck["config"] != asdict(cfg):
+            raise ValueError(f"{ckpt_path} was written with a different configuration; use another --workdir")
+        draft.load_state_dict(ck["state"], strict=False)
+        opt.load_state_dict(ck["opt"])
+        step, history = ck["step"], ck["history"]
+        torch.set_rng_state(ck["rng"])
+    draft.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc="feature-distill", disable=not progress)
+    run: dict[str, float] = {}
+    while step < cfg.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        idx = batch_indices(step, len(train), cfg.batch_size, sub_seed(cfg.seed, "feature"))
+        batch = collate([train[i] for i in idx], cfg.max_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            loss, m = feature_loss(draft, batch, hmap, cfg, train=True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        m["loss"] = loss.item()
+        for k, v in m.items():
+            run[k] = run.get(k, 0.0) + v
+        run["_n"] = run.get("_n", 0.0) + 1
+        bar.update(1)
+        if step % 20 == 0:
+            avg = {k: v / run["_n"] for k, v in run.items() if k not in ("_n", "positions")}
+            bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k in ("loss", "alpha_topk", "alpha2_topk")})
+            history.append({"step": step, **avg})
+            run = {}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            history.append({"step": step, **validate(draft, val, hmap, cfg)})
+            tqdm.write(f"step {step}: {history[-1]}")
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            ck = {"config": asdict(cfg), "state": trainable_state(draft), "opt": opt.state_dict(), "step": step}
+            save_atomic({**ck, "history": history, "rng": torch.get_rng_state()}, ckpt_path)
+    bar.close()
+    final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
+    save_atomic(final, out_dir / "final.pt")
+    vals = [h for h in history if "val_ce" in h]
+    info = {
+        "config": asdict(cfg),
+        "steps": step,
+        "train_sequences": len(train),
+        "val_sequences": len(val),
+        "train_positions": int(sum(len(r["tokens"]) for r in train)),
+        "head_ids_sha256": tensors_sha256([head_ids]),
+        "weights_sha256": tensors_sha256(trainable_state(draft).values()),
+        "first_loss": next((h["loss"] for h in history if "loss" in h), None),
+        "last_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
+        "metrics": vals[-1] if vals else {},
+        "seconds_this_run": round(time.time() - t0, 1),
+    }
+    update_manifest(out_dir, "distill", info)
+    return info
+
+
+def feature_draft_from_checkpoint(path: Path, target: Any) -> FeatureDraft:
+    """The draft from a ``feature-distill`` checkpoint (``final.pt``), fp32, sharing the target's embedding values."""
+    ck = torch.load(path, weights_only=False)
+    cfg = FeatureDraftConfig(**ck["config"]["draft"])
+    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
+    draft = FeatureDraft(cfg, target.config, table, ck["head_ids"])
+    draft.load_state_dict(ck["state"], strict=False)
+    return draft.eval()
+
+
+@torch.no_grad()
+def feature_acceptance(draft: FeatureDraft, target: Any, recs: list[dict[str, Any]]) -> dict[str, float]:
+    """alpha = E[sum min(p, q)] (full distributions, T = 1) at the records' response positions, for the first
+    draft token (pairs read true target features) and the second (the newest pair reads the draft's own output).
+
+    Token t (t >= start) is drafted by pair t - 2 = (f_{t-2}, x_{t-1}) at depth 1; q_t = softmax(lm_head(f_{t-1})).
+    """
+    from transformers import DynamicCache
+
+    recs = [r for r in recs if len(r["tokens"]) > int(r["start"]) >= 2]
+    labelled = label_with_features(target, [r["tokens"].tolist() for r in recs], top_k=1, batch_size=8)
+    dtype = next(draft.parameters()).dtype
+    a1, a2, g1, cover = [], [], [], []
+    head = draft.lm_head.head_ids
+    for r, lab in zip(recs, labelled, strict=True):
+        tokens, feats = lab["tokens"].long(), lab["feats"]
+        T, start = len(tokens), int(r["start"])
+        q = torch.softmax(target.lm_head(feats[start - 1 : T - 1]).float(), dim=-1)  # laws of tokens start..T-1
+        P = T - 1
+        pos = torch.arange(P)[None]
+        cache = DynamicCache(config=draft.config)
+        h1 = draft.decoder(
+            tokens[None, 1:],
+            features=feats[None, :P].to(dtype),
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        f2 = torch.cat([feats[None, :1].to(dtype), h1[:, :-1]], dim=1)
+        h2 = draft.decoder(
+            tokens[None, 1:], features=f2, position_ids=pos, past_key_values=cache, attention_mask=_pass_mask(P)
+        ).last_hidden_state
+        rows = slice(start - 2, T - 2)
+        p1 = torch.softmax(draft.lm_head(h1[0, rows]).float(), dim=-1)
+        p2 = torch.softmax(draft.lm_head(h2[0, rows]).float(), dim=-1)
+        a1.append(torch.minimum(p1, q).sum(-1))
+        a2.append(torch.minimum(p2, q).sum(-1))
+        g1.append((p1.argmax(-1) == q.argmax(-1)).float())
+        cover.append(q[:, head].sum(-1))
+    return {
+        "alpha": torch.cat(a1).mean().item(),
+        "alpha_depth2": torch.cat(a2).mean().item(),
+        "greedy_agreement": torch.cat(g1).mean().item(),
+        "head_coverage": torch.cat(cover).mean().item(),
+        "positions": int(torch.cat(a1).numel()),
+    }
+
+
+@torch.no_grad()
+def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, reps: int = 30) -> dict[str, float]:
+    """Median seconds of a 1-token cached step of the draft (one pair + head) and of the target, interleaved."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 1000, (1, context), generator=g)
+    x = torch.randint(3, 1000, (1, 1), generator=g)
+    dtype = next(draft.parameters()).dtype
+    tcache, dcache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
+    feats = target.model(input_ids=ids, past_key_values=tcache, use_cache=True).last_hidden_state
+    draft(feats.to(dtype), ids, past_key_values=dcache, use_cache=True)
+    f1 = feats[:, -1:].to(dtype)
+    times: dict[str, list[float]] = {"draft": [], "target": []}
+    pos = torch.tensor([[context]])
+    for _ in range(reps):
+        t = time.perf_counter()
+        target(input_ids=x, position_ids=pos, past_key_values=tcache, use_cache=True)
+        times["target"].append(time.perf_counter() - t)
+        tcache.crop(-1)
+        t = time.perf_counter()
+        draft(f1, x, position_ids=pos, past_key_values=dcache, use_cache=True)
+        times["draft"].append(time.perf_counter() - t)
+        dcache.crop(-1)
+    d, t = statistics.median(times["draft"]), statistics.median(times["target"])
+    return {"draft_step_s": d, "target_step_s": t, "cost_ratio": d / t}

@@ -1,0 +1,198 @@
+"""The feature draft (EAGLE-style): a one-layer Llama that reads the target's final hidden states.
+
+Input at draft position i: the pair (f_i, x_{i+1}) — the target's final hidden state after token i (what its
+lm_head reads) and the embedding of the next token — mixed by a trained ``Linear(2E, H)``
+(:class:`PairEmbedding`). The output h_i at position i is trained two ways: as the next target feature
+f_{i+1} (smooth-L1 regression) and, through a reduced-vocabulary head initialised from the target's output
+embedding, as the target's law of token x_{i+2}. When drafting deeper than one token the draft feeds its own h
+back in place of the target feature it does not have yet (spec §3.4 levels; :class:`specdec.FeatureDrafter`).
+
+Exactness does not depend on any of this: the draft law p is whatever the model outputs, a deterministic
+function of the committed prefix (the target's hidden states are themselves such a function), and every verifier
+is exact for any p.
+
+The class looks like an HF causal LM to :class:`specdec.models.HFCausalLM` (``config``, ``get_decoder``,
+``get_output_embeddings``), so KV caches, tree masks and KV filtering are the driver's usual ones; the decoder
+module takes an extra ``features`` argument.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .draft import ReducedHead, check_fingerprint, target_fingerprint
+
+FEATURE_DRAFT = "smollm2-eagle"
+
+
+@dataclass
+class FeatureDraftConfig:
+    """Shape of the feature draft; the width is the target's (its features are read and predicted directly)."""
+
+    num_layers: int = 1
+    intermediate_size: int = 1536
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_vocab: int = 8192
+
+
+class PairEmbedding(nn.Module):
+    """``Linear(2E, H)`` over [feature ; embedding(token)], the embedding table being the target's (frozen, not
+    saved: it is taken from the target at load time)."""
+
+    def __init__(self, table: torch.Tensor, hidden_size: int) -> None:
+        super().__init__()
+        self.register_buffer("table", table.detach(), persistent=False)
+        self.proj = nn.Linear(2 * table.shape[1], hidden_size, bias=False)
+
+    @property
+    def weight(self) -> torch.Tensor:  # HF helpers read embed_tokens.weight for dtype/device
+        return self.proj.weight
+
+    def forward(self, features: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        w = self.proj.weight
+        emb = self.table[input_ids].to(w.dtype)
+        return self.proj(torch.cat([features.to(w.dtype), emb], dim=-1))
+
+
+class FeatureDecoder(nn.Module):
+    """The decoder stack: pair embedding -> Llama layers -> final norm. ``features`` [B, n, E] is required."""
+
+    def __init__(self, llama: Any, pair: PairEmbedding) -> None:
+        super().__init__()
+        self.llama = llama
+        self.pair = pair
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if features is None:
+            raise ValueError("the feature draft needs features= (the target's hidden states paired with input_ids)")
+        if features.shape[:-1] != input_ids.shape:
+            raise ValueError(
+                f"features must have shape {tuple(input_ids.shape)} + [E] to pair with input_ids, "
+                f"got {tuple(features.shape)}"
+            )
+        return self.llama(inputs_embeds=self.pair(features, input_ids), **kwargs)
+
+
+class FeatureDraft(nn.Module):
+    """EAGLE-style draft. ``forward(features, input_ids, ...)`` -> (hidden [B, n, E], full-vocab logits)."""
+
+    reads_target_features = True
+
+    def __init__(self, cfg: FeatureDraftConfig, target_config: Any, embed_table: torch.Tensor, head_ids: Any) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaModel
+
+        vocab = int(target_config.vocab_size)
+        if embed_table.shape[0] != vocab:
+            raise ValueError(f"embed_table has {embed_table.shape[0]} rows but the target vocabulary is {vocab}")
+        width = int(embed_table.shape[1])
+        lcfg = LlamaConfig(
+            vocab_size=8,  # inputs come through inputs_embeds; avoids a V x H table
+            hidden_size=width,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            max_position_embeddings=int(getattr(target_config, "max_position_embeddings", 8192)),
+            rope_parameters=getattr(target_config, "rope_parameters", None),
+            rms_norm_eps=float(getattr(target_config, "rms_norm_eps", 1e-5)),
+            tie_word_embeddings=False,
+            pad_token_id=None,
+            attn_implementation="sdpa",
+        )
+        llama = LlamaModel(lcfg)
+        llama.embed_tokens = None
+        self.config = lcfg
+        self.config.vocab_size = vocab
+        self.config.specdec_feature_draft = asdict(cfg)
+        self.draft_config = cfg
+        self.decoder = FeatureDecoder(llama, PairEmbedding(embed_table, width))
+        self.lm_head = ReducedHead(width, head_ids, vocab)
+
+    def get_decoder(self) -> FeatureDecoder:
+        return self.decoder
+
+    def get_output_embeddings(self) -> ReducedHead:
+        return self.lm_head
+
+    def forward(self, features: torch.Tensor, input_ids: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+        hidden = self.decoder(input_ids, features=features, **kwargs).last_hidden_state
+        return hidden, self.lm_head(hidden)
+
+
+@torch.no_grad()
+def init_from_target(draft: FeatureDraft, target: Any) -> None:
+    """Head rows = the target's output embedding rows of the head tokens (h ~ f_{i+1} then gives p ~ q);
+    the pair projection starts as [I, I] / 2 so the layer first sees the feature plus the token embedding."""
+    out = target.get_output_embeddings().weight.detach().float()
+    draft.lm_head.reduced_weight.copy_(out[draft.lm_head.head_ids])
+    e = out.shape[1]
+    eye = torch.eye(e)
+    draft.decoder.pair.proj.weight.copy_(torch.cat([eye, eye], dim=1) * 0.5)
+
+
+def trainable_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
+    """Everything that is shipped: every parameter plus head_ids (the frozen embedding table is excluded)."""
+    return {k: v for k, v in draft.state_dict().items() if not k.endswith("pair.table")}
+
+
+def save_feature_draft(draft: FeatureDraft, path: Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write the trainable weights (``dtype``), head_ids and the target fingerprint as one safetensors file."""
+    from safetensors.torch import save_file
+
+    tensors = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in trainable_state(draft).items()}
+    tensors["target_fingerprint"] = target_fingerprint(draft.decoder.pair.table)
+    meta = {
+        "feature_draft_config": json.dumps(asdict(draft.draft_config)),
+        "vocab_size": str(draft.config.vocab_size),
+        "format": "1",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata=meta)
+    return path
+
+
+def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = None, *, dtype: Any = None) -> Any:
+    """Load a shipped (or saved) feature draft in eval mode; pass it as ``draft=`` to the driver.
+
+    ``target``: the target model whose embedding and hidden states the draft reads (default: SmolLM2-135M-Instruct
+    in bf16). ``dtype``: default the target's. Raises ValueError when the target's vocabulary, width or embedding
+    differs from the one the draft was trained with.
+    """
+    from safetensors import safe_open
+
+    from .assets import _resolve
+
+    path = _resolve(name_or_path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+    if "feature_draft_config" not in meta:
+        raise ValueError(f"{path.name} is not a feature draft (use specdec.train.load_draft for plain drafts)")
+    cfg = FeatureDraftConfig(**json.loads(meta["feature_draft_config"]))
+    if target is None:
+        from ..smollm2 import load_smollm2
+
+        target, _ = load_smollm2(dtype or torch.bfloat16)
+    dtype = dtype or next(target.parameters()).dtype
+    vocab = int(meta["vocab_size"])
+    if int(target.config.vocab_size) != vocab:
+        raise ValueError(
+            f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
+            "a draft must share the target's tokenizer and vocabulary"
+        )
+    table = target.get_input_embeddings().weight.detach()
+    check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
+    draft = FeatureDraft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.endswith("pair.table")]
+    if missing or unexpected:
+        raise ValueError(f"{path.name}: weights do not match the draft config (missing {missing}, extra {unexpected})")
+    return draft.to(dtype).eval()
