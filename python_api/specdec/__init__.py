@@ -9,12 +9,13 @@ Quick start::
 
 Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub`` (see
 :func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any
-:class:`Drafter`, or ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup).
+:class:`Drafter`, ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), or a feature draft that reads the
+target's hidden states (EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``).
 """
 
 from .config import METHODS, MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpeculativeDecoder, generate
-from .drafting import Drafter, DraftLogits, ModelDrafter, NGramDrafter, max_gram_proposal
+from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
 from .tree import DraftTree
@@ -26,6 +27,7 @@ __all__ = [
     "DraftLogits",
     "DraftTree",
     "Drafter",
+    "FeatureDrafter",
     "GenerationOutput",
     "GenerationStats",
     "HFCausalLM",

@@ -166,8 +166,13 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         if m not in METHODS:
             raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
+    drafts = {m: draft for m in methods}
+    if "specdec_pp" in methods and getattr(draft, "reads_target_features", False):
+        # SpecDec++'s acceptance head reads a plain draft's hidden states: it runs with --pp-draft
+        drafts["specdec_pp"] = make_draft(args.pp_draft, target, dtype)
+        print(f"specdec_pp drafts with {args.pp_draft!r} (its acceptance head reads that draft's hidden states)")
     if "specdec_pp" in methods:
-        if not isinstance(draft, torch.nn.Module):
+        if not isinstance(drafts["specdec_pp"], torch.nn.Module):
             if args.methods != ",".join(DEFAULT_METHODS):
                 raise SystemExit(
                     f"--methods specdec_pp needs a neural draft (its hidden states feed the head), not {args.draft!r}"
@@ -179,7 +184,9 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
 
             head, h = load_head(args.head)
             extra["specdec_pp"] = {"head": head, "threshold": h if args.threshold is None else args.threshold}
-    decoders = {m: SpeculativeDecoder(target, draft, method=m, **method_kwargs(m, args), **extra[m]) for m in methods}
+    decoders = {
+        m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
+    }
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
     for dec in decoders.values():
@@ -274,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         "specdec.train draft asset name/.safetensors file",
     )
     demo.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp (asset or file)")
+    demo.add_argument(
+        "--pp-draft",
+        default="smollm2-distill",
+        help="draft of specdec_pp when --draft is a feature draft (the head reads a plain draft's hidden states)",
+    )
     demo.add_argument("--threshold", type=float, help="specdec_pp threshold h (default: the head's shipped h)")
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

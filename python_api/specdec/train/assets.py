@@ -59,7 +59,8 @@ def _embed_table(target: Any) -> torch.Tensor:
 def load_draft(
     name_or_path: str | Path = DEFAULT_DRAFT, target: Any = None, *, dtype: torch.dtype = torch.bfloat16
 ) -> Any:
-    """Load a shipped (or saved) draft as an HF ``LlamaForCausalLM`` in eval mode.
+    """Load a shipped (or saved) draft as an HF ``LlamaForCausalLM`` in eval mode (a feature draft such as
+    ``smollm2-eagle`` loads as :class:`~specdec.train.feature_draft.FeatureDraft`).
 
     ``target``: the target model whose input embedding the draft reuses (shared, not copied, when dtypes match);
     default: SmolLM2-135M-Instruct via :func:`specdec.smollm2.load_smollm2`. Raises ValueError when the target's
@@ -70,6 +71,10 @@ def load_draft(
     path = _resolve(name_or_path)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
+        if "feature_draft_config" in meta:  # an EAGLE-style feature draft (e.g. smollm2-eagle)
+            from .feature_draft import load_feature_draft
+
+            return load_feature_draft(path, target, dtype=dtype)
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     cfg = DraftConfig(**json.loads(meta["draft_config"]))
     if target is None:

@@ -14,6 +14,8 @@ from pathlib import Path
 from .common import default_workdir, set_threads
 
 STAGES = ("data", "evalset", "distill", "eval", "head", "ship", "all")
+# The feature draft (EAGLE-style, reads the target's hidden states): its own data, training, eval and ship stages.
+FEATURE_STAGES = ("feature-data", "evalset", "feature-distill", "feature-eval", "feature-ship")
 
 
 def _target(dtype: str = "bf16"):  # noqa: ANN202
@@ -24,20 +26,25 @@ def _target(dtype: str = "bf16"):  # noqa: ANN202
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
-    ap.add_argument("stage", choices=STAGES)
+    ap.add_argument("stage", choices=(*STAGES, *FEATURE_STAGES, "feature-all"))
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: DistillConfig)")
     ap.add_argument("--head-steps", type=int, default=None, help="acceptance-head steps (default: HeadConfig)")
-    ap.add_argument("--name", default="smollm2-distill", help="asset name for the ship stage")
+    ap.add_argument("--name", default=None, help="asset name for the ship stages (smollm2-distill, smollm2-eagle)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     set_threads(args.threads)
     workdir = args.workdir or default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     progress = not args.no_progress
-    stages = ("data", "evalset", "distill", "eval", "head", "ship") if args.stage == "all" else (args.stage,)
+    if args.stage == "all":
+        stages: tuple[str, ...] = ("data", "evalset", "distill", "eval", "head", "ship")
+    elif args.stage == "feature-all":
+        stages = FEATURE_STAGES
+    else:
+        stages = (args.stage,)
     t_all = time.time()
     for stage in stages:
         t0 = time.time()
@@ -71,10 +78,31 @@ def main(argv: list[str] | None = None) -> int:
             if args.head_steps is not None:
                 hcfg.steps = args.head_steps
             info = run_head(workdir, hcfg, progress=progress)
-        else:
-            from .assets import ship
+        elif stage == "feature-data":
+            from .feature_data import FeatureDataConfig, build_feature_data
 
-            info = ship(workdir, args.name)
+            model, tok = _target()
+            info = build_feature_data(model, tok, workdir, FeatureDataConfig(seed=args.seed), progress=progress)
+        elif stage == "feature-distill":
+            from .feature_distill import FeatureDistillConfig, run_feature_distill
+
+            fcfg = FeatureDistillConfig(seed=args.seed)
+            if args.steps is not None:
+                fcfg.steps = args.steps
+            info = run_feature_distill(workdir, fcfg, progress=progress)
+        elif stage == "feature-eval":
+            from .feature_distill import run_feature_eval
+
+            info = run_feature_eval(workdir, seed=args.seed)
+        elif stage == "feature-ship":
+            from .feature_distill import ship_feature_draft
+            from .feature_draft import FEATURE_DRAFT
+
+            info = ship_feature_draft(workdir, args.name or FEATURE_DRAFT)
+        else:
+            from .assets import DEFAULT_DRAFT, ship
+
+            info = ship(workdir, args.name or DEFAULT_DRAFT)
         print(json.dumps({"stage": stage, "seconds": round(time.time() - t0, 1), **_brief(info)}, default=str))
     print(f"[specdec.train] done in {time.time() - t_all:.0f} s", flush=True)
     return 0

@@ -279,7 +279,8 @@ def feature_acceptance(draft: FeatureDraft, target: Any, recs: list[dict[str, An
     for r, lab in zip(recs, labelled, strict=True):
         tokens, feats = lab["tokens"].long(), lab["feats"]
         T, start = len(tokens), int(r["start"])
-        q = torch.softmax(target.lm_head(feats[start - 1 : T - 1]).float(), dim=-1)  # laws of tokens start..T-1
+        tdtype = next(target.parameters()).dtype
+        q = torch.softmax(target.lm_head(feats[start - 1 : T - 1].to(tdtype)).float(), dim=-1)  # laws of start..T-1
         P = T - 1
         pos = torch.arange(P)[None]
         cache = DynamicCache(config=draft.config)
@@ -336,3 +337,72 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
         dcache.crop(-1)
     d, t = statistics.median(times["draft"]), statistics.median(times["target"])
     return {"draft_step_s": d, "target_step_s": t, "cost_ratio": d / t}
+
+
+@torch.no_grad()
+def feature_check_set(draft: FeatureDraft, target: Any, tokenizer: Any, *, new_tokens: int = 24) -> dict[str, float]:
+    """alpha on the tiny fixed check set of :func:`specdec.train.evaluate.check_set_alpha` (4 chat prompts + the
+    target's greedy continuation): the tests confirm that a shipped feature draft loads with its recorded quality."""
+    from .common import chat_ids
+    from .evaluate import CHECK_PROMPTS
+
+    recs = []
+    for text in CHECK_PROMPTS:
+        ids = chat_ids(tokenizer, text)
+        seq = list(ids)
+        for _ in range(new_tokens):
+            seq.append(int(target(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax()))
+        recs.append({"tokens": torch.tensor(seq), "start": len(ids)})
+    return feature_acceptance(draft, target, recs)
+
+
+def run_feature_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None) -> dict[str, Any]:
+    """Score the feature draft (``<workdir>/feature/final.pt`` unless given), both models in bf16, on the cached
+    held-out Vicuna eval set (the one the plain draft is scored on)."""
+    from ..smollm2 import load_smollm2
+    from .evalset import build_eval_set
+    from .evaluate import expected_speedup
+
+    t0 = time.time()
+    tok = None
+    if target is None:
+        target, tok = load_smollm2("bf16")
+    if draft is None:
+        draft = feature_draft_from_checkpoint(workdir / "feature" / "final.pt", target).to(torch.bfloat16)
+    draft.eval()
+    ev = build_eval_set(target, tok, workdir, seed=seed)
+    metrics = feature_acceptance(draft, target, ev["records"])
+    metrics.update(feature_step_cost(draft, target))
+    metrics.update(expected_speedup(metrics["alpha"], metrics["cost_ratio"]))
+    info = {
+        "eval_set": {k: ev[k] for k in ("file", "n_prompts", "max_new_tokens", "seed")},
+        "dtype": "bf16",
+        "metrics": metrics,
+        "seconds_this_run": round(time.time() - t0, 1),
+    }
+    update_manifest(workdir / "feature", "eval", info)
+    return info
+
+
+def ship_feature_draft(workdir: Path, name: str, *, assets_dir: Path | None = None) -> dict[str, Any]:
+    """Write the trained feature draft (bf16 safetensors) and its manifest (with the check-set alpha) to assets."""
+    import json
+
+    from ..smollm2 import load_smollm2
+    from .assets import ASSETS_DIR
+    from .common import file_sha256, write_json_atomic
+    from .feature_draft import load_feature_draft, save_feature_draft
+
+    out = assets_dir or ASSETS_DIR
+    target, tok = load_smollm2("bf16")
+    ck = torch.load(workdir / "feature" / "final.pt", weights_only=False)
+    draft = feature_draft_from_checkpoint(workdir / "feature" / "final.pt", target)
+    path = save_feature_draft(draft, out / f"{name}.safetensors")
+    wm = workdir / "feature" / "manifest.json"
+    manifest = json.loads(wm.read_text()) if wm.is_file() else {}
+    manifest["files"] = {"draft": {"file": path.name, "bytes": path.stat().st_size, "sha256": file_sha256(path)}}
+    shipped = load_feature_draft(path, target)
+    manifest["check_set"] = {"dtype": "bf16", **feature_check_set(shipped, target, tok)}
+    manifest["retrain"] = f"python -m specdec.train feature-all --seed {ck['config']['seed']} --name {name}"
+    write_json_atomic(out / f"{name}.json", manifest)
+    return {"files": {"draft": str(path)}, "bytes": {"draft": path.stat().st_size}}

@@ -1,0 +1,108 @@
+"""Feature-draft pipeline (EAGLE-style) on tiny random models: teacher-forced features and labels, training with
+the two-pass unroll (loss decreases, alpha rises, resume is a no-op, same seed -> same weights), the acceptance
+metrics of feature_acceptance against a direct computation, save/load round trip, and bad inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from specdec.train.assets import load_draft
+from specdec.train.feature_data import label_with_features
+from specdec.train.feature_distill import (
+    FeatureDistillConfig,
+    feature_acceptance,
+    feature_draft_from_checkpoint,
+    run_feature_distill,
+)
+from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig, load_feature_draft, save_feature_draft
+from tiny_models import tiny_llama
+
+VOCAB = 64
+TINY = FeatureDraftConfig(num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_vocab=48)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(0, vocab=VOCAB, hidden=32, std=0.4)
+
+
+@pytest.fixture(scope="module")
+def records(target):
+    g = torch.Generator().manual_seed(0)
+    seqs = [[int(t) for t in torch.randint(3, VOCAB, (n,), generator=g)] for n in (12, 15, 9, 14) * 6]
+    recs = label_with_features(target, seqs, top_k=8, batch_size=5)
+    for r in recs:
+        r["start"] = 4
+    return recs
+
+
+def test_features_and_labels_are_the_targets(target, records):
+    r = records[1]
+    with torch.no_grad():
+        out = target.model(input_ids=r["tokens"][None].long()).last_hidden_state[0]
+        logp = torch.log_softmax(target.lm_head(out).float(), dim=-1)
+    torch.testing.assert_close(r["feats"].float(), out, atol=2e-2, rtol=2e-2)  # stored in bf16
+    assert torch.equal(r["topk_ids"][:, 0].long(), logp.argmax(-1))
+
+
+def test_feature_pipeline_trains_and_resumes(tmp_path, target, records):
+    cfg = FeatureDistillConfig(
+        draft=TINY, steps=60, batch_size=6, warmup=4, eval_every=30, ckpt_every=30, lr=1e-2, val_every_nth=8
+    )
+    info = run_feature_distill(tmp_path, cfg, target=target, records=records, progress=False)
+    hist = [h for h in torch.load(tmp_path / "feature" / "final.pt", weights_only=False)["history"] if "loss" in h]
+    assert info["steps"] == 60
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+    assert hist[-1]["alpha_topk"] > hist[0]["alpha_topk"]
+    assert "alpha2_topk" in hist[-1]  # the second (unrolled) pass trained too
+    again = run_feature_distill(tmp_path, cfg, target=target, records=records, progress=False)
+    assert again["weights_sha256"] == info["weights_sha256"]
+    # same seed, fresh directory -> the same weights
+    other = run_feature_distill(tmp_path / "b", cfg, target=target, records=records, progress=False)
+    assert other["weights_sha256"] == info["weights_sha256"]
+
+    draft = feature_draft_from_checkpoint(tmp_path / "feature" / "final.pt", target)
+    m = feature_acceptance(draft, target, records[:4])
+    # direct computation for the first record's first response token: pair (f_{s-2}, x_{s-1}) vs q_s
+    r = records[0]
+    s = int(r["start"])
+    with torch.no_grad():
+        f = target.model(input_ids=r["tokens"][None].long()).last_hidden_state
+        _, logits = draft(f[:, : s - 1], r["tokens"][None, 1:s].long())
+        p = torch.softmax(logits[0, -1].float(), -1)
+        q = torch.softmax(target.lm_head(f[0, s - 1]).float(), -1)
+    one = float(torch.minimum(p, q).sum())
+    assert 0.0 < one <= 1.0
+    assert 0.0 < m["alpha"] <= m["head_coverage"] + 1e-6
+    assert 0.0 < m["alpha_depth2"] <= 1.0
+    assert m["positions"] == sum(len(x["tokens"]) - x["start"] for x in records[:4])
+
+
+def test_feature_draft_save_load_roundtrip(tmp_path, target):
+    draft = FeatureDraft(TINY, target.config, target.get_input_embeddings().weight, torch.arange(48)).eval()
+    path = save_feature_draft(draft, tmp_path / "f.safetensors")
+    loaded = load_feature_draft(path, target, dtype=torch.float32)
+    via_load_draft = load_draft(path, target, dtype=torch.float32)  # load_draft recognises a feature draft
+    assert isinstance(via_load_draft, FeatureDraft)
+    f = torch.randn(1, 3, 32)
+    x = torch.tensor([[3, 9, 4]])
+    with torch.no_grad():
+        a, b = draft(f, x)[1], loaded(f, x)[1]
+    finite = torch.isfinite(a)
+    assert torch.equal(finite, torch.isfinite(b))
+    torch.testing.assert_close(a[finite], b[finite], atol=3e-2, rtol=3e-2)  # saved in bf16
+
+
+def test_feature_draft_bad_inputs(tmp_path, target):
+    draft = FeatureDraft(TINY, target.config, target.get_input_embeddings().weight, torch.arange(48)).eval()
+    path = save_feature_draft(draft, tmp_path / "f.safetensors")
+    with pytest.raises(ValueError, match="vocab_size=64, target has vocab_size=72"):
+        load_feature_draft(path, tiny_llama(0, vocab=VOCAB + 8, hidden=32))
+    with pytest.raises(ValueError, match="input embedding does not match"):
+        load_feature_draft(path, tiny_llama(5, vocab=VOCAB, hidden=32, std=0.1))
+    with pytest.raises(ValueError, match="embed_table has 10 rows"):
+        FeatureDraft(TINY, target.config, target.get_input_embeddings().weight[:10], torch.arange(4))
+    with pytest.raises(ValueError, match="no training data"):
+        run_feature_distill(Path("/nonexistent-specdec"), FeatureDistillConfig(draft=TINY), target=target, records=[])
