@@ -287,6 +287,8 @@ class SpeculativeDecoder:
         if drafter is not None:
             drafter.start(prompts)
         feature_drafter = drafter if drafter is not None and drafter.reads_target_features else None
+        # the target keeps the hidden states a feature draft reads (final + extra layers) only while it runs
+        target.feature_layers = tuple(getattr(feature_drafter, "feature_layers", ())) if feature_drafter else ()
         calls_before = drafter.calls if drafter is not None else 0
         while active:
             rows = [committed[r] for r in active]
@@ -297,9 +299,9 @@ class SpeculativeDecoder:
                     target.forward_chain(state, pending, last_logits=False)
                     stats.prefill_calls += 1
                     if feature_drafter is not None:
-                        assert target.last_hidden is not None
+                        assert target.last_features is not None
                         lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
-                        feature_drafter.observe_target(target.last_hidden, lens)
+                        feature_drafter.observe_target(target.last_features, lens)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
             room = max(max_new - len(new_tokens[r]) for r in active)
             with stats.timer("draft"):
@@ -323,9 +325,9 @@ class SpeculativeDecoder:
                 state.n_cached = state.n_cached + 1 + n_acc
                 if feature_drafter is not None:
                     # target states of the root and the accepted nodes: the newly committed positions but the last
-                    assert target.last_hidden is not None
                     idx = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes.clamp_min(0)], dim=1)
-                    hid = target.last_hidden
+                    hid = target.last_features
+                    assert hid is not None
                     feature_drafter.observe_target(
                         hid.gather(1, idx[..., None].expand(-1, -1, hid.shape[-1])), n_acc + 1
                     )

@@ -206,6 +206,8 @@ class FeatureDrafter(Drafter):
         self.name = name
         self.num_parameters = self.lm.num_parameters
         self.vocab_size = self.lm.vocab_size
+        # target layers read besides the final hidden state (FeatureDraftConfig.extra_layers)
+        self.feature_layers: tuple[int, ...] = tuple(getattr(self.lm.model, "feature_layers", ()))
         self.state: KVState | None = None
         self.pending: list[torch.Tensor] = []
         self.calls = 0
@@ -247,14 +249,15 @@ class FeatureDrafter(Drafter):
         start = st.length
         lens = torch.tensor(counts, dtype=torch.long, device=dev)
         if width:
-            feats = torch.zeros((st.batch, width, self.lm.head.weight.shape[1]), dtype=self.lm.dtype, device=dev)
+            channels = int(next(p for p in self.pending if p.numel()).shape[-1])
+            feats = torch.zeros((st.batch, width, channels), dtype=self.lm.dtype, device=dev)
             for b, k in enumerate(counts):
                 if k:
                     feats[b, :k] = self.pending[b]
             self.lm.forward_chain(st, chains, last_logits=False, features=feats)
             hidden = self.lm.last_hidden
             assert hidden is not None
-            last = hidden[torch.arange(st.batch, device=dev), (lens - 1).clamp_min(0)]
+            last = hidden[torch.arange(st.batch, device=dev), (lens - 1).clamp_min(0)]  # E wide: the draft's own
         else:  # one-token prompts in the first round: nothing to pair yet, no proposal
             last = torch.zeros((st.batch, self.lm.head.weight.shape[1]), dtype=self.lm.dtype, device=dev)
         self.pending = [torch.zeros((0, 0)) for _ in counts]

@@ -88,6 +88,14 @@ def chain_mask(past_valid: torch.Tensor, block_valid: torch.Tensor, dtype: torch
     return mask[:, None]
 
 
+def layer_features(base: Any, hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
+    """The inputs of decoder layers ``layers`` as those layers see them (after their input RMSNorm, which tames the
+    residual stream's outlier channels), concatenated; read by feature drafts with extra layers.
+
+    Shape: hidden_states[l] [B, n, E] (HF ``output_hidden_states``) -> [B, n, len(layers) E]."""
+    return torch.cat([base.layers[layer].input_layernorm(hidden_states[layer]) for layer in layers], dim=-1)
+
+
 class HFCausalLM:
     """Adapter around a HuggingFace causal LM for tree decoding.
 
@@ -124,6 +132,9 @@ class HFCausalLM:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.last_hidden: torch.Tensor | None = None  # hidden state of the latest forward (see _run)
+        # Feature drafts read [final hidden ; inputs of these layers] (set by the decoder): ``last_features``.
+        self.feature_layers: tuple[int, ...] = ()
+        self.last_features: torch.Tensor | None = None
 
     def new_state(self, batch: int) -> KVState:
         """An empty cache for ``batch`` rows."""
@@ -150,7 +161,9 @@ class HFCausalLM:
         ``features`` [B, n, E]: the extra input of a feature draft (specdec.train.FeatureDraft), else None.
         Logits keep the head's dtype: process_logits widens bf16/fp16 exactly, so a separate fp32 copy would only
         cost a pass over the vocabulary."""
-        extra = {} if features is None else {"features": features}
+        extra: dict[str, Any] = {} if features is None else {"features": features}
+        if self.feature_layers:
+            extra["output_hidden_states"] = True
         out = self.base(
             input_ids=tokens,
             attention_mask=mask,
@@ -162,6 +175,10 @@ class HFCausalLM:
         state.valid = torch.cat([state.valid, block_valid], dim=1)
         hidden = out.last_hidden_state
         self.last_hidden = hidden.detach()  # final-norm output [B, n, H], read by acceptance heads
+        self.last_features = self.last_hidden
+        if self.feature_layers:
+            extra_feats = layer_features(self.base, out.hidden_states, self.feature_layers)
+            self.last_features = torch.cat([self.last_hidden, extra_feats.detach()], dim=-1)
         if want is None:
             return None
         # NaN logits are caught where the logits are processed (one pass there instead of one more here).

@@ -16,18 +16,23 @@ import pytest
 import specdec
 import torch
 from specdec.drafting import FeatureDrafter
+from specdec.models import layer_features
 from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig
 from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law, random_head
 from tiny_models import left_pad, reference_greedy, tiny_llama
 
 
-def feature_draft(target, head_ids: list[int], seed: int, std: float = 0.5) -> FeatureDraft:
+def feature_draft(target, head_ids: list[int], seed: int, std: float = 0.5, extra: tuple = ()) -> FeatureDraft:
     torch.manual_seed(seed)
-    cfg = FeatureDraftConfig(num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_vocab=len(head_ids))
+    cfg = FeatureDraftConfig(
+        num_layers=1, intermediate_size=64, num_heads=2, num_kv_heads=1, head_vocab=len(head_ids), extra_layers=extra
+    )
     draft = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.tensor(head_ids))
     with torch.no_grad():
         draft.lm_head.reduced_weight.normal_(0, std)  # a non-flat draft law
         draft.decoder.pair.proj.weight.normal_(0, 0.2)
+        if draft.decoder.pair.fuse is not None:
+            draft.decoder.pair.fuse.weight.normal_(0, 0.2)
     return draft.eval()
 
 
@@ -53,21 +58,25 @@ class RecordingDrafter(FeatureDrafter):
 @torch.no_grad()
 def offline(target, draft, seq: list[int], children: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Root logits after ``seq`` and the logits after each depth-1 child, by full teacher-forced passes."""
-    feats = target.model(input_ids=torch.tensor([seq])).last_hidden_state  # f_0 .. f_{n}
+    out = target.model(input_ids=torch.tensor([seq]), output_hidden_states=True)
+    feats = out.last_hidden_state  # f_0 .. f_{n}
+    if draft.feature_layers:  # [final ; inputs of the extra layers]
+        feats = torch.cat([feats, layer_features(target.model, out.hidden_states, draft.feature_layers)], dim=-1)
     tokens = torch.tensor([seq[1:]])
     hidden, logits = draft(feats[:, : len(seq) - 1], tokens)
     root = logits[0, -1]
     kids = []
     for c in children:  # pair (draft output at the root pair, child token) after the committed pairs
-        h2, lg2 = draft(torch.cat([feats[:, : len(seq) - 1], hidden[:, -1:]], 1), torch.tensor([seq[1:] + [c]]))
+        own = draft.decoder.pair.fused(feats[:, : len(seq) - 1])  # target pairs (fused), then the draft's output
+        h2, lg2 = draft(torch.cat([own, hidden[:, -1:]], 1), torch.tensor([seq[1:] + [c]]))
         kids.append(lg2[0, -1])
     return root, torch.stack(kids) if kids else torch.zeros(0)
 
 
-@pytest.mark.parametrize("method", ["sd", "rsd_c"])
-def test_proposals_equal_teacher_forced_recomputation(method):
+@pytest.mark.parametrize(("method", "extra"), [("sd", ()), ("rsd_c", ()), ("rsd_c", (0, 1))])
+def test_proposals_equal_teacher_forced_recomputation(method, extra):
     target = tiny_llama(0, vocab=32, hidden=32, std=0.3)
-    draft = feature_draft(target, list(range(32)), seed=3)
+    draft = feature_draft(target, list(range(32)), seed=3, extra=extra)
     drafter = RecordingDrafter(draft)
     prompts = [[3, 1, 4, 1, 5], [2, 7], [9]]
     ids, mask = left_pad(prompts)
@@ -118,7 +127,7 @@ def test_feature_draft_keeps_the_target_law(method, kw):
 )
 def test_feature_draft_greedy_equals_target_greedy(method, kw):
     target = tiny_llama(0, vocab=32, hidden=64)
-    draft = feature_draft(target, list(range(0, 32, 2)) + [1, 3, 5], seed=4)
+    draft = feature_draft(target, list(range(0, 32, 2)) + [1, 3, 5], seed=4, extra=(1,) if method == "rsd_c" else ())
     g = torch.Generator().manual_seed(0)
     prompts = [[int(t) for t in torch.randint(0, 32, (int(n),), generator=g)] for n in (3, 1, 6, 4)]
     ids, mask = left_pad(prompts)

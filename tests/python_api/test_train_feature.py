@@ -106,3 +106,31 @@ def test_feature_draft_bad_inputs(tmp_path, target):
         FeatureDraft(TINY, target.config, target.get_input_embeddings().weight[:10], torch.arange(4))
     with pytest.raises(ValueError, match="no training data"):
         run_feature_distill(Path("/nonexistent-specdec"), FeatureDistillConfig(draft=TINY), target=target, records=[])
+
+
+def test_feature_pipeline_with_extra_target_layers(tmp_path, target):
+    """EAGLE-3-style fusion: the data keeps the inputs of extra target layers, the draft fuses them, the same
+    metrics run (the driver side is covered in test_feature_draft.py)."""
+    g = torch.Generator().manual_seed(1)
+    seqs = [[int(t) for t in torch.randint(3, VOCAB, (n,), generator=g)] for n in (12, 15, 9, 14) * 3]
+    recs = label_with_features(target, seqs, top_k=8, batch_size=5, layers=(0, 1))
+    assert recs[0]["xfeats"].shape == (12, 64)
+    for r in recs:
+        r["start"] = 4
+    extra = FeatureDraftConfig(**{**TINY.__dict__, "extra_layers": (0, 1)})
+    cfg = FeatureDistillConfig(draft=extra, steps=6, batch_size=4, warmup=1, eval_every=6, ckpt_every=6)
+    info = run_feature_distill(tmp_path, cfg, target=target, records=recs, progress=False)
+    assert info["steps"] == 6
+    draft = feature_draft_from_checkpoint(tmp_path / "feature" / "final.pt", target)
+    assert draft.decoder.pair.fuse is not None and draft.feature_layers == (0, 1)
+    m = feature_acceptance(draft, target, recs[:3])
+    assert 0.0 < m["alpha"] <= 1.0
+    plain = FeatureDistillConfig(draft=TINY, steps=1)
+    with pytest.raises(ValueError, match="no xfeats"):
+        run_feature_distill(
+            tmp_path / "x",
+            FeatureDistillConfig(draft=extra, steps=1),
+            target=target,
+            records=[{k: v for k, v in r.items() if k != "xfeats"} for r in recs],
+        )
+    assert plain.draft.extra_layers == ()

@@ -64,3 +64,48 @@ def test_shipped_head_loads(models):
     head, h = load_head(f"{DEFAULT_DRAFT}-head")
     assert 0 < h < 1
     assert head.hidden_size == draft.config.hidden_size
+
+
+# ---- the shipped feature draft (EAGLE-style, reads the target's hidden states) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def feature_models():
+    from specdec.train.feature_draft import FEATURE_DRAFT
+
+    if not (ASSETS_DIR / f"{FEATURE_DRAFT}.safetensors").is_file():
+        pytest.skip(f"no shipped feature draft at {ASSETS_DIR}; build it with python -m specdec.train feature-all")
+    target, tok = smollm2.load_smollm2("bf16")
+    return target, tok, load_draft(FEATURE_DRAFT, target)
+
+
+def test_shipped_feature_draft_reproduces_recorded_alpha(feature_models):
+    from specdec.train.feature_distill import feature_check_set
+    from specdec.train.feature_draft import FEATURE_DRAFT, FeatureDraft
+
+    target, tok, draft = feature_models
+    assert isinstance(draft, FeatureDraft)
+    manifest = asset_manifest(FEATURE_DRAFT)
+    assert (ASSETS_DIR / manifest["files"]["draft"]["file"]).stat().st_size < 40 * 2**20
+    recorded = manifest["check_set"]
+    got = feature_check_set(draft, target, tok)
+    assert got["positions"] == recorded["positions"]
+    assert abs(got["alpha"] - recorded["alpha"]) < 0.02, (got, recorded)
+    assert abs(got["alpha_depth2"] - recorded["alpha_depth2"]) < 0.02, (got, recorded)
+
+
+def test_shipped_feature_draft_speculates_exactly(feature_models):
+    """Greedy speculation with the feature draft returns the target's greedy tokens (fp32 models, so no bf16
+    near-ties) and accepts drafts."""
+    import specdec
+
+    target, tok, _ = feature_models
+    from specdec.train.feature_draft import FEATURE_DRAFT, load_feature_draft
+
+    t32 = smollm2.load_smollm2("fp32")[0]
+    draft = load_feature_draft(FEATURE_DRAFT, t32)
+    ids = torch.tensor([smollm2.chat_prompt(tok, "Give me three tips for staying focused while studying.")])
+    out = specdec.generate(t32, draft, ids, method="sd", draft_length=3, max_new_tokens=24, do_sample=False)
+    ref = specdec.generate(t32, None, ids, method="ar", max_new_tokens=24, do_sample=False)
+    assert out.new_tokens == ref.new_tokens
+    assert out.stats.block_efficiency > 1.2

@@ -24,16 +24,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..models import layer_features
 from .common import chat_ids, clean_gsm8k_answer, save_atomic, sub_seed, tensors_sha256, update_manifest
 from .data import DataConfig, _magpie_prompts, gsm8k_splits, sample_responses
 
 
 @dataclass
 class FeatureDataConfig:
-    """How much data to build (defaults: ~25 minutes on a quiet 2-core CPU, see train/README)."""
+    """How much data to build (defaults: ~45 minutes on a quiet 2-core CPU, see train/README)."""
 
     seed: int = 0
-    n_magpie: int = 1536  # instruction attempts; ~60 % end within max_instruction_tokens and are kept
+    n_magpie: int = 3072  # instruction attempts; ~70 % end within max_instruction_tokens and are kept
     n_gsm8k: int = 256
     max_instruction_tokens: int = 64
     max_new_tokens: int = 128
@@ -41,11 +42,18 @@ class FeatureDataConfig:
     label_batch_size: int = 16
     top_k: int = 32
     shard_size: int = 64
+    feature_layers: tuple[int, ...] = (
+        10,
+        20,
+    )  # also store these decoder layers' inputs (FeatureDraftConfig.extra_layers)
 
 
 @torch.no_grad()
-def label_with_features(model: Any, seqs: list[list[int]], *, top_k: int, batch_size: int) -> list[dict[str, Any]]:
-    """Teacher-forced target pass: per sequence, feats [T, H] bf16 and top-k log-probs [T, k] of every position."""
+def label_with_features(
+    model: Any, seqs: list[list[int]], *, top_k: int, batch_size: int, layers: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
+    """Teacher-forced target pass: per sequence, feats [T, H] bf16 and top-k log-probs [T, k] of every position;
+    with ``layers``, also xfeats [T, len(layers) H] bf16 (:func:`layer_features`)."""
     out: list[dict[str, Any]] = [{} for _ in seqs]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # less padding
     for lo in range(0, len(order), batch_size):
@@ -56,7 +64,9 @@ def label_with_features(model: Any, seqs: list[list[int]], *, top_k: int, batch_
         for b, i in enumerate(idx):
             ids[b, : len(seqs[i])] = torch.tensor(seqs[i])
             mask[b, : len(seqs[i])] = 1
-        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out_b = model.model(input_ids=ids, attention_mask=mask, output_hidden_states=bool(layers))
+        hidden = out_b.last_hidden_state
+        extra = layer_features(model.model, out_b.hidden_states, layers) if layers else None
         for b, i in enumerate(idx):
             h = hidden[b, : len(seqs[i])]
             logp = torch.log_softmax(model.lm_head(h).float(), dim=-1)
@@ -67,6 +77,8 @@ def label_with_features(model: Any, seqs: list[list[int]], *, top_k: int, batch_
                 "topk_ids": ix.to(torch.int32),
                 "topk_logp": lp.to(torch.float16),
             }
+            if extra is not None:
+                out[i]["xfeats"] = extra[b, : len(seqs[i])].to(torch.bfloat16).clone()
     return out
 
 
@@ -106,6 +118,8 @@ def build_feature_data(
     for source, i, n in bar:
         path = _shard_path(workdir, source, i)
         if path.is_file():
+            if cfg.feature_layers:
+                _add_layer_features(model, path, cfg)
             continue
         seed = sub_seed(cfg.seed, "feature", source, i)
         if source == "magpie":
@@ -114,10 +128,12 @@ def build_feature_data(
             rows = gsm[i * cfg.shard_size : i * cfg.shard_size + n]
             seqs = [chat_ids(tok, r["question"], clean_gsm8k_answer(r["answer"])) for r in rows]
             starts = [len(chat_ids(tok, r["question"])) for r in rows]
-        recs = label_with_features(model, seqs, top_k=cfg.top_k, batch_size=cfg.label_batch_size)
+        recs = label_with_features(
+            model, seqs, top_k=cfg.top_k, batch_size=cfg.label_batch_size, layers=cfg.feature_layers
+        )
         for r, s in zip(recs, starts, strict=True):
             r["start"] = s
-        save_atomic({"records": recs, "source": source}, path)
+        save_atomic({"records": recs, "source": source, "feature_layers": list(cfg.feature_layers)}, path)
         bar.set_postfix(positions=sum(len(s) for s in seqs))
     records = load_feature_records(workdir)
     info = {
@@ -130,6 +146,20 @@ def build_feature_data(
     }
     update_manifest(workdir / "feature", "data", info)
     return info
+
+
+def _add_layer_features(model: Any, path: Path, cfg: FeatureDataConfig) -> None:
+    """Resume with other ``feature_layers``: relabel an existing shard's sequences (one teacher-forced pass; the
+    sampled tokens, hence the data hash, stay the same)."""
+    shard = torch.load(path, weights_only=False)
+    if list(shard.get("feature_layers", [])) == list(cfg.feature_layers):
+        return
+    seqs = [r["tokens"].tolist() for r in shard["records"]]
+    new = label_with_features(model, seqs, top_k=cfg.top_k, batch_size=cfg.label_batch_size, layers=cfg.feature_layers)
+    for r, n in zip(shard["records"], new, strict=True):
+        r["xfeats"] = n["xfeats"]
+    shard["feature_layers"] = list(cfg.feature_layers)
+    save_atomic(shard, path)
 
 
 def load_feature_records(workdir: Path) -> list[dict[str, Any]]:

@@ -33,17 +33,18 @@ from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, t
 class FeatureDistillConfig:
     seed: int = 0
     draft: FeatureDraftConfig = field(default_factory=FeatureDraftConfig)
-    steps: int = 1200
+    steps: int = 800
     batch_size: int = 16
     max_len: int = 256
-    lr: float = 1e-3
+    lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup: int = 40
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01
     tv_weight: float = 1.0
     reg_weight: float = 1.0
     feature_noise: float = 0.1  # uniform +-noise on input features (EAGLE's augmentation)
     unroll: int = 2
+    freeze_head: bool = True  # the head stays the target's output embedding rows (EAGLE): fewer weights to overfit
     grad_clip: float = 1.0
     val_every_nth: int = 40
     eval_every: int = 300
@@ -58,18 +59,22 @@ def lr_at(step: int, cfg: FeatureDistillConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def collate(recs: list[dict[str, Any]], max_len: int) -> dict[str, torch.Tensor]:
-    """Right-padded pairs. Shape: feats [B, L, E] (f_0..f_{L-1}), ids [B, L], topk_* [B, L, k], n [B]."""
+def collate(recs: list[dict[str, Any]], max_len: int, extra: bool = False) -> dict[str, torch.Tensor]:
+    """Right-padded pairs. Shape: feats [B, L, E] (f_0..f_{L-1}; with ``extra``, [final ; xfeats] per position),
+    ids [B, L], topk_* [B, L, k], n [B]."""
     lens = [min(len(r["tokens"]), max_len) for r in recs]
     L = max(lens)
-    E = recs[0]["feats"].shape[1]
+    if extra and "xfeats" not in recs[0]:
+        raise ValueError("the draft reads extra target layers but the data has no xfeats; rerun feature-data")
+    E = recs[0]["feats"].shape[1] + (recs[0]["xfeats"].shape[1] if extra else 0)
     k = recs[0]["topk_ids"].shape[1]
     feats = torch.zeros((len(recs), L, E), dtype=torch.float32)
     ids = torch.zeros((len(recs), L), dtype=torch.long)
     tk_ids = torch.zeros((len(recs), L, k), dtype=torch.long)
     tk_lp = torch.full((len(recs), L, k), -float("inf"), dtype=torch.float32)
     for b, (r, n) in enumerate(zip(recs, lens, strict=True)):
-        feats[b, :n] = r["feats"][:n].float()
+        f = torch.cat([r["feats"][:n], r["xfeats"][:n]], dim=-1) if extra else r["feats"][:n]
+        feats[b, :n] = f.float()
         ids[b, :n] = r["tokens"][:n].long()
         tk_ids[b, :n] = r["topk_ids"][:n].long()
         tk_lp[b, :n] = r["topk_logp"][:n].float()
@@ -104,6 +109,7 @@ def feature_loss(
 
     feats, ids, n = batch["feats"], batch["ids"], batch["n"]
     B, L, _ = feats.shape
+    final = feats[..., : draft.decoder.pair.width]  # regression targets: the final hidden states
     P = L - 1  # pairs (f_i, x_{i+1}), i = 0 .. L-2
     f_in = feats[:, :P]
     if train and cfg.feature_noise > 0:
@@ -115,7 +121,7 @@ def feature_loss(
     valid = torch.arange(P)[None] < (n - 1)[:, None]  # pair i has a label at position i + 1
     tk_ids, tk_lp = batch["topk_ids"][:, 1:], batch["topk_logp"][:, 1:]
     ce1, a1 = _head_terms(draft, h1[valid], tk_ids[valid], tk_lp[valid], hmap)
-    reg1 = torch.nn.functional.smooth_l1_loss(h1[valid].float(), feats[:, 1:][valid], reduction="none").mean(-1)
+    reg1 = torch.nn.functional.smooth_l1_loss(h1[valid].float(), final[:, 1:][valid], reduction="none").mean(-1)
     loss = (ce1 + cfg.tv_weight * (1 - a1) + cfg.reg_weight * reg1).mean()
     m = {
         "ce": ce1.mean().item(),
@@ -125,13 +131,13 @@ def feature_loss(
     }
     if cfg.unroll >= 2 and P >= 2:
         # pair i (i >= 1) reads h1[i-1] (the pass-1 prediction of f_i) instead of f_i
-        f2 = torch.cat([feats[:, :1], h1[:, :-1].float()], dim=1)
+        f2 = torch.cat([draft.decoder.pair.fused(feats[:, :1]), h1[:, :-1]], dim=1)
         mask = _pass_mask(P).expand(B, 1, P, 2 * P)
         h2 = draft.decoder(ids[:, 1:], features=f2, position_ids=pos, past_key_values=cache, attention_mask=mask)
         h2 = h2.last_hidden_state
         v2 = valid & (torch.arange(P)[None] >= 1)
         ce2, a2 = _head_terms(draft, h2[v2], tk_ids[v2], tk_lp[v2], hmap)
-        reg2 = torch.nn.functional.smooth_l1_loss(h2[v2].float(), feats[:, 1:][v2], reduction="none").mean(-1)
+        reg2 = torch.nn.functional.smooth_l1_loss(h2[v2].float(), final[:, 1:][v2], reduction="none").mean(-1)
         loss = loss + (ce2 + cfg.tv_weight * (1 - a2) + cfg.reg_weight * reg2).mean()
         m["alpha2_topk"] = a2.mean().item()
     return loss, m
@@ -149,7 +155,7 @@ def validate(draft: FeatureDraft, val: list[dict[str, Any]], hmap: torch.Tensor,
     tot: dict[str, float] = {}
     n = 0
     for lo in range(0, len(val), cfg.batch_size):
-        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len)
+        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len, bool(cfg.draft.extra_layers))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
             _, m = feature_loss(draft, batch, hmap, cfg, train=False)
         for k, v in m.items():
@@ -186,6 +192,8 @@ def run_feature_distill(
     head_ids = select_head_ids(train, vocab, min(cfg.draft.head_vocab, vocab), always=eos_ids)
     draft = FeatureDraft(cfg.draft, target.config, table, head_ids)
     init_from_target(draft, target)
+    if cfg.freeze_head:
+        draft.lm_head.reduced_weight.requires_grad_(False)
     hmap = head_index_map(head_ids, vocab)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -207,7 +215,7 @@ def run_feature_distill(
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         idx = batch_indices(step, len(train), cfg.batch_size, sub_seed(cfg.seed, "feature"))
-        batch = collate([train[i] for i in idx], cfg.max_len)
+        batch = collate([train[i] for i in idx], cfg.max_len, bool(cfg.draft.extra_layers))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
             loss, m = feature_loss(draft, batch, hmap, cfg, train=True)
         opt.zero_grad(set_to_none=True)
@@ -272,12 +280,15 @@ def feature_acceptance(draft: FeatureDraft, target: Any, recs: list[dict[str, An
     from transformers import DynamicCache
 
     recs = [r for r in recs if len(r["tokens"]) > int(r["start"]) >= 2]
-    labelled = label_with_features(target, [r["tokens"].tolist() for r in recs], top_k=1, batch_size=8)
+    layers = tuple(draft.feature_layers)
+    seqs = [r["tokens"].tolist() for r in recs]
+    labelled = label_with_features(target, seqs, top_k=1, batch_size=8, layers=layers)
     dtype = next(draft.parameters()).dtype
     a1, a2, g1, cover = [], [], [], []
     head = draft.lm_head.head_ids
     for r, lab in zip(recs, labelled, strict=True):
         tokens, feats = lab["tokens"].long(), lab["feats"]
+        tin = torch.cat([feats, lab["xfeats"]], dim=-1) if layers else feats  # what the draft reads
         T, start = len(tokens), int(r["start"])
         tdtype = next(target.parameters()).dtype
         q = torch.softmax(target.lm_head(feats[start - 1 : T - 1].to(tdtype)).float(), dim=-1)  # laws of start..T-1
@@ -286,12 +297,12 @@ def feature_acceptance(draft: FeatureDraft, target: Any, recs: list[dict[str, An
         cache = DynamicCache(config=draft.config)
         h1 = draft.decoder(
             tokens[None, 1:],
-            features=feats[None, :P].to(dtype),
+            features=tin[None, :P].to(dtype),
             position_ids=pos,
             past_key_values=cache,
             use_cache=True,
         ).last_hidden_state
-        f2 = torch.cat([feats[None, :1].to(dtype), h1[:, :-1]], dim=1)
+        f2 = torch.cat([draft.decoder.pair.fused(tin[None, :1]), h1[:, :-1]], dim=1)
         h2 = draft.decoder(
             tokens[None, 1:], features=f2, position_ids=pos, past_key_values=cache, attention_mask=_pass_mask(P)
         ).last_hidden_state
@@ -321,7 +332,12 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
     x = torch.randint(3, 1000, (1, 1), generator=g)
     dtype = next(draft.parameters()).dtype
     tcache, dcache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
-    feats = target.model(input_ids=ids, past_key_values=tcache, use_cache=True).last_hidden_state
+    from ..models import layer_features
+
+    out = target.model(input_ids=ids, past_key_values=tcache, use_cache=True, output_hidden_states=True)
+    feats = out.last_hidden_state
+    if draft.feature_layers:
+        feats = torch.cat([feats, layer_features(target.model, out.hidden_states, draft.feature_layers)], dim=-1)
     draft(feats.to(dtype), ids, past_key_values=dcache, use_cache=True)
     f1 = feats[:, -1:].to(dtype)
     times: dict[str, list[float]] = {"draft": [], "target": []}

@@ -36,20 +36,36 @@ class FeatureDraftConfig:
     """Shape of the feature draft; the width is the target's (its features are read and predicted directly)."""
 
     num_layers: int = 1
-    intermediate_size: int = 1536
+    intermediate_size: int = 1024
     num_heads: int = 9
     num_kv_heads: int = 3
     head_vocab: int = 8192
+    # target decoder layers whose inputs are read besides the final hidden state (EAGLE-3-style fusion); () = none
+    extra_layers: tuple[int, ...] = ()
 
 
 class PairEmbedding(nn.Module):
     """``Linear(2E, H)`` over [feature ; embedding(token)], the embedding table being the target's (frozen, not
-    saved: it is taken from the target at load time)."""
+    saved: it is taken from the target at load time). With ``n_extra`` extra target layers, target features arrive
+    as [final ; layer inputs] ((1 + n_extra) E wide) and a ``fuse`` Linear maps them to E first; the draft's own
+    outputs (E wide) are used as they are."""
 
-    def __init__(self, table: torch.Tensor, hidden_size: int) -> None:
+    def __init__(self, table: torch.Tensor, hidden_size: int, n_extra: int = 0) -> None:
         super().__init__()
         self.register_buffer("table", table.detach(), persistent=False)
         self.proj = nn.Linear(2 * table.shape[1], hidden_size, bias=False)
+        self.width = int(table.shape[1])
+        self.fuse = nn.Linear((1 + n_extra) * self.width, self.width, bias=False) if n_extra else None
+
+    def fused(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features ((1 + n_extra) E) -> E; E-wide features pass through."""
+        w = self.proj.weight
+        if features.shape[-1] == self.width:
+            return features.to(w.dtype)
+        if self.fuse is None or features.shape[-1] != self.fuse.in_features:
+            want = self.width if self.fuse is None else f"{self.width} or {self.fuse.in_features}"
+            raise ValueError(f"features must have {want} channels, got {features.shape[-1]}")
+        return self.fuse(features.to(w.dtype))
 
     @property
     def weight(self) -> torch.Tensor:  # HF helpers read embed_tokens.weight for dtype/device
@@ -58,7 +74,7 @@ class PairEmbedding(nn.Module):
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         w = self.proj.weight
         emb = self.table[input_ids].to(w.dtype)
-        return self.proj(torch.cat([features.to(w.dtype), emb], dim=-1))
+        return self.proj(torch.cat([self.fused(features), emb], dim=-1))
 
 
 class FeatureDecoder(nn.Module):
@@ -113,7 +129,8 @@ class FeatureDraft(nn.Module):
         self.config.vocab_size = vocab
         self.config.specdec_feature_draft = asdict(cfg)
         self.draft_config = cfg
-        self.decoder = FeatureDecoder(llama, PairEmbedding(embed_table, width))
+        self.decoder = FeatureDecoder(llama, PairEmbedding(embed_table, width, len(cfg.extra_layers)))
+        self.feature_layers = tuple(cfg.extra_layers)  # what the driver asks the target to keep
         self.lm_head = ReducedHead(width, head_ids, vocab)
 
     def get_decoder(self) -> FeatureDecoder:
@@ -136,6 +153,10 @@ def init_from_target(draft: FeatureDraft, target: Any) -> None:
     e = out.shape[1]
     eye = torch.eye(e)
     draft.decoder.pair.proj.weight.copy_(torch.cat([eye, eye], dim=1) * 0.5)
+    fuse = draft.decoder.pair.fuse
+    if fuse is not None:  # start from the final hidden state alone
+        fuse.weight.zero_()
+        fuse.weight[:, :e].copy_(eye)
 
 
 def trainable_state(draft: FeatureDraft) -> dict[str, torch.Tensor]:
@@ -176,7 +197,8 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     if "feature_draft_config" not in meta:
         raise ValueError(f"{path.name} is not a feature draft (use specdec.train.load_draft for plain drafts)")
-    cfg = FeatureDraftConfig(**json.loads(meta["feature_draft_config"]))
+    raw = json.loads(meta["feature_draft_config"])
+    cfg = FeatureDraftConfig(**{**raw, "extra_layers": tuple(raw.get("extra_layers", ()))})
     if target is None:
         from ..smollm2 import load_smollm2
 
