@@ -104,8 +104,8 @@ def main() -> None:
     methods = [f"specdec:{m}" for m in SPECDEC_METHODS] + ["hf:generate"]
     if args.draft == "ngram":
         methods.append("hf:prompt_lookup")
-    elif isinstance(draft, torch.nn.Module):
-        methods.append("hf:assistant_model")
+    elif isinstance(draft, torch.nn.Module) and not getattr(draft, "reads_target_features", False):
+        methods.append("hf:assistant_model")  # a feature draft (EAGLE-style) is not an HF assistant model
     totals = {m: {"tokens": 0, "seconds": 0.0, "block_eff": [], "mbsu": []} for m in methods}
     with torch.inference_mode():
         for i, ids in enumerate(tqdm(prompts, desc="prompts")):

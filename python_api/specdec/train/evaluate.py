@@ -100,10 +100,8 @@ CHECK_PROMPTS = (
 
 
 @torch.no_grad()
-def check_set_alpha(draft: Any, target: Any, tokenizer: Any, *, new_tokens: int = 24) -> dict[str, float]:
-    """alpha / greedy agreement on a tiny fixed check set: 4 fixed chat prompts + the target's greedy
-    continuation (deterministic), used by the tests to confirm that a shipped draft loads with its recorded
-    quality."""
+def check_set_records(target: Any, tokenizer: Any, *, new_tokens: int = 24) -> list[dict[str, Any]]:
+    """The tiny fixed check set: 4 fixed chat prompts + the target's greedy continuation (deterministic)."""
     from .common import chat_ids
 
     recs = []
@@ -114,7 +112,13 @@ def check_set_alpha(draft: Any, target: Any, tokenizer: Any, *, new_tokens: int 
             nxt = int(target(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax())
             seq.append(nxt)
         recs.append({"tokens": torch.tensor(seq), "start": len(ids)})
-    return acceptance_metrics(draft, target, recs)
+    return recs
+
+
+def check_set_alpha(draft: Any, target: Any, tokenizer: Any, *, new_tokens: int = 24) -> dict[str, float]:
+    """alpha / greedy agreement on the check set (:func:`check_set_records`), used by the tests to confirm that a
+    shipped draft loads with its recorded quality."""
+    return acceptance_metrics(draft, target, check_set_records(target, tokenizer, new_tokens=new_tokens))
 
 
 def run_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None) -> dict[str, Any]:

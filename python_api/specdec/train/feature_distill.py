@@ -12,7 +12,6 @@ for the newest node), so depth-2 acceptance is trained, not hoped for.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
-from .distill import batch_indices, head_index_map
+from .distill import _split, batch_indices, head_index_map, lr_at
 from .draft import select_head_ids
 from .feature_data import label_with_features, load_feature_records
 from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, trainable_state
@@ -50,13 +49,6 @@ class FeatureDistillConfig:
     eval_every: int = 300
     ckpt_every: int = 100
     autocast_bf16: bool = True
-
-
-def lr_at(step: int, cfg: FeatureDistillConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
 def collate(recs: list[dict[str, Any]], max_len: int, extra: bool = False) -> dict[str, torch.Tensor]:
@@ -141,12 +133,6 @@ def feature_loss(
         loss = loss + (ce2 + cfg.tv_weight * (1 - a2) + cfg.reg_weight * reg2).mean()
         m["alpha2_topk"] = a2.mean().item()
     return loss, m
-
-
-def _split(records: list[dict[str, Any]], nth: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    train = [r for i, r in enumerate(records) if i % nth != nth - 1]
-    val = [r for i, r in enumerate(records) if i % nth == nth - 1]
-    return train, val
 
 
 @torch.no_grad()
@@ -359,16 +345,9 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
 def feature_check_set(draft: FeatureDraft, target: Any, tokenizer: Any, *, new_tokens: int = 24) -> dict[str, float]:
     """alpha on the tiny fixed check set of :func:`specdec.train.evaluate.check_set_alpha` (4 chat prompts + the
     target's greedy continuation): the tests confirm that a shipped feature draft loads with its recorded quality."""
-    from .common import chat_ids
-    from .evaluate import CHECK_PROMPTS
+    from .evaluate import check_set_records
 
-    recs = []
-    for text in CHECK_PROMPTS:
-        ids = chat_ids(tokenizer, text)
-        seq = list(ids)
-        for _ in range(new_tokens):
-            seq.append(int(target(input_ids=torch.tensor([seq])).logits[0, -1].float().argmax()))
-        recs.append({"tokens": torch.tensor(seq), "start": len(ids)})
+    recs = check_set_records(target, tokenizer, new_tokens=new_tokens)
     return feature_acceptance(draft, target, recs)
 
 
