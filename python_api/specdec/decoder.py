@@ -76,6 +76,16 @@ def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = F
         drafter = NGramDrafter(target.vocab_size)
     else:
         drafter = ModelDrafter(draft, name="draft")
+    if drafter.reads_target_features:
+        width = int(getattr(target.model.config, "hidden_size", -1))
+        want = (
+            int(getattr(drafter.lm.model.config, "hidden_size", -1)) if isinstance(drafter, FeatureDrafter) else width
+        )
+        if want != width:
+            raise ValueError(
+                f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "
+                "a feature draft only works with the target it was trained on"
+            )
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(
             f"draft vocabulary size {drafter.vocab_size} differs from the target's {target.vocab_size}; draft and "

@@ -154,3 +154,6 @@ def test_feature_draft_bad_inputs():
     other = tiny_llama(0, vocab=48, hidden=32)
     with pytest.raises(ValueError, match="vocabulary"):
         specdec.SpeculativeDecoder(other, draft, method="sd")
+    wider = tiny_llama(0, vocab=32, hidden=64)
+    with pytest.raises(ValueError, match="hidden states of width 32, but the target's hidden size is 64"):
+        specdec.SpeculativeDecoder(wider, draft, method="sd")
