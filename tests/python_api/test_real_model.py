@@ -34,7 +34,7 @@ def test_smollm2_greedy_speculation_equals_ar() -> None:
     assert 1 <= len(sampled.new_tokens[0]) <= 8
 
 
-def test_demo_defaults_to_the_distilled_draft_and_runs_specdec_pp(tmp_path, capsys) -> None:
+def test_demo_defaults_to_the_feature_draft_and_runs_specdec_pp(tmp_path, capsys) -> None:
     pytest.importorskip("transformers")
     from specdec import cli
 
@@ -43,5 +43,6 @@ def test_demo_defaults_to_the_distilled_draft_and_runs_specdec_pp(tmp_path, caps
     argv = ["demo", "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4"]
     cli.main([*argv, "--methods", "ar,sd,specdec_pp", "--temperature", "0.7"])
     out = capsys.readouterr().out
-    assert "draft 'smollm2-distill'" in out
-    assert "specdec_pp(cap=20)" in out and "sd(L=6)" in out
+    assert "draft 'smollm2-eagle'" in out
+    assert "specdec_pp drafts with 'smollm2-distill'" in out
+    assert "specdec_pp(cap=20)" in out and "sd(L=2)" in out
