@@ -120,19 +120,30 @@ def batch_indices(step: int, n: int, bs: int, seed: int) -> list[int]:
 
 
 @torch.no_grad()
-def validate(draft: Any, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: DistillConfig) -> dict[str, float]:
-    draft.eval()
-    tot = {"ce": 0.0, "alpha_topk": 0.0}
+def position_weighted_eval(
+    model: Any, val: list[dict[str, Any]], batch_size: int, autocast: bool, batch_metrics: Any
+) -> dict[str, float]:
+    """Validation metrics averaged over labelled positions: ``batch_metrics(records)`` returns a dict with
+    ``positions`` and per-position means; the model is in eval mode meanwhile. Keys come back as ``val_<name>``."""
+    model.eval()
+    tot: dict[str, float] = {}
     n = 0
-    for lo in range(0, len(val), cfg.batch_size):
-        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            _, m = distill_loss(draft, batch, hmap, cfg.tv_weight)
-        for k in tot:
-            tot[k] += m[k] * m["positions"]
+    for lo in range(0, len(val), batch_size):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            m = batch_metrics(val[lo : lo + batch_size])
+        for k, v in m.items():
+            if k != "positions":
+                tot[k] = tot.get(k, 0.0) + v * m["positions"]
         n += m["positions"]
-    draft.train()
+    model.train()
     return {f"val_{k}": v / max(1, n) for k, v in tot.items()}
+
+
+def validate(draft: Any, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: DistillConfig) -> dict[str, float]:
+    def metrics(recs: list[dict[str, Any]]) -> dict[str, float]:
+        return distill_loss(draft, collate(recs, cfg.max_len), hmap, cfg.tv_weight)[1]
+
+    return position_weighted_eval(draft, val, cfg.batch_size, cfg.autocast_bf16, metrics)
 
 
 def run_distill(

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
-from .distill import _split, batch_indices, head_index_map, lr_at
+from .distill import _split, batch_indices, head_index_map, lr_at, position_weighted_eval
 from .draft import select_head_ids
 from .feature_data import label_with_features, load_feature_records
 from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, trainable_state
@@ -135,21 +135,12 @@ def feature_loss(
     return loss, m
 
 
-@torch.no_grad()
 def validate(draft: FeatureDraft, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: FeatureDistillConfig) -> dict:
-    draft.eval()
-    tot: dict[str, float] = {}
-    n = 0
-    for lo in range(0, len(val), cfg.batch_size):
-        batch = collate(val[lo : lo + cfg.batch_size], cfg.max_len, bool(cfg.draft.extra_layers))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            _, m = feature_loss(draft, batch, hmap, cfg, train=False)
-        for k, v in m.items():
-            if k != "positions":
-                tot[k] = tot.get(k, 0.0) + v * m["positions"]
-        n += m["positions"]
-    draft.train()
-    return {f"val_{k}": v / max(1, n) for k, v in tot.items()}
+    def metrics(recs: list[dict[str, Any]]) -> dict[str, float]:
+        batch = collate(recs, cfg.max_len, bool(cfg.draft.extra_layers))
+        return feature_loss(draft, batch, hmap, cfg, train=False)[1]
+
+    return position_weighted_eval(draft, val, cfg.batch_size, cfg.autocast_bf16, metrics)
 
 
 def run_feature_distill(
