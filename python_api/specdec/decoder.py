@@ -76,11 +76,9 @@ def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = F
         drafter = NGramDrafter(target.vocab_size)
     else:
         drafter = ModelDrafter(draft, name="draft")
-    if drafter.reads_target_features:
+    if isinstance(drafter, FeatureDrafter):
         width = int(getattr(target.model.config, "hidden_size", -1))
-        want = (
-            int(getattr(drafter.lm.model.config, "hidden_size", -1)) if isinstance(drafter, FeatureDrafter) else width
-        )
+        want = int(getattr(drafter.lm.model.config, "hidden_size", -1))
         if want != width:
             raise ValueError(
                 f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "

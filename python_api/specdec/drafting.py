@@ -185,7 +185,7 @@ class HiddenStateDrafter(ModelDrafter):
         return self.lm.last_hidden
 
 
-class FeatureDrafter(Drafter):
+class FeatureDrafter(ModelDrafter):
     """EAGLE-style drafter (``specdec.train.FeatureDraft``): draft position i reads the pair (target hidden state
     after token i, token i + 1), so the first draft level sees the target's own features of the whole committed
     prefix; deeper levels feed the draft's output for the parent node in place of the feature the target has not
@@ -200,28 +200,16 @@ class FeatureDrafter(Drafter):
     reads_target_features = True
 
     def __init__(self, model: Any, *, name: str = "draft") -> None:
-        self.lm = model if isinstance(model, HFCausalLM) else HFCausalLM(model, name=name)
+        super().__init__(model, name=name)
         if not getattr(self.lm.model, "reads_target_features", False):
             raise TypeError(f"{name} is not a feature draft (no reads_target_features attribute)")
-        self.name = name
-        self.num_parameters = self.lm.num_parameters
-        self.vocab_size = self.lm.vocab_size
         # target layers read besides the final hidden state (FeatureDraftConfig.extra_layers)
         self.feature_layers: tuple[int, ...] = tuple(getattr(self.lm.model, "feature_layers", ()))
-        self.state: KVState | None = None
-        self.pending: list[torch.Tensor] = []
-        self.calls = 0
-        self._round = False
+        self.pending: list[torch.Tensor] = []  # per row: target features not yet paired with their next token
 
     def start(self, prompts: list[list[int]]) -> None:
-        self.state = self.lm.new_state(len(prompts))
+        super().start(prompts)
         self.pending = [torch.zeros((0, 0)) for _ in prompts]
-        self._round = False
-
-    def _state(self) -> KVState:
-        if self.state is None:
-            raise RuntimeError("call start(prompts) before drafting")
-        return self.state
 
     def observe_target(self, hidden: torch.Tensor, count: torch.Tensor) -> None:
         for b, n in enumerate(count.tolist()):
@@ -290,9 +278,8 @@ class FeatureDrafter(Drafter):
         HFCausalLM.keep_path(st, self._root_slot, empty, torch.zeros_like(self._root_slot))
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self._state().select_rows(rows)
-        keep = rows.tolist()
-        self.pending = [self.pending[i] for i in keep]
+        super().select_rows(rows)
+        self.pending = [self.pending[i] for i in rows.tolist()]
 
 
 class NGramDrafter(Drafter):
