@@ -146,6 +146,18 @@ def validate(draft: Any, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: Dis
     return position_weighted_eval(draft, val, cfg.batch_size, cfg.autocast_bf16, metrics)
 
 
+def embedding_and_head_ids(
+    target: Any, train: list[dict[str, Any]], head_vocab: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's input embedding as a draft reads it at inference (bf16 values, fp32 for training) and the
+    ``head_vocab`` tokens with the most target mass in ``train`` (EOS always kept)."""
+    vocab = int(target.config.vocab_size)
+    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
+    eos = target.config.eos_token_id
+    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((int(eos),) if eos is not None else ())
+    return table, select_head_ids(train, vocab, min(head_vocab, vocab), always=eos_ids)
+
+
 def run_distill(
     workdir: Path,
     cfg: DistillConfig,
@@ -166,11 +178,7 @@ def run_distill(
         raise ValueError(f"no training data under {workdir}/data; run the data stage first")
     train, val = _split(records, cfg.val_every_nth)
     vocab = int(target.config.vocab_size)
-    # The draft reads the target's embedding in the target's inference dtype (bf16): train on the same values.
-    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
-    eos = target.config.eos_token_id
-    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((int(eos),) if eos is not None else ())
-    head_ids = select_head_ids(train, vocab, min(cfg.draft.head_vocab, vocab), always=eos_ids)
+    table, head_ids = embedding_and_head_ids(target, train, cfg.draft.head_vocab)
     draft = build_draft(cfg.draft, target.config, table, head_ids)
     init_from_target(draft, table)
     hmap = head_index_map(head_ids, vocab)

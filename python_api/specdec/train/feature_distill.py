@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
-from .distill import _split, batch_indices, head_index_map, lr_at, position_weighted_eval
-from .draft import select_head_ids
+from .distill import _split, batch_indices, embedding_and_head_ids, head_index_map, lr_at, position_weighted_eval
 from .feature_data import label_with_features, load_feature_records
 from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, trainable_state
 
@@ -163,10 +162,7 @@ def run_feature_distill(
         raise ValueError(f"no training data under {workdir}/feature/data; run the feature-data stage first")
     train, val = _split(records, cfg.val_every_nth)
     vocab = int(target.config.vocab_size)
-    table = target.get_input_embeddings().weight.detach().to(torch.bfloat16).float()
-    eos = target.config.eos_token_id
-    eos_ids = tuple(eos) if isinstance(eos, list | tuple) else ((int(eos),) if eos is not None else ())
-    head_ids = select_head_ids(train, vocab, min(cfg.draft.head_vocab, vocab), always=eos_ids)
+    table, head_ids = embedding_and_head_ids(target, train, cfg.draft.head_vocab)
     draft = FeatureDraft(cfg.draft, target.config, table, head_ids)
     init_from_target(draft, target)
     if cfg.freeze_head:
