@@ -157,3 +157,44 @@ def test_feature_draft_bad_inputs():
     wider = tiny_llama(0, vocab=32, hidden=64)
     with pytest.raises(ValueError, match="hidden states of width 32, but the target's hidden size is 64"):
         specdec.SpeculativeDecoder(wider, draft, method="sd")
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_lean_forward_equals_the_hf_stack(dtype, tol):
+    """The driver's calls (additive 4-D mask, positions, cache) take FeatureDecoder's lean path; it must compute
+    what HF's LlamaModel computes on the same inputs, cache contents included (2 layers, a tree-shaped mask)."""
+    from transformers import DynamicCache
+
+    target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
+    torch.manual_seed(0)
+    cfg = FeatureDraftConfig(num_layers=2, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)
+    draft = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.arange(32)).to(dtype).eval()
+    for p in draft.parameters():  # HF init leaves norms at 1 and projections small: perturb everything
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    b, past, n = 2, 5, 3
+    feats = torch.randn(b, past + n, 32, dtype=dtype)
+    ids = torch.randint(0, 32, (b, past + n))
+    # nodes: 0 <- past, 1 <- 0, 2 <- 0 (siblings); row 1 also masks its first past slot
+    mask = torch.zeros(b, 1, n, past + n, dtype=dtype)
+    mask[:, :, 0, past + 1 :] = float("-inf")
+    mask[:, :, 1, past + 2] = float("-inf")
+    mask[:, :, 2, past + 1] = float("-inf")
+    mask[1, :, :, 0] = float("-inf")
+    pos = torch.tensor([[5, 6, 6], [4, 5, 5]])
+    outs = []
+    with torch.no_grad():
+        for lean in (True, False):
+            cache = DynamicCache(config=draft.config)
+            dec = draft.decoder
+            dec(ids[:, :past], features=feats[:, :past], past_key_values=cache, use_cache=True)  # causal prefill
+            kw = {"attention_mask": mask, "position_ids": pos, "past_key_values": cache, "use_cache": True}
+            if lean:
+                h = dec(ids[:, past:], features=feats[:, past:], **kw).last_hidden_state
+            else:
+                h = dec.llama(inputs_embeds=dec.pair(feats[:, past:], ids[:, past:]), **kw).last_hidden_state
+            outs.append((h.float(), [t.float() for t in (cache.layers[1].keys, cache.layers[1].values)]))
+    (h_lean, kv_lean), (h_hf, kv_hf) = outs
+    assert torch.isfinite(h_lean).all() and h_lean.abs().max() > 0.1
+    torch.testing.assert_close(h_lean, h_hf, atol=tol, rtol=tol)
+    for a, c in zip(kv_lean, kv_hf, strict=True):
+        torch.testing.assert_close(a, c, atol=tol, rtol=tol)

@@ -315,13 +315,16 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
     f1 = feats[:, -1:].to(dtype)
     times: dict[str, list[float]] = {"draft": [], "target": []}
     pos = torch.tensor([[context]])
+    # both called as the driver calls them: an explicit additive mask over the cache (the draft's lean path)
+    tmask = torch.zeros((1, 1, 1, context + 1), dtype=next(target.parameters()).dtype)
+    dmask = tmask.to(dtype)
     for _ in range(reps):
         t = time.perf_counter()
-        target(input_ids=x, position_ids=pos, past_key_values=tcache, use_cache=True)
+        target(input_ids=x, attention_mask=tmask, position_ids=pos, past_key_values=tcache, use_cache=True)
         times["target"].append(time.perf_counter() - t)
         tcache.crop(-1)
         t = time.perf_counter()
-        draft(f1, x, position_ids=pos, past_key_values=dcache, use_cache=True)
+        draft(f1, x, attention_mask=dmask, position_ids=pos, past_key_values=dcache, use_cache=True)
         times["draft"].append(time.perf_counter() - t)
         dcache.crop(-1)
     d, t = statistics.median(times["draft"]), statistics.median(times["target"])
