@@ -198,3 +198,24 @@ def test_lean_forward_equals_the_hf_stack(dtype, tol):
     torch.testing.assert_close(h_lean, h_hf, atol=tol, rtol=tol)
     for a, c in zip(kv_lean, kv_hf, strict=True):
         torch.testing.assert_close(a, c, atol=tol, rtol=tol)
+
+
+def test_lean_fused_weights_follow_weight_edits():
+    """The lean path's cached [q; k; v] and [gate; up] matrices are rebuilt after an in-place edit or a dtype move."""
+    from specdec.train.feature_draft import _fused
+
+    target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
+    cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)
+    draft = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.arange(32)).eval()
+    layer = draft.decoder.llama.layers[0]
+    qkv, _ = _fused(layer)
+    with torch.no_grad():
+        layer.self_attn.k_proj.weight.add_(1.0)
+        layer.mlp.up_proj.weight.mul_(2.0)
+    qkv2, gu2 = _fused(layer)
+    nq, nkv = layer.self_attn.q_proj.weight.shape[0], layer.self_attn.k_proj.weight.shape[0]
+    assert not torch.equal(qkv, qkv2)
+    torch.testing.assert_close(qkv2[nq : nq + nkv], layer.self_attn.k_proj.weight, rtol=0, atol=0)
+    torch.testing.assert_close(gu2[48:], layer.mlp.up_proj.weight, rtol=0, atol=0)
+    draft.to(torch.bfloat16)
+    assert _fused(layer)[0].dtype == torch.bfloat16

@@ -34,7 +34,7 @@ class FeatureDataConfig:
     """How much data to build (defaults: ~45 minutes on a quiet 2-core CPU, see train/README)."""
 
     seed: int = 0
-    n_magpie: int = 3072  # instruction attempts; ~70 % end within max_instruction_tokens and are kept
+    n_magpie: int = 6144  # instruction attempts; ~70 % end within max_instruction_tokens and are kept
     n_gsm8k: int = 256
     max_instruction_tokens: int = 64
     max_new_tokens: int = 128

@@ -31,7 +31,7 @@ from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, t
 class FeatureDistillConfig:
     seed: int = 0
     draft: FeatureDraftConfig = field(default_factory=FeatureDraftConfig)
-    steps: int = 600
+    steps: int = 1200
     batch_size: int = 16
     max_len: int = 256
     lr: float = 2e-3
@@ -45,7 +45,7 @@ class FeatureDistillConfig:
     freeze_head: bool = True  # the head stays the target's output embedding rows (EAGLE): fewer weights to overfit
     grad_clip: float = 1.0
     val_every_nth: int = 40
-    eval_every: int = 300
+    eval_every: int = 400
     ckpt_every: int = 100
     autocast_bf16: bool = True
 
