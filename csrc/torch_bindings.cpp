@@ -55,6 +55,8 @@ TORCH_LIBRARY(specdec, m) {
       "verify_tree(Tensor tokens, Tensor parent, Tensor valid, Tensor? p_rows, Tensor q_rows, str method, "
       "Tensor? hub, Tensor? accept_u, Tensor? final_noise, bool greedy, Tensor? eos, int max_depth, int seed=0) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
+  // x [..., in], weight [out, in] -> x weight^T [..., out] (a decode step's projections: few rows of x)
+  m.def("skinny_linear(Tensor x, Tensor weight) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -70,4 +72,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify_chain", &specdec::cpu::verify_chain);
   m.impl("verify_node", &specdec::cpu::verify_node);
   m.impl("verify_tree", &specdec::cpu::verify_tree);
+  m.impl("skinny_linear", &specdec::cpu::skinny_linear);
 }

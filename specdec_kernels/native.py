@@ -43,6 +43,7 @@ CPU_OPS = (
     "verify_chain",
     "verify_node",
     "verify_tree",
+    "skinny_linear",
 )
 
 
@@ -87,6 +88,16 @@ if HAVE_CPU:
         kv: list[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
     ) -> torch.Tensor:
         return prefix_len.new_empty(prefix_len.shape, dtype=torch.long)
+
+    # ---- a draft model's decode-step projections ----
+
+    @register("skinny_linear", "cpu", supports=_on_cpu)
+    def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return ops.skinny_linear(x, weight)
+
+    @torch.library.register_fake("specdec::skinny_linear")
+    def _skinny_linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     # ---- sampling (spec §1.3, §2.1, §2.2) ----
 

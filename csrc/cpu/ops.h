@@ -44,6 +44,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     const std::optional<at::Tensor>& final_noise, bool greedy, const std::optional<at::Tensor>& eos, int64_t max_depth,
     int64_t seed);
 
+// linear.cpp: x [..., in], weight [out, in] (one dtype) -> x weight^T [..., out], accumulated in fp32 (fp64 for
+// double); for the few rows of a decode step
+at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight);
+
 // beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,

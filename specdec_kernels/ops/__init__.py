@@ -1,5 +1,6 @@
 """Public entry points of every op: signature, shapes, validation, dispatch. No math here."""
 
+from .linear import skinny_linear
 from .sampling import (
     GumbelTopK,
     SBSStep,
@@ -28,6 +29,7 @@ __all__ = [
     "process_logits",
     "sample_categorical",
     "sbs_step",
+    "skinny_linear",
     "spechub_sample",
     "tree_mask",
     "tree_positions",

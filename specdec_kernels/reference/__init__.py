@@ -1,5 +1,5 @@
 """Backend "torch": the readable reference every other backend is checked against."""
 
-from . import sampling, tree, verify
+from . import linear, sampling, tree, verify
 
-__all__ = ["sampling", "tree", "verify"]
+__all__ = ["linear", "sampling", "tree", "verify"]

@@ -219,3 +219,24 @@ def test_lean_fused_weights_follow_weight_edits():
     torch.testing.assert_close(gu2[48:], layer.mlp.up_proj.weight, rtol=0, atol=0)
     draft.to(torch.bfloat16)
     assert _fused(layer)[0].dtype == torch.bfloat16
+
+
+def test_lean_rope_table_has_the_modules_bits():
+    """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
+    that position (the table grows past its first 1024 rows and follows a dtype change)."""
+    from specdec.train.feature_draft import _rope
+
+    target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
+    cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)
+    rotary = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.arange(32)).decoder.llama
+    rotary = rotary.rotary_emb
+    for dtype, pos in [
+        (torch.float32, torch.tensor([[0, 5, 5], [7, 1023, 3]])),
+        (torch.float32, torch.tensor([[2000, 4097, 1]])),
+        (torch.bfloat16, torch.tensor([[9, 3000]])),
+    ]:
+        h = torch.zeros(1, dtype=dtype)
+        got, want = _rope(rotary, pos, h), rotary(h, pos)
+        for a, c in zip(got, want, strict=True):
+            assert a.dtype == dtype and torch.equal(a, c)
+    assert rotary._specdec_table[1].shape[0] == 4096  # rebuilt for bf16: the power of two above 3000

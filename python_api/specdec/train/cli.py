@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: DistillConfig)")
     ap.add_argument("--head-steps", type=int, default=None, help="acceptance-head steps (default: HeadConfig)")
     ap.add_argument("--name", default=None, help="asset name for the ship stages (smollm2-distill, smollm2-eagle)")
+    ap.add_argument(
+        "--draft",
+        default=None,
+        help="feature-eval only: score this saved feature draft (asset name such as smollm2-eagle, or a path) "
+        "instead of the workdir's final.pt; printed, not written to the workdir's manifest",
+    )
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     set_threads(args.threads)
@@ -93,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         elif stage == "feature-eval":
             from .feature_distill import run_feature_eval
 
-            info = run_feature_eval(workdir, seed=args.seed)
+            info = run_feature_eval(workdir, seed=args.seed, draft=args.draft, record=args.draft is None)
         elif stage == "feature-ship":
             from .feature_distill import ship_feature_draft
             from .feature_draft import FEATURE_DRAFT

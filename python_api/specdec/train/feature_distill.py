@@ -341,9 +341,12 @@ def feature_check_set(draft: FeatureDraft, target: Any, tokenizer: Any, *, new_t
     return feature_acceptance(draft, target, recs)
 
 
-def run_feature_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None) -> dict[str, Any]:
-    """Score the feature draft (``<workdir>/feature/final.pt`` unless given), both models in bf16, on the cached
-    held-out Vicuna eval set (the one the plain draft is scored on)."""
+def run_feature_eval(
+    workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None, record: bool = True
+) -> dict[str, Any]:
+    """Score the feature draft (``<workdir>/feature/final.pt`` unless given: a module, or the name/path of a
+    saved one such as ``"smollm2-eagle"``), both models in bf16, on the cached held-out Vicuna eval set (the one
+    the plain draft is scored on). ``record``: write the result into the workdir's manifest."""
     from ..smollm2 import load_smollm2
     from .evalset import build_eval_set
     from .evaluate import expected_speedup
@@ -354,6 +357,10 @@ def run_feature_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target:
         target, tok = load_smollm2("bf16")
     if draft is None:
         draft = feature_draft_from_checkpoint(workdir / "feature" / "final.pt", target).to(torch.bfloat16)
+    elif isinstance(draft, str | Path):
+        from .feature_draft import load_feature_draft
+
+        draft = load_feature_draft(draft, target, dtype=torch.bfloat16)
     draft.eval()
     ev = build_eval_set(target, tok, workdir, seed=seed)
     metrics = feature_acceptance(draft, target, ev["records"])
@@ -365,7 +372,8 @@ def run_feature_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target:
         "metrics": metrics,
         "seconds_this_run": round(time.time() - t0, 1),
     }
-    update_manifest(workdir / "feature", "eval", info)
+    if record:
+        update_manifest(workdir / "feature", "eval", info)
     return info
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .draft import ReducedHead, check_fingerprint, target_fingerprint
+from .draft import ReducedHead, check_fingerprint, decode_linear, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
 
@@ -75,7 +75,7 @@ class PairEmbedding(nn.Module):
     def forward(self, features: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         w = self.proj.weight
         emb = self.table[input_ids].to(w.dtype)
-        return self.proj(torch.cat([self.fused(features), emb], dim=-1))
+        return decode_linear(torch.cat([self.fused(features), emb], dim=-1), w)
 
 
 class FeatureDecoder(nn.Module):
@@ -109,11 +109,29 @@ class FeatureDecoder(nn.Module):
 
     def lean_forward(self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended)."""
-        cos, sin = self.llama.rotary_emb(h, positions)
+        cos, sin = _rope(self.llama.rotary_emb, positions, h)
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, n, D]: broadcast over heads
         for i, layer in enumerate(self.llama.layers):
             h = lean_layer(layer, i, h, mask, cos, sin, cache)
         return _rms(h, self.llama.norm)
+
+
+def _rope(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, n, D] of ``positions``: rows of a table cached on ``rotary`` (one gather instead of ~10 ops);
+    the table is HF's own formula on arange(L), so every entry has the bits HF computes for that position. Other
+    RoPE types (dynamic ones update inv_freq per call) go through the module."""
+    if getattr(rotary, "rope_type", None) != "default":
+        return rotary(h, positions)
+    need = int(positions.max()) + 1 if positions.numel() else 1
+    inv = rotary.inv_freq
+    key = (inv.data_ptr(), inv._version, h.dtype, h.device)
+    hit = getattr(rotary, "_specdec_table", None)
+    if hit is None or hit[0] != key or hit[1].shape[0] < need:
+        size = max(1024, 1 << (need - 1).bit_length())
+        cos, sin = rotary(h, torch.arange(size, device=h.device)[None])
+        hit = (key, cos[0], sin[0])
+        rotary._specdec_table = hit
+    return hit[1][positions], hit[2][positions]
 
 
 def _additive_4d(mask: torch.Tensor) -> bool:
@@ -168,15 +186,15 @@ def lean_layer(
     d = attn.head_dim
     w_qkv, w_gu = _fused(layer)
     nq, nkv = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
-    qkv = F.linear(_rms(h, layer.input_layernorm), w_qkv)
+    qkv = decode_linear(_rms(h, layer.input_layernorm), w_qkv)
     q = qkv[..., :nq].view(b, n, -1, d).transpose(1, 2)
     k = qkv[..., nq : nq + nkv].view(b, n, -1, d).transpose(1, 2)
     v = qkv[..., nq + nkv :].view(b, n, -1, d).transpose(1, 2)
     k, v = cache.update(_rotate(k, cos, sin), v, idx)
     o = _attention(_rotate(q, cos, sin), k, v, mask, attn.scaling)
-    h = h + F.linear(o.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
-    gate, up = F.linear(_rms(h, layer.post_attention_layernorm), w_gu).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+    h = h + decode_linear(o.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
+    gate, up = decode_linear(_rms(h, layer.post_attention_layernorm), w_gu).chunk(2, dim=-1)
+    return h + decode_linear(F.silu(gate) * up, mlp.down_proj.weight)
 
 
 class FeatureDraft(nn.Module):

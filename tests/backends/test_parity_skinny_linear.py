@@ -1,0 +1,85 @@
+"""cpu vs torch parity of skinny_linear. Both accumulate the same products in fp32 (fp64 for double) in different
+orders, so the budget is earned from the float64 truth: the cpu error may be at most 2x the reference's own error
+on the same call plus one rounding of the output dtype (bf16 8e-3, fp16 1e-3, fp32 2e-7, fp64 1e-15 relative to
+the row's scale)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from backend_parity import requires_cpu_ext
+
+import specdec_kernels as sk
+from specdec_kernels import _registry
+
+pytestmark = requires_cpu_ext
+
+ROUNDING = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 2e-7, torch.float64: 1e-15}
+SHAPES = [  # (leading shape of x, in, out): decode steps of the shipped drafts, odd sizes, tails of every loop
+    ((1,), 576, 4096),
+    ((1, 1), 1152, 576),
+    ((1, 3), 576, 960),
+    ((4,), 1024, 576),
+    ((16,), 576, 2048),
+    ((2, 3), 33, 7),
+    ((5,), 7, 1),
+    ((1,), 1, 3),
+    ((3,), 31, 5),
+    ((40,), 64, 13),
+]
+
+
+def check(x: torch.Tensor, w: torch.Tensor) -> None:
+    out = sk.skinny_linear(x, w, backend="cpu")
+    ref = sk.skinny_linear(x, w, backend="torch")
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    truth = F.linear(x.double(), w.double())
+    scale = (x.double().abs() @ w.double().abs().T).clamp_min(1e-300)  # the size of the terms summed
+    err_cpu = ((out.double() - truth).abs() / scale).max().item()
+    err_ref = ((ref.double() - truth).abs() / scale).max().item()
+    assert err_cpu <= 2 * err_ref + ROUNDING[x.dtype], (err_cpu, err_ref)
+
+
+@pytest.mark.parametrize("dtype", list(ROUNDING), ids=str)
+@pytest.mark.parametrize(("lead", "n_in", "n_out"), SHAPES, ids=str)
+def test_matches_reference(dtype: torch.dtype, lead: tuple[int, ...], n_in: int, n_out: int) -> None:
+    g = torch.Generator().manual_seed(n_in * 31 + n_out)
+    x = torch.randn((*lead, n_in), generator=g).to(dtype)
+    w = torch.randn((n_out, n_in), generator=g).to(dtype)
+    check(x, w)
+
+
+def test_special_values_propagate() -> None:
+    """NaN and inf in an input row reach that row's outputs as they do in torch; other rows stay finite."""
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(3, 64).to(dtype)
+        x[0, 5], x[1, 7] = float("nan"), float("inf")
+        w = torch.rand(9, 64).to(dtype) + 0.1  # positive weights: the inf row sums to +inf, not inf - inf
+        out, ref = sk.skinny_linear(x, w, backend="cpu"), sk.skinny_linear(x, w, backend="torch")
+        assert torch.isnan(out[0]).all() and torch.isnan(ref[0]).all()
+        assert torch.isposinf(out[1]).all() and torch.isposinf(ref[1]).all()
+        assert torch.isfinite(out[2]).all()
+
+
+def test_strided_inputs() -> None:
+    x = torch.randn(4, 3, 100).bfloat16()[:, 1]  # non-contiguous rows
+    w = torch.randn(100, 200).bfloat16()[:, ::2]  # [100, 100] with stride 2
+    check(x, w)
+
+
+def test_opcheck() -> None:
+    for dtype in (torch.bfloat16, torch.float32):
+        x, w = torch.randn(2, 3, 40).to(dtype), torch.randn(9, 40).to(dtype)
+        torch.library.opcheck(torch.ops.specdec.skinny_linear, (x, w))
+
+
+def test_auto_uses_cpu_on_cpu() -> None:
+    assert _registry.resolve("skinny_linear", "auto", torch.device("cpu")) is _registry.resolve(
+        "skinny_linear", "cpu", torch.device("cpu")
+    )
+
+
+def test_unsupported_device_raises() -> None:
+    with pytest.raises(sk.BackendUnavailableError, match=r"op 'skinny_linear': backend 'cpu' does not support"):
+        _registry.resolve("skinny_linear", "cpu", torch.device("meta"))
