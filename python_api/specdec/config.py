@@ -232,6 +232,14 @@ class SamplingConfig:
                 raise ValueError(msg) from exc
             raise
 
+    @staticmethod
+    def probs(logp: torch.Tensor) -> torch.Tensor:
+        """The law of processed log-probs: softmax(logp) = exp(logp) up to fp32 rounding (rows sum to 1).
+        Shape: logp [..., V] (at least one finite entry per row) -> p [..., V] float32. softmax, not exp: torch's
+        vectorised exp takes a slow path on -inf (3x slower per row), and a reduced-head draft's rows are mostly
+        -inf."""
+        return torch.softmax(logp, dim=-1)
+
 
 def resolve_sampling(
     generation_config: Any | None,

@@ -391,7 +391,7 @@ class SpeculativeDecoder:
                 tree.tokens,
                 tree.parent,
                 tree.p_rows(q_logits.shape[-1]),
-                q_logp.exp(),
+                SamplingConfig.probs(q_logp),
                 method=verifier,
                 valid=tree.valid,
                 hub=tree.hub() if verifier == "spechub" else None,

@@ -96,7 +96,7 @@ class TreeBuilder(ABC):
                 logp = sampling.process(logits, drafter.name)
             kids = self.expand(tree, lo, hi, logits, logp, live, sampling.greedy, generator)
             if logp is not None:
-                tree.set_level_laws(logp.exp(), kids.hub)
+                tree.set_level_laws(sampling.probs(logp), kids.hub)
             if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
                 break
             new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
