@@ -57,6 +57,8 @@ TORCH_LIBRARY(specdec, m) {
       "-> (Tensor, Tensor, Tensor, Tensor)");
   // x [..., in], weight [out, in] -> x weight^T [..., out] (a decode step's projections: few rows of x)
   m.def("skinny_linear(Tensor x, Tensor weight) -> Tensor");
+  // q [B, H, n, D], k/v [B, Hkv, S, D], mask [B, 1, n, S] additive -> [B, H, n, D] (a decode step's attention)
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -73,4 +75,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify_node", &specdec::cpu::verify_node);
   m.impl("verify_tree", &specdec::cpu::verify_tree);
   m.impl("skinny_linear", &specdec::cpu::skinny_linear);
+  m.impl("decode_attention", &specdec::cpu::decode_attention);
 }

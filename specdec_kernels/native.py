@@ -44,6 +44,7 @@ CPU_OPS = (
     "verify_node",
     "verify_tree",
     "skinny_linear",
+    "decode_attention",
 )
 
 
@@ -98,6 +99,18 @@ if HAVE_CPU:
     @torch.library.register_fake("specdec::skinny_linear")
     def _skinny_linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @register("decode_attention", "cpu", supports=_on_cpu)
+    def decode_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return ops.decode_attention(q, k, v, mask, scale)
+
+    @torch.library.register_fake("specdec::decode_attention")
+    def _decode_attention_fake(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return q.new_empty(q.shape)
 
     # ---- sampling (spec §1.3, §2.1, §2.2) ----
 

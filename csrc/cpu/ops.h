@@ -48,6 +48,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
 // double); for the few rows of a decode step
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight);
 
+// attention.cpp: q [B, H, n, D], k/v [B, Hkv, S, D] (H a multiple of Hkv), mask additive, broadcast to
+// [B, 1, n, S] -> softmax(scale q k^T + mask) v [B, H, n, D], fp32 math (fp64 for double)
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale);
+
 // beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,

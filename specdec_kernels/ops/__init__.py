@@ -1,6 +1,6 @@
 """Public entry points of every op: signature, shapes, validation, dispatch. No math here."""
 
-from .linear import skinny_linear
+from .decode import decode_attention, skinny_linear
 from .sampling import (
     GumbelTopK,
     SBSStep,
@@ -22,6 +22,7 @@ __all__ = [
     "SBSStep",
     "SpecHubDraft",
     "TreeVerdict",
+    "decode_attention",
     "filter_kv",
     "gumbel_topk",
     "is_greedy",

@@ -1,0 +1,80 @@
+// CPU adapter of decode_attention (a draft model's decode-step attention); kernel in specdec/attention.h.
+#include <ATen/ops/empty.h>
+
+#include <type_traits>
+
+#include "cpu/common.h"
+#include "cpu/ops.h"
+#include "specdec/attention.h"
+
+namespace specdec::cpu {
+
+namespace {
+
+template <typename T, typename Acc>
+void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64_t batch, int64_t heads,
+                    int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim, double scale, T* out) {
+  const int64_t group = heads / kv_heads, rows = batch * heads * n;
+#pragma omp parallel num_threads(omp_threads(rows, rows * s_len * dim))
+  {
+    std::vector<Acc> scores(s_len), acc(dim);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
+      const int64_t kv = (b * kv_heads + h / group) * s_len * dim;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        if (dim % 32 == 0) {
+          decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,
+                                    static_cast<float>(scale), scores.data(), acc.data(), out + r * dim);
+          continue;
+        }
+      }
+#endif
+      decode_attention_row<T, Acc>(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,
+                                   static_cast<Acc>(scale), scores.data(), acc.data(), out + r * dim);
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                            const at::Tensor& mask_in, double scale) {
+  for (const auto* t : {&q_in, &k_in, &v_in, &mask_in}) check_cpu(*t, "q/k/v/mask");
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "q, k, v must be 4-D [B, H, n|S, D]");
+  const int64_t batch = q_in.size(0), heads = q_in.size(1), n = q_in.size(2), dim = q_in.size(3);
+  const int64_t kv_heads = k_in.size(1), s_len = k_in.size(2);
+  TORCH_CHECK(k_in.sizes() == v_in.sizes() && k_in.size(0) == batch && k_in.size(3) == dim,
+              "k and v must be [B=", batch, ", Hkv, S, D=", dim, "], got ", k_in.sizes(), " and ", v_in.sizes());
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "H=", heads, " must be a multiple of Hkv=", kv_heads);
+  TORCH_CHECK(q_in.scalar_type() == k_in.scalar_type() && q_in.scalar_type() == v_in.scalar_type(),
+              "q, k, v must share a dtype");
+  const at::ScalarType st = q_in.scalar_type();
+  TORCH_CHECK(at::isFloatingType(st), "q must be floating, got ", st);
+  if (st == at::kHalf)
+    return decode_attention(q_in.to(at::kFloat), k_in.to(at::kFloat), v_in.to(at::kFloat), mask_in, scale)
+        .to(at::kHalf);
+  const at::Tensor mask = mask_in.expand({batch, 1, n, s_len}).to(at::kFloat).contiguous();
+  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  at::Tensor out = at::empty(q.sizes(), q.options());
+  if (out.numel() == 0) return out;
+  TORCH_CHECK(s_len > 0, "the cache must hold at least one key (S > 0)");
+  const float* m = mask.const_data_ptr<float>();
+  if (st == at::kBFloat16) {
+    attention_rows<uint16_t, float>(static_cast<const uint16_t*>(q.const_data_ptr()),
+                                    static_cast<const uint16_t*>(k.const_data_ptr()),
+                                    static_cast<const uint16_t*>(v.const_data_ptr()), m, batch, heads, kv_heads, n,
+                                    s_len, dim, scale, static_cast<uint16_t*>(out.mutable_data_ptr()));
+  } else if (st == at::kFloat) {
+    attention_rows<float, float>(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(), m,
+                                 batch, heads, kv_heads, n, s_len, dim, scale, out.mutable_data_ptr<float>());
+  } else {
+    attention_rows<double, double>(q.const_data_ptr<double>(), k.const_data_ptr<double>(),
+                                   v.const_data_ptr<double>(), m, batch, heads, kv_heads, n, s_len, dim, scale,
+                                   out.mutable_data_ptr<double>());
+  }
+  return out;
+}
+
+}  // namespace specdec::cpu

@@ -1,0 +1,73 @@
+"""Public ops of a draft model's decode step: a linear layer on a few rows, attention of a few rows over a KV cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._registry import resolve
+from ._checks import check_float, check_same_device, check_tensor
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """``x @ weight.T`` (no bias) for the few rows of a decode step, where reading ``weight`` is the whole cost.
+
+    Shape: x [..., in], weight [out, in], one floating dtype -> [..., out] in that dtype, accumulated in fp32
+    (fp64 for double). The ``cpu`` backend reads ``weight`` once for all rows at close to memory-copy speed (on
+    1-16 rows PyTorch's bf16 linear reaches a third of it); its cost grows with the rows, so use ``F.linear`` for
+    batches and prefill. No autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it.
+    """
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    check_float("x", x)
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x must be [..., in={weight.shape[1]}] to match weight [out, in], got {tuple(x.shape)}")
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    check_same_device(x=x, weight=weight)
+    return resolve("skinny_linear", backend, x.device)(x, weight)
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Grouped-query attention of a few query rows over a KV cache: ``softmax(scale q k^T + mask) v``.
+
+    Shape: q [B, H, n, D], k/v [B, Hkv, S, D] with H a multiple of Hkv (query head h reads KV head h // (H / Hkv),
+    as HF's repeat_kv), mask additive, broadcastable to [B, 1, n, S] (a tree mask: 0 = attend, -inf or
+    finfo.min = blocked) -> [B, H, n, D] in q's dtype. Scores, softmax and the weighted sum are fp32 (fp64 for
+    double). A row blocked everywhere with -inf gives NaN, as softmax does. For a draft step's 1-8 queries the
+    ``cpu`` backend is one pass per row instead of ~10 small torch ops. No autograd: inference only.
+    """
+    check_tensor("q", q, ndim=4)
+    check_tensor("k", k, ndim=4)
+    check_tensor("v", v, ndim=4)
+    check_tensor("mask", mask, ndim=4)
+    check_float("q", q)
+    check_float("mask", mask)
+    b, h, n, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(
+            f"k and v must be [B={b}, Hkv, S, D={d}] to match q {tuple(q.shape)}, got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
+    hkv, s = k.shape[1], k.shape[2]
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"q's heads (H={h}) must be a multiple of k's heads (Hkv={hkv})")
+    if s == 0 and q.numel():
+        raise ValueError("k and v must hold at least one cache slot (S > 0)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if any(m not in (1, want) for m, want in zip(mask.shape, (b, 1, n, s), strict=True)):
+        raise ValueError(f"mask must broadcast to [B, 1, n, S] = {(b, 1, n, s)}, got {tuple(mask.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    check_same_device(q=q, k=k, v=v, mask=mask)
+    return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))

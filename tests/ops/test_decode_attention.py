@@ -1,0 +1,77 @@
+"""decode_attention: grouped-query attention of a few rows over a KV cache; semantics and bad inputs (public API)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_kernels import decode_attention
+
+
+def naive(q, k, v, mask, scale):
+    """Per head, in float64, with HF's repeat_kv grouping (query head h reads KV head h // (H / Hkv))."""
+    b, h, n, d = q.shape
+    group = h // k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    m = mask.double().expand(b, 1, n, k.shape[2])
+    for bi in range(b):
+        for hi in range(h):
+            kk, vv = k[bi, hi // group].double(), v[bi, hi // group].double()
+            w = torch.softmax(q[bi, hi].double() @ kk.T * scale + m[bi, 0], dim=-1)
+            out[bi, hi] = w @ vv
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(1, 1), (4, 2), (9, 3), (6, 1)])
+def test_matches_per_head_softmax(backend: str, heads: int, kv_heads: int) -> None:
+    g = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    q = torch.randn(2, heads, 3, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(2, kv_heads, 11, 16, generator=g, dtype=torch.float64)
+    v = torch.randn(2, kv_heads, 11, 16, generator=g, dtype=torch.float64)
+    mask = torch.zeros(2, 1, 3, 11, dtype=torch.float64)
+    mask[0, 0, 0, 4:] = float("-inf")  # a tree row: sees the past and itself
+    mask[1, 0, 2, :3] = torch.finfo(torch.float64).min
+    out = decode_attention(q, k, v, mask, 0.25, backend=backend)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, naive(q, k, v, mask, 0.25), rtol=1e-12, atol=1e-12)
+
+
+def test_mask_broadcasts_over_batch_and_rows() -> None:
+    q, k, v = torch.randn(2, 4, 3, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.zeros(1, 1, 1, 5)
+    mask[..., 1] = float("-inf")
+    full = mask.expand(2, 1, 3, 5).clone()
+    torch.testing.assert_close(decode_attention(q, k, v, mask, 0.3), decode_attention(q, k, v, full, 0.3))
+
+
+def test_row_blocked_everywhere_is_nan_like_softmax() -> None:
+    q, k, v = torch.randn(1, 2, 2, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8)
+    mask = torch.zeros(1, 1, 2, 4)
+    mask[0, 0, 1] = float("-inf")
+    for backend in ("torch", "auto"):
+        out = decode_attention(q, k, v, mask, 0.5, backend=backend)
+        assert torch.isnan(out[:, :, 1]).all() and torch.isfinite(out[:, :, 0]).all()
+
+
+def _bad():
+    q, k, m = torch.randn(1, 4, 2, 8), torch.randn(1, 2, 5, 8), torch.zeros(1, 1, 2, 5)
+    return [
+        ((q[0], k, k, m, 1.0), ValueError, "q must have 4 dimensions"),
+        ((q, k, k[..., :4], m, 1.0), ValueError, r"k and v must be \[B=1, Hkv, S, D=8\]"),
+        ((q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), m, 1.0), ValueError, "multiple of k's heads"),
+        ((q, k, k, torch.zeros(1, 1, 2, 4), 1.0), ValueError, r"mask must broadcast to \[B, 1, n, S\]"),
+        ((q, k, k, torch.zeros(1, 4, 2, 5), 1.0), ValueError, r"mask must broadcast to \[B, 1, n, S\]"),
+        ((q, k.double(), k.double(), m, 1.0), TypeError, "q, k and v must share a dtype"),
+        ((q, k, k, m, float("nan")), ValueError, "scale must be a finite number"),
+        ((q, k[:, :, :0], k[:, :, :0], m[..., :0], 1.0), ValueError, "at least one cache slot"),
+        ((q.long(), k.long(), k.long(), m, 1.0), TypeError, "q must be a floating"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_bad_inputs(case: int, backend: str) -> None:
+    args, exc, match = _bad()[case]
+    with pytest.raises(exc, match=match):
+        decode_attention(*args, backend=backend)
