@@ -86,11 +86,18 @@ def check_parents(parents: Sequence[int]) -> list[int]:
 
 
 def depth_from_parents(parent: torch.Tensor) -> torch.Tensor:
-    """depth[b, n] from parent[b, n] (parent[n] < n); padding nodes (parent 0) get depth 1."""
-    depth = torch.zeros_like(parent, dtype=torch.long)
-    for n in range(1, parent.shape[-1]):
-        depth[..., n] = depth.gather(-1, parent[..., n : n + 1].clamp_min(0).long()).squeeze(-1) + 1
-    return depth
+    """depth[b, n] from parent[b, n] (parent[n] < n, parent[0] = -1); padding nodes (parent 0) get depth 1.
+
+    Pointer jumping: ``jump[n]`` is an ancestor of n at distance ``depth[n]``; each round doubles that distance
+    until every node points at the root, so ceil(log2 N) rounds of two gathers instead of one gather per node.
+    """
+    n = parent.shape[-1]
+    jump = parent.clamp_min(0).long()  # the root points at itself
+    depth = (torch.arange(n, device=parent.device) > 0).long().expand_as(jump)
+    for _ in range(max(n - 1, 1).bit_length()):
+        depth = depth + depth.gather(-1, jump)
+        jump = jump.gather(-1, jump)
+    return depth.contiguous()
 
 
 def parents_tensor(parents: Sequence[int], batch: int = 1, device: torch.device | str = "cpu") -> torch.Tensor:

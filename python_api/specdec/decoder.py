@@ -385,6 +385,7 @@ class SpeculativeDecoder:
                 greedy=True,
                 eos_token_id=eos or None,
                 validate=False,
+                depth=tree.depth,
             )
         else:
             out = sk.verify_tree(
@@ -398,6 +399,7 @@ class SpeculativeDecoder:
                 eos_token_id=eos or None,
                 seed=op_seed(generator),
                 validate=False,  # the tree and both laws come from the validated processing above
+                depth=tree.depth,
             )
         return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
 

@@ -245,7 +245,8 @@ class HFCausalLM:
         (S = cache length before the call); the root's position is n_cached, node n's position n_cached + depth[n].
         """
         past = state.length
-        mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype)
+        # the driver's own trees (DraftTree.append_level): structure checks skipped, the kernel still bounds-checks
+        mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype, validate=False)
         pos = sk.tree_positions(depth, state.n_cached + 1)
         logits = self._run(state, tokens.clamp_min(0), pos, mask, valid, valid)
         assert logits is not None

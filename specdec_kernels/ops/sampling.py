@@ -61,6 +61,9 @@ def process_logits(
     ``top_k = 0`` and ``top_p = 1`` disable the filters. Use the same call for sampling and verification.
     """
     check_tensor("logits", logits, min_ndim=1)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        # exact, and where every backend starts anyway; the check below then reduces fp32 (3x faster than bf16)
+        logits = logits.float()
     check_logp("logits", logits)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")

@@ -117,12 +117,13 @@ def filter_kv(
             raise ValueError("accepted_nodes[b, j] must be a node of depth j+1 (node id > j); got an impossible id")
     need = int((p - 1 + accepted_nodes.clamp_min(0).masked_fill(~used, 0).max(dim=1).values).max()) + 1
     need = max(need, int((p + n_accepted).max()))
-    for i, t in enumerate(kv):
-        check_tensor(f"kv[{i}]", t, ndim=4)
-        if t.shape[0] != batch:
-            raise ValueError(f"kv[{i}] must have batch size {batch}, got shape {tuple(t.shape)}")
-        if t.device != accepted_nodes.device:
-            raise ValueError(f"kv[{i}] must be on {accepted_nodes.device}, got {t.device}")
-        if t.shape[2] < need:
+    dev = accepted_nodes.device
+    for i, t in enumerate(kv):  # one cheap test per tensor (a model has tens of them); details only on failure
+        if not (isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[0] == batch and t.shape[2] >= need):
+            check_tensor(f"kv[{i}]", t, ndim=4)
+            if t.shape[0] != batch:
+                raise ValueError(f"kv[{i}] must have batch size {batch}, got shape {tuple(t.shape)}")
             raise ValueError(f"kv[{i}] has {t.shape[2]} slots but the accepted nodes need {need}")
+        if t.device != dev:
+            raise ValueError(f"kv[{i}] must be on {dev}, got {t.device}")
     return resolve("filter_kv", backend, accepted_nodes.device)(list(kv), p, accepted_nodes, n_accepted)

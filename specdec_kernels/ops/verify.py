@@ -280,6 +280,7 @@ def verify_tree(
     seed: int | None = None,
     backend: str | None = None,
     validate: bool = True,
+    depth: torch.Tensor | None = None,
 ) -> TreeVerdict:
     """Walk a batch of ragged draft trees and verify each visited node with ``method`` (spec §3.6).
 
@@ -292,7 +293,9 @@ def verify_tree(
     alive chain nodes carrying t (spec §5.3). ``validate=False`` skips the O(N V) value checks (laws sum to 1,
     drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for callers that built
     the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and types are still checked
-    and the kernels still bounds-check.
+    and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths when the caller already has them
+    (the driver's trees carry them); they only size the outputs (L), are checked against ``parent`` when
+    ``validate`` is true, and default to ``depth_from_parents(parent)``.
     """
     method = check_method(method)
     check_tensor("tokens", tokens, ndim=2)
@@ -356,7 +359,15 @@ def verify_tree(
     u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
-    max_depth = int(depth_from_parents(par).masked_fill(~valid, 0).max())
+    if depth is None:
+        depth = depth_from_parents(par)
+    else:
+        check_tensor("depth", depth, ndim=2)
+        check_int("depth", depth)
+        check_shape("depth", depth, tokens.shape)
+        if validate and not torch.equal(depth[valid], depth_from_parents(par)[valid]):
+            raise ValueError("depth must be the depth of each valid node in the tree given by parent")
+    max_depth = int(depth.masked_fill(~valid, 0).max())
     impl = resolve("verify_tree", backend, q_rows.device)
     return TreeVerdict(
         *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_kernels import available_backends, kseq_chain_parents, verify_chain, verify_tree
+from specdec_kernels import available_backends, depth_from_parents, kseq_chain_parents, verify_chain, verify_tree
 from specdec_kernels.testing.oracles_tree import RULES, random_parents, tree_walk
 
 METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
@@ -479,3 +479,23 @@ def test_backend_matches_reference(backend: str, method: str) -> None:
     assert torch.equal(got.accepted_rank, ref.accepted_rank)
     m = ref.n_accepted.numpy()
     assert path_tokens(tokens, got.accepted_nodes.numpy(), m) == path_tokens(tokens, ref.accepted_nodes.numpy(), m)
+
+
+def test_given_depth_sizes_the_outputs_and_is_checked() -> None:
+    """depth= (the driver passes its trees' depths) gives the verdict of the computed depths; a wrong depth is an
+    error when validate is true."""
+    rng = np.random.default_rng(5)
+    arrays = random_batch(rng, "rrs", 64, 3)[:5]
+    tokens, parent, valid, p_rows, q_rows = (torch.from_numpy(a) for a in arrays)
+    depth = depth_from_parents(parent)
+    kw = {"method": "rrs", "valid": valid, "seed": 7}
+    want = verify_tree(tokens, parent, p_rows, q_rows, **kw)
+    for validate in (True, False):
+        got = verify_tree(tokens, parent, p_rows, q_rows, validate=validate, depth=depth, **kw)
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+    wrong = depth.clone()
+    wrong[valid & (depth > 0)] += 1
+    with pytest.raises(ValueError, match="depth must be the depth of each valid node"):
+        verify_tree(tokens, parent, p_rows, q_rows, depth=wrong, **kw)
+    with pytest.raises(ValueError, match="depth must have shape"):
+        verify_tree(tokens, parent, p_rows, q_rows, depth=depth[:, :-1], **kw)
