@@ -125,6 +125,8 @@ def compact(
 
     Shape: all inputs [B, M]; returns the same tensors [B, w] with w = max valid count (at least 0).
     """
+    if valid.numel() and bool(valid.all()):  # nothing to move (chains, full trees): skip the sort and gathers
+        return (tokens, parent, valid, *extra)
     order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
     width = int(valid.sum(dim=1).max()) if valid.numel() else 0
     idx = order[:, :width]
