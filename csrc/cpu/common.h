@@ -102,10 +102,12 @@ inline void philox_fill_span(double* out, int64_t lo, int64_t hi, uint64_t seed,
 
 // Philox uniforms of one row where lp is finite; masked tokens (-inf) get 0.5, which never matters: their race
 // score is -inf whatever the noise. Top-k/top-p laws and reduced-vocabulary drafts mask most of the vocabulary, so
-// this draws a fraction of the row; dense rows fall back to the pairwise fill. idx: scratch.
+// this draws a fraction of the row; dense rows fall back to the pairwise fill. idx: scratch. Returns the number m of
+// finite entries when the row was sparse (idx[0..m) then lists them in increasing order; the masked entries are
+// left unwritten unless fill_masked), -1 when it was filled densely.
 template <typename T>
-void philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row,
-                        std::vector<int64_t>& idx) {
+int64_t philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row,
+                           std::vector<int64_t>& idx, bool fill_masked = true) {
   idx.resize(n);
   int64_t m = 0;
   for (int64_t v = 0; v < n; ++v) {  // branch-free compaction
@@ -114,9 +116,9 @@ void philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint
   }
   if (3 * m > n) {  // one Philox call per element below vs one per pair here
     philox_fill_span(out, 0, n, seed, purpose, row);
-    return;
+    return -1;
   }
-  std::fill(out, out + n, 0.5);
+  if (fill_masked) std::fill(out, out + n, 0.5);  // a caller that reads only idx[0..m) skips this write
   const PhiloxKeys keys(seed);
   const uint32_t r0 = static_cast<uint32_t>(row), r1 = static_cast<uint32_t>(row >> 32);
   const int64_t* ids = idx.data();
@@ -127,6 +129,7 @@ void philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint
     philox_rounds(c0, c1, c2, c3, keys);
     out[v] = (v & 1) ? philox_u52_bits(c2, c3) : philox_u52_bits(c0, c1);
   }
+  return m;
 }
 
 // Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument is

@@ -57,7 +57,16 @@ void sample_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int6
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       const T* row = lp + i * vocab;
-      out[i] = sample_categorical_row(row, noise_row(u, row, vocab, i, seed, scratch, idx), vocab);
+      if (u == nullptr) {
+        scratch.resize(vocab);
+        const int64_t m =
+            philox_fill_finite(scratch.data(), row, vocab, seed, kDraftNoise, static_cast<uint64_t>(i), idx, false);
+        // a sparse row (a reduced-head draft, top-k/top-p): race over its finite entries only, same scores and order
+        out[i] = m >= 0 ? sample_categorical_sparse(row, scratch.data(), idx.data(), m)
+                        : sample_categorical_row(row, scratch.data(), vocab);
+        continue;
+      }
+      out[i] = sample_categorical_row(row, u + i * vocab, vocab);
     }
   }
 }

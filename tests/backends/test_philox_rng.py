@@ -298,7 +298,9 @@ def test_cpu_own_rng_verify_tree_first_token_law() -> None:
     assert check.ok, check
 
 
-@pytest.mark.parametrize(("rows", "vocab", "keep"), [(4, 1000, 40), (2, 49152, 8192), (3, 111, 1)])
+@pytest.mark.parametrize(
+    ("rows", "vocab", "keep"), [(4, 1000, 40), (2, 49152, 8192), (3, 111, 1), (400, 1000, 5), (8, 49152, 4096)]
+)
 def test_sparse_rows_match_reference(rows: int, vocab: int, keep: int) -> None:
     """Rows with most tokens masked (top-k laws, reduced-vocabulary drafts): the cpu backend draws Philox noise only
     for the finite entries; decisions must still equal the reference's, including -inf candidates when k > keep."""

@@ -69,6 +69,26 @@ int64_t sample_categorical_row(const T* logp,    // [V]
   return gumbel_argmax(vocab, u, lp, lp);
 }
 
+// sample_categorical_row restricted to the m finite entries ids[0..m) (ascending) of a sparse row: the same exact
+// scores in the same order, so the same winner (ties -> lower id); m = 0 returns 0 like the dense race.
+template <typename T>
+int64_t sample_categorical_sparse(const T* logp, const double* u, const int64_t* ids, int64_t m) {
+  if (m == 0) return 0;
+  int64_t best_i = ids[0];
+  double best = as_double(logp[best_i]) + gumbel(u[best_i]);
+  for (int64_t t = 1; t < m; ++t) {
+    const int64_t v = ids[t];
+    const double s = as_double(logp[v]);
+    if (s + gumbel_upper(u[v]) < best - race_margin(best)) continue;
+    const double total = s + gumbel(u[v]);
+    if (total > best) {
+      best = total;
+      best_i = v;
+    }
+  }
+  return best_i;
+}
+
 // Top-k race of one row: the k largest score(v) + gumbel(u[v]) over v in [0, n), descending, ties -> lower v.
 // score(v) is the exact double score without noise (may be -inf); bound(v) >= score(v) is cheap. Small k keeps a
 // sorted buffer in the outputs; larger k a binary heap (heap: [k] scratch) whose top is the worst kept candidate.
