@@ -15,8 +15,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None 
 
     Shape: x [..., in], weight [out, in], one floating dtype -> [..., out] in that dtype, accumulated in fp32
     (fp64 for double). The ``cpu`` backend reads ``weight`` once for all rows at close to memory-copy speed (on
-    1-16 rows PyTorch's bf16 linear reaches a third of it); its cost grows with the rows, so use ``F.linear`` for
-    batches and prefill. No autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it.
+    one row PyTorch's bf16 linear reaches about 40 % of it); its cost grows with the rows and PyTorch is faster
+    from about 16 rows (benchmarks/bench_skinny_linear.py), so use ``F.linear`` for batches and prefill. No
+    autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it.
     """
     check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
