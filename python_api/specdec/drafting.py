@@ -21,10 +21,23 @@ from .tree import DraftTree
 
 class DraftLogits(NamedTuple):
     """Shape: logits [B, n, V] (any float; rows where ``ok`` is false are ignored), ok [B, n] bool = the drafter
-    has a proposal after that node (a node without one gets no children)."""
+    has a proposal after that node (a node without one gets no children).
+
+    ``support`` (optional, int64 [S], strictly increasing token ids): ``logits`` are then [B, n, S], the scores
+    of these tokens only, and the draft law is zero outside them (a reduced-vocabulary head). The decoder
+    processes and samples the S columns and maps the drawn columns back to token ids.
+    """
 
     logits: torch.Tensor
     ok: torch.Tensor
+    support: torch.Tensor | None = None
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        """Full-vocabulary logits [B, n, V] (-inf outside ``support``), e.g. to inspect a reduced proposal."""
+        if self.support is None:
+            return self.logits
+        out = self.logits.new_full((*self.logits.shape[:-1], vocab), float("-inf"))
+        return out.index_copy_(-1, self.support, self.logits)
 
 
 class Drafter(ABC):
@@ -80,6 +93,8 @@ class ModelDrafter(Drafter):
         self.name = name
         self.num_parameters = self.lm.num_parameters
         self.vocab_size = self.lm.vocab_size
+        # a reduced-vocabulary head: propose logits over its support only (DraftLogits.support)
+        self.support = self.lm.support
         self.state: KVState | None = None
         self.calls = 0
         self._round = False
@@ -99,7 +114,7 @@ class ModelDrafter(Drafter):
         done = st.n_cached.tolist()
         pending = [c[n:] for c, n in zip(committed, done, strict=True)]
         lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=self.lm.device)
-        logits = self.lm.forward_chain(st, pending, last_logits=True)
+        logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self.support is not None)
         assert logits is not None
         self.calls += 1
         # Tree node n >= 1 will live in slot base + n - 1; the root stays where the chain put it.
@@ -107,14 +122,17 @@ class ModelDrafter(Drafter):
         self._base = st.length
         self._next = 1  # first tree node id not yet in the cache
         self._round = True
-        return DraftLogits(logits[:, None], torch.ones((st.batch, 1), dtype=torch.bool, device=logits.device))
+        ok = torch.ones((st.batch, 1), dtype=torch.bool, device=logits.device)
+        return DraftLogits(logits[:, None], ok, self.support)
 
     def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
         st = self._state()
-        logits = self.lm.forward_level(st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base)
+        logits = self.lm.forward_level(
+            st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, reduced=self.support is not None
+        )
         self.calls += 1
         self._next = hi
-        return DraftLogits(logits, tree.valid[:, lo:hi].clone())
+        return DraftLogits(logits, tree.valid[:, lo:hi].clone(), self.support)
 
     def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
         if not self._round:
@@ -254,20 +272,29 @@ class FeatureDrafter(ModelDrafter):
         self._base = st.length
         self._node_feat = last[:, None]  # the draft's prediction of each tree node's target feature
         self._round = True
-        return DraftLogits(self.lm.head(last)[:, None], ok[:, None])
+        return DraftLogits(self.lm.project(last, self.support is not None)[:, None], ok[:, None], self.support)
 
     def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
         st = self._state()
         parent = tree.parent[:, lo:hi].clamp_min(0)
         feats = self._node_feat.gather(1, parent[..., None].expand(-1, -1, self._node_feat.shape[-1]))
         logits = self.lm.forward_level(
-            st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, features=feats
+            st,
+            tree.tokens,
+            tree.parent,
+            tree.valid,
+            tree.depth,
+            lo,
+            hi,
+            self._base,
+            features=feats,
+            reduced=self.support is not None,
         )
         hidden = self.lm.last_hidden
         assert hidden is not None
         self._node_feat = torch.cat([self._node_feat, hidden], dim=1)
         self.calls += 1
-        return DraftLogits(logits, tree.valid[:, lo:hi].clone())
+        return DraftLogits(logits, tree.valid[:, lo:hi].clone(), self.support)
 
     def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
         if not self._round:

@@ -135,6 +135,19 @@ class HFCausalLM:
         # Feature drafts read [final hidden ; inputs of these layers] (set by the decoder): ``last_features``.
         self.feature_layers: tuple[int, ...] = ()
         self.last_features: torch.Tensor | None = None
+        # A head that can score a sorted subset of the vocabulary only (specdec.train.ReducedHead: exact zeros
+        # elsewhere) lets a drafter ask for [.., S] logits over ``support`` instead of full rows that are mostly
+        # -inf, so processing and sampling read S values instead of V.
+        # Columns are put in token-id order (lowest id first is the greedy tie rule).
+        ids = getattr(head, "head_ids", None) if getattr(head, "reduced_output", False) else None
+        self.support: torch.Tensor | None = None
+        self._support_order: torch.Tensor | None = None  # column permutation when head_ids are not sorted
+        if isinstance(ids, torch.Tensor) and ids.dim() == 1 and ids.numel():
+            ids = ids.to(self.device)
+            if bool((ids[1:] > ids[:-1]).all()):
+                self.support = ids
+            else:
+                self.support, self._support_order = torch.sort(ids)
 
     def new_state(self, batch: int) -> KVState:
         """An empty cache for ``batch`` rows."""
@@ -155,10 +168,12 @@ class HFCausalLM:
         block_valid: torch.Tensor,
         want: torch.Tensor | None,
         features: torch.Tensor | None = None,
+        reduced: bool = False,
     ) -> torch.Tensor | None:
         """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] at ``want`` rows (else 0).
 
         ``features`` [B, n, E]: the extra input of a feature draft (specdec.train.FeatureDraft), else None.
+        ``reduced``: logits over ``support`` only, [B, n, S] (see :meth:`project`).
         Logits keep the head's dtype: process_logits widens bf16/fp16 exactly, so a separate fp32 copy would only
         cost a pass over the vocabulary."""
         extra: dict[str, Any] = {} if features is None else {"features": features}
@@ -183,11 +198,21 @@ class HFCausalLM:
             return None
         # NaN logits are caught where the logits are processed (one pass there instead of one more here).
         if bool(want.all()):
-            return self.head(hidden)
-        rows = self.head(hidden[want])
-        logits = torch.zeros((*tokens.shape, self.vocab_size), dtype=rows.dtype, device=tokens.device)
+            return self.project(hidden, reduced)
+        rows = self.project(hidden[want], reduced)
+        logits = torch.zeros((*tokens.shape, rows.shape[-1]), dtype=rows.dtype, device=tokens.device)
         logits[want] = rows
         return logits
+
+    def project(self, hidden: torch.Tensor, reduced: bool = False) -> torch.Tensor:
+        """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
+        (only for a head with a support; called through the module so that forward hooks see it)."""
+        if not reduced:
+            return self.head(hidden)
+        if self.support is None:
+            raise ValueError(f"{self.name}: reduced logits need an output head with a sorted support (ReducedHead)")
+        z = self.head(hidden, full=False)
+        return z if self._support_order is None else z[..., self._support_order]
 
     def forward_chain(
         self,
@@ -196,12 +221,13 @@ class HFCausalLM:
         *,
         last_logits: bool,
         features: torch.Tensor | None = None,
+        reduced: bool = False,
     ) -> torch.Tensor | None:
         """Append each row's ``chains[b]`` (committed tokens, possibly empty) to the cache.
 
-        Shape: returns logits [B, V] (head dtype) of the last token of every chain when ``last_logits`` (every
-        chain must then be non-empty), else None. ``features`` [B, >= longest chain, E]: a feature draft's
-        paired input (right-padded like the chains).
+        Shape: returns logits [B, V] (head dtype; [B, S] over ``support`` when ``reduced``) of the last token of
+        every chain when ``last_logits`` (every chain must then be non-empty), else None. ``features``
+        [B, >= longest chain, E]: a feature draft's paired input (right-padded like the chains).
         """
         batch = state.batch
         lens = torch.tensor([len(c) for c in chains], dtype=torch.long, device=self.device)
@@ -224,11 +250,11 @@ class HFCausalLM:
                 raise ValueError("forward_chain: every row needs a token to produce logits")
             want = cols[None, :] == (lens - 1)[:, None]
         feats = None if features is None else features[:, :width]
-        logits = self._run(state, tokens, pos, mask, block_valid, want, feats)
+        logits = self._run(state, tokens, pos, mask, block_valid, want, feats, reduced)
         state.n_cached = state.n_cached + lens
         if logits is None:
             return None
-        return logits[:, -1] if width == 1 else logits[want].reshape(batch, self.vocab_size)
+        return logits[:, -1] if width == 1 else logits[want].reshape(batch, logits.shape[-1])
 
     def forward_tree(
         self,
@@ -263,13 +289,15 @@ class HFCausalLM:
         hi: int,
         base: int,
         features: torch.Tensor | None = None,
+        reduced: bool = False,
     ) -> torch.Tensor:
         """Level-synchronous drafting (spec §3.4): append tree nodes ``lo..hi-1`` of a tree whose root is cached.
 
         Shape: tokens/parent/valid/depth [B, >= hi]; the root (node 0) is a committed cached token; nodes
         1..lo-1 sit in slots base .. base+lo-2 (``base`` = cache length right after the root's block) and node n
         goes to slot base + n - 1. Returns logits [B, hi - lo, V] (head dtype) of the new nodes (valid ones).
-        ``features`` [B, hi - lo, E]: a feature draft's paired input for the new nodes.
+        ``features`` [B, hi - lo, E]: a feature draft's paired input for the new nodes. ``reduced``: logits
+        [B, hi - lo, S] over ``support``.
         """
         if state.length != base + lo - 1:
             raise RuntimeError(f"draft cache holds {state.length} slots, expected {base + lo - 1} before level {lo}")
@@ -285,7 +313,9 @@ class HFCausalLM:
         # a row with nothing cached (a feature draft before its first pair) has no valid node in the level: its
         # positions are never used, the clamp only satisfies tree_positions' prefix >= 1
         pos = sk.tree_positions(depth[:, lo:hi], state.n_cached.clamp_min(1))
-        logits = self._run(state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi], features)
+        logits = self._run(
+            state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi], features, reduced
+        )
         assert logits is not None
         return logits
 

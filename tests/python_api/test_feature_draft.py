@@ -45,13 +45,19 @@ class RecordingDrafter(FeatureDrafter):
 
     def propose_root(self, committed):
         out = super().propose_root(committed)
-        self.rounds.append({"committed": [list(c) for c in committed], "root": out.logits[:, 0].clone()})
+        self.rounds.append(
+            {"committed": [list(c) for c in committed], "root": out.dense(self.vocab_size)[:, 0].clone()}
+        )
         return out
 
     def propose_level(self, tree, lo, hi):
         out = super().propose_level(tree, lo, hi)
         if lo == 1:
-            self.rounds[-1]["level1"] = (tree.tokens[:, lo:hi].clone(), tree.valid[:, lo:hi].clone(), out.logits)
+            self.rounds[-1]["level1"] = (
+                tree.tokens[:, lo:hi].clone(),
+                tree.valid[:, lo:hi].clone(),
+                out.dense(self.vocab_size),
+            )
         return out
 
 

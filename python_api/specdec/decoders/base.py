@@ -80,6 +80,8 @@ class TreeBuilder(ABC):
         for level in range(depth):
             lo, hi = tree.levels[-1]
             logits = out.logits.to(tree.device)
+            # reduced logits [B, n, S]: everything below runs on the S columns; tokens map back after expand
+            support = None if out.support is None else out.support.to(tree.device)
             live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
             if rule is not None:
                 live = rule.live(level, tree, lo, hi, live, drafter)
@@ -95,8 +97,14 @@ class TreeBuilder(ABC):
             else:
                 logp = sampling.process(logits, drafter.name)
             kids = self.expand(tree, lo, hi, logits, logp, live, sampling.greedy, generator)
+            if support is not None:
+                kids = to_token_ids(kids, support)
             if logp is not None:
-                tree.set_level_laws(sampling.probs(logp), kids.hub)
+                probs = sampling.probs(logp)
+                if support is not None:  # the verifier reads full-vocabulary laws, exact zeros outside the support
+                    dense = probs.new_zeros((*probs.shape[:-1], drafter.vocab_size))
+                    probs = dense.index_copy_(-1, support, probs)
+                tree.set_level_laws(probs, kids.hub)
             if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
                 break
             new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
@@ -109,6 +117,14 @@ class TreeBuilder(ABC):
         if rule is not None:
             rule.finish()
         return tree
+
+
+def to_token_ids(kids: Children, support: torch.Tensor) -> Children:
+    """Children drawn from reduced rows carry column indices into ``support``; map them (and SpecHub hubs) to
+    token ids. Invalid slots may hold any index: they are clamped here and masked by DraftTree.append_level."""
+    last = support.numel() - 1
+    hub = None if kids.hub is None else support[kids.hub.clamp(0, last)]
+    return kids._replace(tokens=support[kids.tokens.clamp(0, last)], hub=hub)
 
 
 def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

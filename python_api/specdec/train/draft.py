@@ -68,8 +68,12 @@ class ProjectedEmbedding(nn.Module):
 class ReducedHead(nn.Module):
     """Linear head over ``head_ids`` only; full-vocabulary output with ``-inf`` outside the head.
 
-    Shape: hidden [..., H] -> logits [..., vocab_size]; :meth:`reduced` gives the [..., len(head_ids)] scores.
+    Shape: hidden [..., H] -> logits [..., vocab_size]; ``full=False`` (or :meth:`reduced`) gives the
+    [..., len(head_ids)] scores, in ``head_ids`` order (sorted ids), which the driver samples from directly.
     """
+
+    #: the module can return the scores of ``head_ids`` only (specdec.models.HFCausalLM reads this)
+    reduced_output = True
 
     def __init__(self, hidden_size: int, head_ids: torch.Tensor, vocab_size: int) -> None:
         super().__init__()
@@ -95,8 +99,10 @@ class ReducedHead(nn.Module):
     def reduced(self, hidden: torch.Tensor) -> torch.Tensor:
         return decode_linear(hidden, self.reduced_weight)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, *, full: bool = True) -> torch.Tensor:
         z = self.reduced(hidden)
+        if not full:
+            return z
         out = z.new_full((*z.shape[:-1], self.vocab_size), float("-inf"))
         return out.index_copy_(-1, self.head_ids, z)
 
