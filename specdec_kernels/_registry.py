@@ -31,6 +31,9 @@ _PREFERENCE = {"cpu": ("cpu", "torch"), "cuda": ("cuda", "triton", "torch")}
 # op -> backend -> (impl, supports(device) predicate)
 _IMPLS: dict[str, dict[str, tuple[Callable[..., Any], Callable[[torch.device], bool]]]] = {}
 _MISSING_REASON: dict[str, str] = {}
+# (op, device) -> implementation picked by "auto"; cleared whenever a backend registers (the supports() predicates
+# only look at the device). A decode step resolves tens of ops, so the preference walk is done once.
+_AUTO: dict[tuple[str, torch.device], tuple[dict[str, Any], Callable[..., Any]]] = {}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -50,6 +53,7 @@ def register(
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         _IMPLS.setdefault(op, {})[backend] = (fn, supports)
+        _AUTO.clear()
         return fn
 
     return deco
@@ -77,6 +81,10 @@ def resolve(op: str, backend: str | None, device: torch.device) -> Callable[...,
     """Return the implementation of ``op`` for ``backend`` ("auto", None = env default) on ``device``."""
     backend = backend or default_backend()
     impls = _IMPLS.get(op)
+    if backend == "auto":
+        hit = _AUTO.get((op, device))
+        if hit is not None and hit[0] is impls:  # the op's table was not swapped since (tests do that)
+            return hit[1]
     if not impls:
         raise KeyError(f"unknown op {op!r}")
     if backend == "auto":
@@ -84,8 +92,10 @@ def resolve(op: str, backend: str | None, device: torch.device) -> Callable[...,
             entry = impls.get(cand)
             if entry is not None and entry[1](device):
                 log.debug("op %s: auto-selected backend %s on %s", op, cand, device)
+                _AUTO[(op, device)] = (impls, entry[0])
                 return entry[0]
             log.debug("op %s: backend %s skipped on %s", op, cand, device)
+        _AUTO[(op, device)] = (impls, impls["torch"][0])
         return impls["torch"][0]
     if backend not in BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {BACKENDS}, got {backend!r}")

@@ -26,6 +26,8 @@ class DraftTree:
     levels: list[tuple[int, int]] = field(default_factory=list)
     p_levels: list[torch.Tensor] = field(default_factory=list)
     hub_levels: list[torch.Tensor] = field(default_factory=list)
+    # per level: the token ids of the law's columns when it was stored reduced (DraftLogits.support), else None
+    p_support: list[torch.Tensor | None] = field(default_factory=list)
 
     @classmethod
     def from_roots(cls, roots: torch.Tensor) -> DraftTree:
@@ -72,22 +74,39 @@ class DraftTree:
         self.levels.append((lo, lo + width))
         return lo, lo + width
 
-    def set_level_laws(self, probs: torch.Tensor, hub: torch.Tensor | None = None) -> None:
+    def set_level_laws(
+        self, probs: torch.Tensor, hub: torch.Tensor | None = None, support: torch.Tensor | None = None
+    ) -> None:
         """Store the draft laws (and SpecHub hubs) of the newest level, in level order of calls.
 
-        Shape: probs [B, w, V] fp32 (w = width of that level), hub [B, w] int64.
+        Shape: probs [B, w, V] fp32 (w = width of that level), or [B, w, S] over the token ids ``support`` [S]
+        (a reduced-vocabulary draft: zero mass elsewhere), hub [B, w] int64.
         """
         self.p_levels.append(probs)
+        self.p_support.append(support)
         if hub is not None:
             self.hub_levels.append(hub)
 
     def p_rows(self, vocab: int) -> torch.Tensor:
         """Draft laws of every node, [B, N, V] fp32; zero rows for leaves and padding (never read)."""
-        rows = list(self.p_levels)
-        have = sum(int(r.shape[1]) for r in rows)
-        if have < self.size:
-            rows.append(torch.zeros((self.batch, self.size - have, vocab), dtype=torch.float32, device=self.device))
-        return torch.cat(rows, dim=1)
+        supports = self.p_support + [None] * (len(self.p_levels) - len(self.p_support))
+        if not any(s is not None for s in supports):
+            rows = list(self.p_levels)
+            have = sum(int(r.shape[1]) for r in rows)
+            if have < self.size:
+                rows.append(torch.zeros((self.batch, self.size - have, vocab), dtype=torch.float32, device=self.device))
+            return torch.cat(rows, dim=1)
+        # reduced laws: one zero-filled buffer, each level's columns written into its slice
+        out = torch.zeros((self.batch, self.size, vocab), dtype=torch.float32, device=self.device)
+        lo = 0
+        for probs, support in zip(self.p_levels, supports, strict=True):
+            hi = lo + int(probs.shape[1])
+            if support is None:
+                out[:, lo:hi] = probs
+            else:
+                out[:, lo:hi].index_copy_(-1, support, probs)
+            lo = hi
+        return out
 
     def hub(self) -> torch.Tensor:
         """SpecHub hub token of every node, [B, N] int64 (0 where unused)."""

@@ -88,13 +88,16 @@ def filter_kv(
     n_accepted: torch.Tensor,
     *,
     backend: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Keep the accepted path in per-layer K/V tensors, in place (spec §3.7).
 
     Shape: kv = tensors [B, H, S, D] (sequence on dim -2) holding the committed prefix at [0, P) (root at P-1)
     and draft node n at slot P-1+n; prefix_len int or [B] = P; accepted_nodes [B, L] node ids (-1 padded),
     n_accepted [B]. Slot P-1+accepted_nodes[b, j] is moved to P+j. Returns the new valid lengths P + n_accepted
-    [B]; slots beyond a row's length are stale (truncate or mask them).
+    [B]; slots beyond a row's length are stale (truncate or mask them). ``validate=False`` skips the value checks
+    (node ids, counts, every tensor's slot count) for callers that hold a verifier's output and their own cache
+    (the driver); argument types and shapes are still checked, and so is that every move stays inside every tensor.
     """
     if isinstance(kv, torch.Tensor) or not isinstance(kv, Sequence):
         raise TypeError("kv must be a sequence of [B, H, S, D] tensors (e.g. every layer's keys and values)")
@@ -104,10 +107,12 @@ def filter_kv(
     check_int("n_accepted", n_accepted)
     batch, max_len = accepted_nodes.shape
     check_shape("n_accepted", n_accepted, (batch,))
-    if n_accepted.numel() and (int(n_accepted.min()) < 0 or int(n_accepted.max()) > max_len):
-        raise ValueError(f"n_accepted must be in [0, L={max_len}], got {n_accepted.tolist()}")
+    if not validate:  # the driver's call: host-side checks on the small index tensors (tiny torch ops cost more)
+        return _filter_kv_trusted(kv, prefix_len, accepted_nodes, n_accepted, backend)
     p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
     used = torch.arange(max_len, device=accepted_nodes.device)[None, :] < n_accepted[:, None]
+    if n_accepted.numel() and (int(n_accepted.min()) < 0 or int(n_accepted.max()) > max_len):
+        raise ValueError(f"n_accepted must be in [0, L={max_len}], got {n_accepted.tolist()}")
     nodes = accepted_nodes[used]
     if nodes.numel() and int(nodes.min()) < 1:
         raise ValueError("accepted_nodes must hold draft node ids >= 1 for the first n_accepted entries of a row")
@@ -126,4 +131,47 @@ def filter_kv(
             raise ValueError(f"kv[{i}] has {t.shape[2]} slots but the accepted nodes need {need}")
         if t.device != dev:
             raise ValueError(f"kv[{i}] must be on {dev}, got {t.device}")
+    return resolve("filter_kv", backend, accepted_nodes.device)(list(kv), p, accepted_nodes, n_accepted)
+
+
+def _filter_kv_trusted(
+    kv: Sequence[torch.Tensor],
+    prefix_len: int | torch.Tensor,
+    accepted_nodes: torch.Tensor,
+    n_accepted: torch.Tensor,
+    backend: str | None,
+) -> torch.Tensor:
+    """filter_kv(validate=False): only what keeps every move inside every tensor (slots P-1+node with node >= 1,
+    and P+j with j < n_accepted <= L), computed on host lists."""
+    batch, max_len = accepted_nodes.shape
+    if isinstance(prefix_len, torch.Tensor):
+        check_tensor("prefix_len", prefix_len, ndim=1)
+        check_int("prefix_len", prefix_len)
+        check_shape("prefix_len", prefix_len, (batch,))
+        p = prefix_len.to(device=accepted_nodes.device, dtype=torch.long)
+        plen = p.tolist()
+    else:
+        p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
+        plen = [int(prefix_len)] * batch
+    nodes, counts = accepted_nodes.tolist(), n_accepted.tolist()
+    need, low = 0, 1
+    for b in range(batch):
+        m = counts[b]
+        if not 0 <= m <= max_len:
+            raise ValueError(f"n_accepted must be in [0, L={max_len}], got {counts}")
+        if plen[b] < 1:
+            raise ValueError(f"prefix_len must be >= 1 (the root is a committed token), got {plen}")
+        if m:
+            path = nodes[b][:m]
+            low = min(low, min(path))
+            need = max(need, plen[b] + max(path), plen[b] + m)
+    try:  # a tensor of another rank or batch counts as having no slot
+        slots = min((t.shape[2] if t.dim() == 4 and t.shape[0] == batch else -1 for t in kv), default=need)
+    except AttributeError:
+        raise TypeError("kv must be a sequence of [B, H, S, D] tensors") from None
+    if low < 1 or slots < need:
+        raise ValueError(
+            f"filter_kv: the accepted nodes (min id {low}, must be >= 1) need {need} slots in every kv tensor "
+            f"[B={batch}, H, S, D]; the smallest has {max(slots, 0)} (or another rank or batch size)"
+        )
     return resolve("filter_kv", backend, accepted_nodes.device)(list(kv), p, accepted_nodes, n_accepted)

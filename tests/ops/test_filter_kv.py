@@ -56,8 +56,12 @@ def test_filtered_cache_equals_gathered_path(dtype: torch.dtype) -> None:
     kv = [labelled_cache(batch, slots, layer, dtype) for layer in range(3)]
     before = [t.clone() for t in kv]
     ptrs = [t.data_ptr() for t in kv]
+    trusted = [t.clone() for t in kv]
     new_len = filter_kv(kv, prefix, nodes, n_acc)
     assert new_len.tolist() == (prefix + n_acc).tolist()
+    # the driver's call (validate=False) moves the same slots
+    assert torch.equal(filter_kv(trusted, prefix, nodes, n_acc, validate=False), new_len)
+    assert all(torch.equal(a, b) for a, b in zip(trusted, kv, strict=True))
     for t, old, ptr in zip(kv, before, ptrs, strict=True):
         assert t.data_ptr() == ptr  # in place
         for b in range(batch):
@@ -134,3 +138,25 @@ def test_backend_matches_reference(backend: str, dtype: torch.dtype) -> None:
         for b in range(batch):
             m = int(prefix[b] + n_acc[b])
             assert torch.equal(g[b, :, :m], r[b, :, :m])
+
+
+BAD_TRUSTED = [
+    ({"n_accepted": torch.tensor([3])}, ValueError, r"n_accepted must be in \[0, L=2\]"),
+    ({"n_accepted": torch.tensor([-1])}, ValueError, r"n_accepted must be in \[0, L=2\]"),
+    ({"accepted_nodes": torch.tensor([[-1, 3]])}, ValueError, "min id -1, must be >= 1"),
+    ({"accepted_nodes": torch.tensor([[1, 9]])}, ValueError, "need 12 slots"),
+    ({"kv": [labelled_cache(1, 4, 0)]}, ValueError, "need 6 slots .* the smallest has 4"),
+    ({"kv": [labelled_cache(2, 8, 0)]}, ValueError, "need 6 slots .* the smallest has 0"),
+    ({"kv": [labelled_cache(1, 8, 0)[0]]}, ValueError, "need 6 slots .* the smallest has 0"),
+    ({"kv": [[1, 2]]}, TypeError, r"kv must be a sequence of \[B, H, S, D\] tensors"),
+    ({"prefix_len": 0}, ValueError, "prefix_len must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("change", "exc", "match"), BAD_TRUSTED, ids=[b[2][:40] for b in BAD_TRUSTED])
+def test_trusted_calls_still_keep_every_move_in_bounds(change, exc, match) -> None:
+    """validate=False skips the node-order checks, never the ones that keep the moves inside the tensors."""
+    kv, prefix, nodes, n_acc = ok_args()
+    args = {"kv": kv, "prefix_len": prefix, "accepted_nodes": nodes, "n_accepted": n_acc} | change
+    with pytest.raises(exc, match=match):
+        filter_kv(args["kv"], args["prefix_len"], args["accepted_nodes"], args["n_accepted"], validate=False)

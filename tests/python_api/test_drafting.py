@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import specdec
 import torch
 from specdec import max_gram_proposal
@@ -59,3 +60,40 @@ def test_stats_bookkeeping() -> None:
     total.merge(s)
     total.merge(s)
     assert total.new_tokens == 30 and total.block_efficiency == s.block_efficiency
+
+
+@pytest.mark.parametrize(("method", "kw"), [("rsd_c", {"branching": (3, 2, 1)}), ("spechub", {"branching": (2, 2)})])
+def test_static_level_plan_matches_the_template(method, kw):
+    """StaticTreeBuilder._plan (host-side, cached) against a direct reading of the template: children wanted per
+    node, the child slots that may be filled, and the children's parent and template ids, for random live masks
+    and padding nodes (template -1)."""
+    from specdec.config import make_method
+    from specdec.decoders import make_builder
+
+    cfg = make_method(method, **kw)
+    builder = make_builder(cfg)
+    parents = list(cfg.parents)
+    kids = [[c for c in range(1, len(parents)) if parents[c] == t] for t in range(len(parents))]
+    g = torch.Generator().manual_seed(0)
+    for trial in range(40):
+        batch, n = int(torch.randint(1, 4, (), generator=g)), int(torch.randint(1, 5, (), generator=g))
+        tmpl = torch.randint(-1, len(parents), (batch, n), generator=g)
+        live = torch.rand((batch, n), generator=g) < 0.7
+        vocab = 2 if trial % 5 == 0 else 50
+        for _ in range(2):  # the second call is served from the cache
+            counts, k, wanted, parent, child = builder._plan(tmpl, live, 7, vocab)
+            want = [
+                [len(kids[t]) if a and t >= 0 else 0 for t, a in zip(r, ra, strict=True)]
+                for r, ra in zip(tmpl.tolist(), live.tolist(), strict=True)
+            ]
+            assert counts.tolist() == want
+            assert k == min(max(max(r) for r in want), vocab)
+            assert wanted.shape == (batch, n, k) and parent.shape == child.shape == (batch, n * k)
+            for b in range(batch):
+                for i in range(n):
+                    t = int(tmpl[b, i])
+                    for j in range(k):
+                        assert bool(wanted[b, i, j]) == (j < want[b][i])
+                        assert int(parent[b, i * k + j]) == 7 + i
+                        expect = kids[t][j] if t >= 0 and j < len(kids[t]) else -1
+                        assert int(child[b, i * k + j]) == expect

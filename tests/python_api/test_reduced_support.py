@@ -74,8 +74,9 @@ def test_reduced_rows_give_the_full_rows_tree(kind, method, kw):
     sampling = SamplingConfig(temperature=0.8)
     t_red = first_round(reduced, target, method, kw, sampling, prompts)
     t_den = first_round(dense, target, method, kw, sampling, prompts)
-    p_red, p_den = t_red.p_levels[0], t_den.p_levels[0]
+    p_red, p_den = t_red.p_rows(32)[:, :1], t_den.p_rows(32)[:, :1]
     assert p_red.shape == p_den.shape == (2, 1, 32)
+    assert t_red.p_levels[0].shape == (2, 1, len(HEAD)) and t_den.p_levels[0].shape == (2, 1, 32)
     torch.testing.assert_close(p_red, p_den, atol=1e-6, rtol=1e-5)
     outside = torch.ones(32, dtype=torch.bool)
     outside[HEAD] = False

@@ -99,12 +99,8 @@ class TreeBuilder(ABC):
             kids = self.expand(tree, lo, hi, logits, logp, live, sampling.greedy, generator)
             if support is not None:
                 kids = to_token_ids(kids, support)
-            if logp is not None:
-                probs = sampling.probs(logp)
-                if support is not None:  # the verifier reads full-vocabulary laws, exact zeros outside the support
-                    dense = probs.new_zeros((*probs.shape[:-1], drafter.vocab_size))
-                    probs = dense.index_copy_(-1, support, probs)
-                tree.set_level_laws(probs, kids.hub)
+            if logp is not None:  # reduced laws are widened once, for the verifier (DraftTree.p_rows)
+                tree.set_level_laws(sampling.probs(logp), kids.hub, support)
             if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
                 break
             new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
@@ -189,6 +185,10 @@ class StaticTreeBuilder(TreeBuilder):
             table[t, : len(c)] = torch.tensor(c, dtype=torch.long)
         self.children = table
         self.child_count = torch.tensor([len(c) for c in kids], dtype=torch.long)
+        self._kids = kids
+        # (device, lo, template ids, live flags) -> the level's index tensors; every round of a batch whose rows
+        # are all alive repeats the same few keys, and building these costs tens of tiny torch ops
+        self._plans: dict[tuple, tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @abstractmethod
     def sample(
@@ -215,18 +215,46 @@ class StaticTreeBuilder(TreeBuilder):
         generator: torch.Generator | None,
     ) -> Children:
         dev = tree.device
-        tmpl = tree.template[:, lo:hi].clamp_min(0).cpu()
-        counts = torch.where(live.cpu(), self.child_count[tmpl], torch.zeros_like(tmpl)).to(dev)
-        k = min(int(counts.max()), logits.shape[-1])
         batch, n = live.shape
+        counts, k, wanted, parent, child_tmpl = self._plan(tree.template[:, lo:hi], live, lo, logits.shape[-1])
         if k == 0:
             empty = torch.zeros((batch, 0), dtype=torch.long, device=dev)
             return Children(empty, empty, empty.bool(), empty, None)
         tokens, valid, hub = self.sample(logits, logp, counts, k, greedy, generator)
-        rank = torch.arange(k, device=dev)
-        valid = valid & (rank[None, None, :] < counts[..., None])
-        child_tmpl = self.children.to(dev)[tmpl.to(dev)][..., :k]
-        parent = (lo + torch.arange(n, device=dev))[None, :, None].expand(batch, n, k)
-        flat = [t.reshape(batch, n * k) for t in (tokens, parent, valid, child_tmpl)]
-        tok, par, val, tpl = compact(flat[0], flat[1], flat[2], flat[3])
+        valid = (valid & wanted).reshape(batch, n * k)
+        tok, par, val, tpl = compact(tokens.reshape(batch, n * k), parent, valid, child_tmpl)
         return Children(tok, par, val, tpl, hub)
+
+    def _plan(
+        self, template: torch.Tensor, live: torch.Tensor, lo: int, vocab: int
+    ) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For nodes ``lo..`` with template ids ``template`` [B, n] and ``live`` [B, n]: wanted children per node
+        counts [B, n], k = the most of them (<= vocab), wanted [B, n, k] (slot < count), and the children's
+        parent ids and template ids [B, n k] (computed on host lists: the tensors are tiny)."""
+        tmpl, alive = template.tolist(), live.tolist()
+        key = (template.device, lo, vocab, tuple(map(tuple, tmpl)), tuple(map(tuple, alive)))
+        hit = self._plans.get(key)
+        if hit is not None:
+            return hit
+        kids = self._kids
+        counts = [
+            [len(kids[t]) if a and t >= 0 else 0 for t, a in zip(r, ra, strict=True)]
+            for r, ra in zip(tmpl, alive, strict=True)
+        ]
+        k = min(max((c for r in counts for c in r), default=0), vocab)
+        wanted = [[[j < c for j in range(k)] for c in r] for r in counts]
+        parent = [[lo + i for i in range(len(r)) for _ in range(k)] for r in counts]
+        child = [[(kids[t][j] if t >= 0 and j < len(kids[t]) else -1) for t in r for j in range(k)] for r in tmpl]
+        dev = template.device
+        batch, n = template.shape
+        plan = (
+            torch.tensor(counts, dtype=torch.long, device=dev).reshape(batch, n),
+            k,
+            torch.tensor(wanted, dtype=torch.bool, device=dev).reshape(batch, n, k),
+            torch.tensor(parent, dtype=torch.long, device=dev).reshape(batch, n * k),
+            torch.tensor(child, dtype=torch.long, device=dev).reshape(batch, n * k),
+        )
+        if len(self._plans) >= 256:  # ragged batches can make many keys: keep the cache small
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
