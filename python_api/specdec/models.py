@@ -331,7 +331,12 @@ class HFCausalLM:
         if offsets.shape[1] and int(n_keep.max()) > 0:
             sk.filter_kv(state.layer_tensors(), root_slot + 1, offsets, n_keep, validate=False)
         new_len = root_slot + 1 + n_keep
-        slots = torch.arange(state.length, device=root_slot.device)[None, :]
+        # every row's last valid slot is new_len - 1 (its root or its last kept node), so the longest row's is the
+        # last one any row uses: crop to it directly instead of searching the validity mask (_trim)
+        length = state.length
+        top = min(int(new_len.max()), length) if new_len.numel() else 0
+        slots = torch.arange(top, device=root_slot.device)[None, :]
         keep_old = slots <= root_slot[:, None]
-        state.valid = torch.where(keep_old, state.valid, slots < new_len[:, None])
-        state._trim()
+        state.valid = torch.where(keep_old, state.valid[:, :top], slots < new_len[:, None])
+        if top < length:
+            state.cache.crop(top - length)  # a negative count: the number of trailing slots to drop

@@ -41,12 +41,19 @@ class BeamTreeBuilder(TreeBuilder):
         batch, n, vocab = logits.shape
         w_out = min(self.width, n * vocab)
         dev = tree.device
-        slot = torch.full((batch, w_out), -1, dtype=torch.long, device=dev)
-        tokens = torch.zeros((batch, w_out), dtype=torch.long, device=dev)
-        sigma = torch.full((batch, w_out), float("-inf"), dtype=torch.float64, device=dev)
-        gamma = torch.full((batch, w_out), float("-inf"), dtype=torch.float64, device=dev)
-        valid = torch.zeros((batch, w_out), dtype=torch.bool, device=dev)
+
+        def empty() -> tuple[torch.Tensor, ...]:  # slot, tokens, sigma, gamma, valid of rows without a beam
+            neg = torch.full((batch, w_out), float("-inf"), dtype=torch.float64, device=dev)
+            return (
+                torch.full((batch, w_out), -1, dtype=torch.long, device=dev),
+                torch.zeros((batch, w_out), dtype=torch.long, device=dev),
+                neg,
+                neg.clone(),
+                torch.zeros((batch, w_out), dtype=torch.bool, device=dev),
+            )
+
         if greedy:
+            slot, tokens, sigma, gamma, valid = empty()
             phi = self.sigma[..., None] + torch.log_softmax(logits.double(), dim=-1)
             phi = phi.masked_fill(~live[..., None], float("-inf")).reshape(batch, n * vocab)
             idx, valid = greedy_topk(phi, w_out)
@@ -56,12 +63,19 @@ class BeamTreeBuilder(TreeBuilder):
             gamma = sigma
         else:
             assert logp is not None
-            rows = live.any(dim=1).nonzero().squeeze(1)
-            sigma_in, gamma_in = self.sigma[rows], self.gamma[rows]
             seed = op_seed(generator)
-            step = sk.sbs_step(logp[rows], sigma_in, gamma_in, live[rows], w_out, seed=seed, validate=False)
-            slot[rows], tokens[rows], valid[rows] = step.parent_slot, step.tokens.clamp_min(0), step.valid
-            sigma[rows], gamma[rows] = step.sigma, step.gamma
+            row_live = live.any(dim=1)
+            if bool(row_live.all()):  # the common case: every row has a live beam, no scatter into padding
+                step = sk.sbs_step(logp, self.sigma, self.gamma, live, w_out, seed=seed, validate=False)
+                slot, tokens, valid = step.parent_slot, step.tokens.clamp_min(0), step.valid
+                sigma, gamma = step.sigma, step.gamma
+            else:
+                slot, tokens, sigma, gamma, valid = empty()
+                rows = row_live.nonzero().squeeze(1)
+                sigma_in, gamma_in = self.sigma[rows], self.gamma[rows]
+                step = sk.sbs_step(logp[rows], sigma_in, gamma_in, live[rows], w_out, seed=seed, validate=False)
+                slot[rows], tokens[rows], valid[rows] = step.parent_slot, step.tokens.clamp_min(0), step.valid
+                sigma[rows], gamma[rows] = step.sigma, step.gamma
         # Regroup by parent; invalid entries go last. Stable, so siblings keep descending scores (draft order).
         key = torch.where(valid, slot, torch.full_like(slot, n))
         order = torch.argsort(key, dim=1, stable=True)
