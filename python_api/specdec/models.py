@@ -273,7 +273,7 @@ class HFCausalLM:
         past = state.length
         # the driver's own trees (DraftTree.append_level): structure checks skipped, the kernel still bounds-checks
         mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype, validate=False)
-        pos = sk.tree_positions(depth, state.n_cached + 1)
+        pos = sk.tree_positions(depth, state.n_cached + 1, validate=False)  # the driver's own depths and counts
         logits = self._run(state, tokens.clamp_min(0), pos, mask, valid, valid)
         assert logits is not None
         return logits
@@ -312,7 +312,7 @@ class HFCausalLM:
         mask = torch.cat([rows[..., :base], rows[..., base + 1 :]], dim=-1)
         # a row with nothing cached (a feature draft before its first pair) has no valid node in the level: its
         # positions are never used, the clamp only satisfies tree_positions' prefix >= 1
-        pos = sk.tree_positions(depth[:, lo:hi], state.n_cached.clamp_min(1))
+        pos = sk.tree_positions(depth[:, lo:hi], state.n_cached.clamp_min(1), validate=False)
         logits = self._run(
             state, tokens[:, lo:hi].clamp_min(0), pos, mask, valid[:, lo:hi], valid[:, lo:hi], features, reduced
         )

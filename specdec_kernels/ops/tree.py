@@ -67,14 +67,27 @@ def tree_mask(
     return resolve("tree_mask", backend, parent.device)(parent.long(), valid, past_valid, dtype)
 
 
-def tree_positions(depth: torch.Tensor, prefix_len: int | torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+def tree_positions(
+    depth: torch.Tensor,
+    prefix_len: int | torch.Tensor,
+    *,
+    backend: str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
     """Position ids of tree nodes: P - 1 + depth (spec §3.2); siblings share a position.
 
     Shape: depth [B, N] ints >= 0 (root depth 0), prefix_len int or [B] = P committed tokens incl. the root
-    -> position_ids [B, N] int64.
+    -> position_ids [B, N] int64. ``validate=False`` skips the value checks (depth >= 0, P >= 1) for a caller
+    that derives both from its own trees and caches (the driver); types and shapes are still checked.
     """
     check_tensor("depth", depth, ndim=2)
     check_int("depth", depth)
+    if not validate and isinstance(prefix_len, torch.Tensor):
+        check_tensor("prefix_len", prefix_len, ndim=1)
+        check_int("prefix_len", prefix_len)
+        check_shape("prefix_len", prefix_len, (depth.shape[0],))
+        p = prefix_len.to(device=depth.device, dtype=torch.long)  # no copy in the driver's case
+        return resolve("tree_positions", backend, depth.device)(depth, p)
     if depth.numel() and int(depth.min()) < 0:
         raise ValueError("depth must be >= 0")
     p = _lengths("prefix_len", prefix_len, depth.shape[0], depth.device)

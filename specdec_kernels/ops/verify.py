@@ -318,12 +318,16 @@ def verify_tree(
     if validate:
         _check_tree(parent, valid)
         _check_tokens("tokens", tokens, valid, vocab)
-    par = parent.clamp_min(0).long()
-    child = valid.clone()
-    child[:, 0] = False
-    counts = torch.zeros((batch, n), dtype=torch.long, device=tokens.device)
-    counts.scatter_add_(1, par, child.long())
-    internal = counts > 0
+        par = parent.clamp_min(0).long()
+        child = valid.clone()
+        child[:, 0] = False
+        counts = torch.zeros((batch, n), dtype=torch.long, device=tokens.device)
+        counts.scatter_add_(1, par, child.long())
+        internal = counts > 0
+        max_children = int(counts.max()) if counts.numel() else 0
+        root_children = int(counts[:, 0].max()) if counts.numel() else 0
+    else:  # the driver's trees are small: count children on host lists instead of a dozen tiny torch ops
+        max_children, root_children = _child_counts(parent, valid)
     if not greedy:
         if p_rows is None:
             raise ValueError("p_rows is required unless greedy=True")
@@ -334,7 +338,6 @@ def verify_tree(
                 f"p_rows and q_rows must share the vocabulary size, got {p_rows.shape[-1]} and {vocab} "
                 "(draft and target vocabularies differ?)"
             )
-    max_children = int(counts.max()) if counts.numel() else 0
     if method == "sd" and max_children > 1:
         raise ValueError(f"method 'sd' allows at most one child per node, found a node with {max_children}")
     if method == "spechub" and max_children > 2:
@@ -345,7 +348,7 @@ def verify_tree(
         _check_tree_values(tokens, par, child, counts, internal, valid, p_rows, q_rows, method, hub, greedy)
     elif method == "spechub" and not greedy and hub is None:
         raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
-    kmax = int(counts[:, 0].max()) if method == "kseq" else max_children
+    kmax = root_children if method == "kseq" else max_children
     if accept_u is not None:
         check_tensor("accept_u", accept_u, ndim=3)
         if accept_u.shape[:2] != (batch, n) or accept_u.shape[2] < kmax:
@@ -360,18 +363,44 @@ def verify_tree(
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     if depth is None:
-        depth = depth_from_parents(par)
+        depth = depth_from_parents(parent.clamp_min(0).long())
     else:
         check_tensor("depth", depth, ndim=2)
         check_int("depth", depth)
         check_shape("depth", depth, tokens.shape)
         if validate and not torch.equal(depth[valid], depth_from_parents(par)[valid]):
             raise ValueError("depth must be the depth of each valid node in the tree given by parent")
-    max_depth = int(depth.masked_fill(~valid, 0).max())
+    if validate:
+        max_depth = int(depth.masked_fill(~valid, 0).max())
+    else:
+        max_depth = max(
+            (
+                d
+                for drow, vrow in zip(depth.tolist(), valid.tolist(), strict=True)
+                for d, v in zip(drow, vrow, strict=True)
+                if v
+            ),
+            default=0,
+        )
     impl = resolve("verify_tree", backend, q_rows.device)
     return TreeVerdict(
         *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
     )
+
+
+def _child_counts(parent: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
+    """The most valid children of any node and of a root, over the batch (host lists; parents < 0 count as 0)."""
+    most, root = 0, 0
+    for prow, vrow in zip(parent.tolist(), valid.tolist(), strict=True):
+        counts = [0] * len(prow)
+        for node in range(1, len(prow)):
+            if vrow[node]:
+                if not 0 <= prow[node] < node:
+                    raise ValueError(f"parent: valid node {node} has parent {prow[node]} (must be in [0, {node}))")
+                counts[prow[node]] += 1
+        if counts:
+            most, root = max(most, max(counts)), max(root, counts[0])
+    return most, root
 
 
 def _check_tree_values(

@@ -74,3 +74,17 @@ def test_backend_matches_reference(backend: str) -> None:
         assert torch.equal(
             tree_positions(depth, prefix, backend=backend), tree_positions(depth, prefix, backend="torch")
         )
+
+
+def test_trusted_call_matches_and_still_checks_types() -> None:
+    """validate=False (the driver) gives the same positions and still rejects wrong types and shapes."""
+    depth = torch.tensor([[0, 1, 2], [0, 1, 1]])
+    prefix = torch.tensor([3, 10], dtype=torch.int32)
+    assert torch.equal(tree_positions(depth, prefix, validate=False), tree_positions(depth, prefix))
+    assert tree_positions(depth, prefix, validate=False).dtype == torch.int64
+    assert tree_positions(depth, 4, validate=False).tolist() == [[3, 4, 5], [3, 4, 4]]
+    for bad_depth, bad_prefix, exc, match in BAD:
+        if "must be >=" in match:
+            continue  # the value checks are what validate=False skips
+        with pytest.raises(exc, match=match):
+            tree_positions(bad_depth, bad_prefix, validate=False)

@@ -499,3 +499,25 @@ def test_given_depth_sizes_the_outputs_and_is_checked() -> None:
         verify_tree(tokens, parent, p_rows, q_rows, depth=wrong, **kw)
     with pytest.raises(ValueError, match="depth must have shape"):
         verify_tree(tokens, parent, p_rows, q_rows, depth=depth[:, :-1], **kw)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_trusted_call_gives_the_validated_verdict(method: str) -> None:
+    """validate=False (the driver's call: child counts and output length from host lists, depth given or not)
+    returns exactly the verdict of the validated call on ragged batches, for every method."""
+    rng = np.random.default_rng(11)
+    for _ in range(6):
+        tokens, parent, valid, p_rows, q_rows, hub, u, fin = random_batch(rng, method, 5, 6)
+        ref = run_op(method, tokens, parent, valid, p_rows, q_rows, hub, u, fin)
+        depth = depth_from_parents(torch.from_numpy(parent))
+        for kw in ({}, {"depth": depth}):
+            got = run_op(method, tokens, parent, valid, p_rows, q_rows, hub, u, fin, validate=False, **kw)
+            for a, b in zip(got, ref, strict=True):
+                assert torch.equal(a, b)
+
+
+def test_trusted_call_still_rejects_a_parent_out_of_order() -> None:
+    tokens, parent, valid, p_rows, q_rows, hub, u, fin = random_batch(np.random.default_rng(2), "rrs", 2, 5)
+    parent[0, 1] = 5  # a valid node pointing past itself
+    with pytest.raises(ValueError, match="valid node 1 has parent 5"):
+        run_op("rrs", tokens, parent, valid, p_rows, q_rows, hub, u, fin, validate=False)
