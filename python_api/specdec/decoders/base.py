@@ -85,9 +85,10 @@ class TreeBuilder(ABC):
             live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
             if rule is not None:
                 live = rule.live(level, tree, lo, hi, live, drafter)
-            if not bool(live.any()):
+            n_live = int(live.sum())  # one sync for "any" and "all"
+            if n_live == 0:
                 break
-            if not bool(live.all()):
+            if n_live < live.numel():
                 # Rows without a proposal are zeroed so that processing never sees an all -inf row.
                 logits = torch.where(live[..., None], logits, torch.zeros((), dtype=logits.dtype))
             if sampling.greedy:  # sampling mode: process() rejects NaN logits
