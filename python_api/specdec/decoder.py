@@ -24,7 +24,7 @@ import specdec_kernels as sk
 from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
 from .decoders.adaptive import AdaptiveStop
-from .decoders.base import op_seed
+from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, FeatureDrafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
@@ -258,7 +258,7 @@ class SpeculativeDecoder:
             generator = torch.Generator(device=self.target.device)
             generator.manual_seed(seed)
         prompts = _prompts(input_ids, attention_mask, vocab)
-        with torch.inference_mode():
+        with torch.inference_mode(), seed_block(generator):
             new_tokens, stats = self._run(prompts, sampling, max_new_tokens, eos, generator)
         self.last_stats = stats
         width = max(len(t) for t in new_tokens)
@@ -418,7 +418,7 @@ class SpeculativeDecoder:
         stats: GenerationStats,
     ) -> list[bool]:
         """Append each row's emitted tokens; return which rows finished (EOS or max_new_tokens)."""
-        has_kids = tree.has_children().tolist() if tree.size > 1 else [[False]] * tree.batch
+        has_kids = tree.has_children() if tree.size > 1 else [[False]] * tree.batch
         tokens = tree.tokens.tolist()
         nodes, counts, nxt, ranks = acc_nodes.tolist(), n_acc.tolist(), next_tok.tolist(), acc_rank.tolist()
         finished = []

@@ -62,15 +62,21 @@ class DraftTree:
         """Append one level. Shape: tokens/parent/template [B, w], valid [B, w] (valid nodes first in each row)."""
         lo = self.size
         width = tokens.shape[1]
-        par = parent.masked_fill(~valid, 0)
-        depth = torch.gather(self.depth, 1, par) + 1
-        self.tokens = torch.cat([self.tokens, tokens.masked_fill(~valid, 0)], dim=1)
-        self.parent = torch.cat([self.parent, par], dim=1)
-        self.valid = torch.cat([self.valid, valid], dim=1)
-        self.depth = torch.cat([self.depth, depth], dim=1)
         if template is None:
             template = torch.full_like(tokens, -1)
-        self.template = torch.cat([self.template, template.masked_fill(~valid, -1)], dim=1)
+        if not bool(valid.all()):  # padding nodes: parent 0, token 0, template -1 (full levels skip three passes)
+            pad = ~valid
+            parent, tokens, template = (
+                parent.masked_fill(pad, 0),
+                tokens.masked_fill(pad, 0),
+                template.masked_fill(pad, -1),
+            )
+        depth = torch.gather(self.depth, 1, parent) + 1
+        self.tokens = torch.cat([self.tokens, tokens], dim=1)
+        self.parent = torch.cat([self.parent, parent], dim=1)
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        self.depth = torch.cat([self.depth, depth], dim=1)
+        self.template = torch.cat([self.template, template], dim=1)
         self.levels.append((lo, lo + width))
         return lo, lo + width
 
@@ -120,13 +126,16 @@ class DraftTree:
     def device(self) -> torch.device:
         return self.tokens.device
 
-    def has_children(self) -> torch.Tensor:
-        """[B, N] bool: the node has at least one valid child."""
-        child = self.valid.clone()
-        child[:, 0] = False
-        counts = torch.zeros(self.valid.shape, dtype=torch.long, device=self.device)
-        counts.scatter_add_(1, self.parent.clamp_min(0), child.long())
-        return counts > 0
+    def has_children(self) -> list[list[bool]]:
+        """[B][N]: the node has at least one valid child (host lists: the driver reads it once per round)."""
+        out = []
+        for prow, vrow in zip(self.parent.tolist(), self.valid.tolist(), strict=True):
+            kids = [False] * len(prow)
+            for node in range(1, len(prow)):
+                if vrow[node] and prow[node] >= 0:
+                    kids[prow[node]] = True
+            out.append(kids)
+        return out
 
     def path_tokens(self, b: int, node: int) -> list[int]:
         """Tokens on the path root -> node (root excluded) of row ``b``."""

@@ -97,3 +97,17 @@ def test_static_level_plan_matches_the_template(method, kw):
                         assert int(parent[b, i * k + j]) == 7 + i
                         expect = kids[t][j] if t >= 0 and j < len(kids[t]) else -1
                         assert int(child[b, i * k + j]) == expect
+
+
+def test_has_children_marks_the_parents_of_valid_nodes():
+    from specdec.tree import DraftTree
+
+    tree = DraftTree.from_roots(torch.tensor([5, 6]))
+    tree.append_level(
+        torch.tensor([[1, 2], [3, 0]]), torch.tensor([[0, 0], [0, 0]]), torch.tensor([[1, 1], [1, 0]]).bool()
+    )
+    tree.append_level(torch.tensor([[4], [0]]), torch.tensor([[2], [1]]), torch.tensor([[1], [0]]).bool())
+    assert tree.has_children() == [[True, False, True, False], [True, False, False, False]]
+    # padding nodes were stored with parent 0, token 0 and template -1
+    assert tree.parent.tolist()[1] == [-1, 0, 0, 0] and tree.tokens.tolist()[1] == [6, 3, 0, 0]
+    assert tree.template.tolist()[1][2:] == [-1, -1]

@@ -127,3 +127,21 @@ def test_seed_reproducibility(pair) -> None:
     a = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g1).new_tokens
     b = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g2).new_tokens
     assert a == b
+
+
+def test_reseeding_one_generator_reproduces_the_run(pair) -> None:
+    """Op seeds are drawn from the run's generator in blocks that live only as long as one generate call, so
+    reseeding the same generator (or the default one) and generating again gives the same tokens."""
+    target, draft = pair
+    ids = PROMPT.expand(3, -1)
+    g = torch.Generator().manual_seed(5)
+    first = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
+    second = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
+    g.manual_seed(5)
+    again = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
+    assert again == first and second != first
+    torch.manual_seed(9)
+    a = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12).new_tokens
+    torch.manual_seed(9)
+    b = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12).new_tokens
+    assert a == b

@@ -9,6 +9,9 @@ the raw draft logits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 import torch
@@ -143,10 +146,31 @@ def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return torch.gather(idx, -1, order), torch.isfinite(vals)
 
 
+# Inside one generate call (seed_block), op seeds are drawn from the run's generator 64 at a time: one torch call
+# per 64 ops instead of one per op. The block dies with the call, so reseeding a generator still reproduces a run.
+_SEED_BLOCK: ContextVar[tuple[torch.Generator | None, list[int]] | None] = ContextVar("specdec_seeds", default=None)
+SEED_BLOCK = 64
+
+
+@contextmanager
+def seed_block(generator: torch.Generator | None) -> Iterator[None]:
+    """Serve :func:`op_seed` calls for ``generator`` from blocks of seeds while the context is open."""
+    token = _SEED_BLOCK.set((generator, []))
+    try:
+        yield
+    finally:
+        _SEED_BLOCK.reset(token)
+
+
 def op_seed(generator: torch.Generator | None) -> int:
     """A fresh seed for one stochastic op call, drawn from the run's generator: the op's backend then draws its
     noise itself from that Philox stream (spec §1.4), instead of the driver materialising float64 noise tensors."""
-    return int(torch.randint(0, 2**63 - 1, (), generator=generator))
+    block = _SEED_BLOCK.get()
+    if block is None or block[0] is not generator:
+        return int(torch.randint(0, 2**63 - 1, (), generator=generator))
+    if not block[1]:
+        block[1].extend(reversed(torch.randint(0, 2**63 - 1, (SEED_BLOCK,), generator=generator).tolist()))
+    return block[1].pop()
 
 
 def iid_children(
