@@ -27,8 +27,8 @@ TORCH_LIBRARY(specdec, m) {
   m.def("sample_categorical(Tensor logp, Tensor? noise, int seed=0) -> Tensor");
   // spec §2.2: logp [..., V], noise [..., V] -> tokens [..., k] int64, valid [..., k] bool, score [..., k] float64
   m.def("gumbel_topk(Tensor logp, int k, Tensor? noise, int seed=0) -> (Tensor, Tensor, Tensor)");
-  // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked)
-  m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p) -> Tensor");
+  // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked), or the probabilities when log=False
+  m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p, bool log=True) -> Tensor");
   // spec §2.3: logp [B, Win, V], sigma/gamma/beam_valid [B, Win], noise [B, Win, V] float64 uniforms
   // -> parent_slot [B, Wout] int64, tokens [B, Wout] int64, sigma [B, Wout] float64, gamma [B, Wout] float64
   // (descending), valid [B, Wout] bool

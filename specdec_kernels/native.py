@@ -115,8 +115,10 @@ if HAVE_CPU:
     # ---- sampling (spec §1.3, §2.1, §2.2) ----
 
     @register("process_logits", "cpu", supports=_on_cpu)
-    def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-        return ops.process_logits(logits, temperature, top_k, top_p)
+    def process_logits(
+        logits: torch.Tensor, temperature: float, top_k: int, top_p: float, log: bool = True
+    ) -> torch.Tensor:
+        return ops.process_logits(logits, temperature, top_k, top_p, log)
 
     @register("sample_categorical", "cpu", supports=_on_cpu)
     def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
@@ -129,7 +131,9 @@ if HAVE_CPU:
         return ops.gumbel_topk(logp, k, noise, seed)
 
     @torch.library.register_fake("specdec::process_logits")
-    def _process_logits_fake(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    def _process_logits_fake(
+        logits: torch.Tensor, temperature: float, top_k: int, top_p: float, log: bool = True
+    ) -> torch.Tensor:
         return logits.new_empty(logits.shape, dtype=torch.float32)
 
     @torch.library.register_fake("specdec::sample_categorical")

@@ -23,7 +23,8 @@ at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::
 at::Tensor sample_categorical(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k,
                                                            const std::optional<at::Tensor>& noise, int64_t seed);
-at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p);
+at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
+                          bool log);
 
 // verify.cpp (spec §4.1, §8)
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const std::optional<at::Tensor>& p,

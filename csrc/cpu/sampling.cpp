@@ -91,7 +91,7 @@ void topk_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_
 // Greedy rows, or temperature + top-k (+ the final log-softmax when there is no top-p step).
 template <typename T>
 void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float temperature, int64_t top_k,
-                     bool finish, float* out) {
+                     bool finish, bool log, float* out) {
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
     std::vector<float> scratch;
@@ -100,11 +100,18 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
       float* row = out + i * vocab;
       if (greedy) {
         greedy_row(x + i * vocab, vocab, row);
+        if (!log)  // the point mass: 0 -> 1, -inf -> 0
+          for (int64_t v = 0; v < vocab; ++v) row[v] = row[v] == 0.0f ? 1.0f : 0.0f;
         continue;
       }
       temperature_row(x + i * vocab, vocab, temperature, row);
       if (top_k > 0) top_k_row(row, vocab, top_k, scratch);
-      if (finish) log_softmax_row(row, vocab);
+      if (finish) {
+        if (log)
+          log_softmax_row(row, vocab);
+        else
+          softmax_row(row, vocab);
+      }
     }
   }
 }
@@ -138,7 +145,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& log
   return {tokens, valid, score};
 }
 
-at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64_t top_k, double top_p) {
+at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64_t top_k, double top_p, bool log) {
   check_cpu(logits_in, "logits");
   TORCH_CHECK(at::isFloatingType(logits_in.scalar_type()), "logits must be floating, got ",
               logits_in.scalar_type());
@@ -155,7 +162,7 @@ at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64
   const bool use_top_p = top_p < 1.0;
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "specdec_process_logits", [&] {
     first_pass_rows(logits.const_data_ptr<scalar_t>(), rows, vocab, greedy, static_cast<float>(temperature),
-                    use_top_k ? top_k : 0, !use_top_p, o);
+                    use_top_k ? top_k : 0, !use_top_p, log, o);
   });
   if (greedy || !use_top_p) return out;
   // The top-p boundary compares a cumulative sum of fp32 probabilities with top_p; computing them with torch's own
@@ -169,7 +176,10 @@ at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       top_p_row(o + i * vocab, p + i * vocab, vocab, top_p, cand);
-      log_softmax_row(o + i * vocab, vocab);
+      if (log)
+        log_softmax_row(o + i * vocab, vocab);
+      else
+        softmax_row(o + i * vocab, vocab);
     }
   }
   return out;

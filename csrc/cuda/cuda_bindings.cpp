@@ -125,7 +125,7 @@ std::tuple<Tensor, Tensor, Tensor> gumbel_topk(const Tensor& logp, int64_t k, co
   return {tok.view(shape), valid.view(shape), score.view(shape)};
 }
 
-Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, double top_p) {
+Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, double top_p, bool log) {
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t V = logits.size(-1);
   Tensor x = f32(logits).view({-1, V});
@@ -133,6 +133,8 @@ Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, d
   check(specdec_cuda_process_logits(x.data_ptr<float>(), out.data_ptr<float>(), x.size(0), V, temperature, top_k,
                                     top_p, stream()),
         "process_logits");
+  // log=False: the law from the log-probs (torch's softmax; the CUDA kernel itself writes log-probs)
+  if (!log) out = at::softmax(out, -1);
   return out.view(logits.sizes());
 }
 

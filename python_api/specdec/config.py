@@ -218,14 +218,15 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return (not self.do_sample) or sk.is_greedy(self.temperature)
 
-    def process(self, logits: torch.Tensor, source: str = "model") -> torch.Tensor:
+    def process(self, logits: torch.Tensor, source: str = "model", *, log: bool = True) -> torch.Tensor:
         """The shared processing of draft AND target logits; ``source`` names the model in errors.
 
-        Shape: logits [..., V] (any float dtype) -> logp [..., V] float32, -inf for masked tokens (one-hot in greedy).
+        Shape: logits [..., V] (any float dtype) -> logp [..., V] float32, -inf for masked tokens (one-hot in greedy);
+        ``log=False``: the law itself (= probs(logp)), in one op call.
         """
         temperature = 0.0 if self.greedy else self.temperature
         try:
-            return sk.process_logits(logits, temperature, self.top_k, self.top_p)
+            return sk.process_logits(logits, temperature, self.top_k, self.top_p, log=log)
         except ValueError as exc:
             if "NaN" in str(exc):
                 msg = f"{source} produced NaN logits; NaN logits are rejected (check the model/dtype)"

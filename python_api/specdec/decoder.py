@@ -364,6 +364,9 @@ class SpeculativeDecoder:
         """Target laws with the shared processing, then the tree walk. Shape: q_logits [B, N, V]."""
         batch = tree.batch
         # padding nodes already hold zero logits (HFCausalLM computes rows of valid nodes only)
+        if tree.size > 1 and not sampling.greedy:  # the verifier reads the target's law: get it in one call
+            q_probs = sampling.process(q_logits, "target", log=False)
+            return self._verify_tree(tree, q_logits, q_probs, eos, generator)
         q_logp = sampling.process(q_logits, "target")
         if tree.size == 1:  # nothing drafted: a plain autoregressive step
             if sampling.greedy:
@@ -374,33 +377,44 @@ class SpeculativeDecoder:
             return empty, torch.zeros((batch,), dtype=torch.long, device=tree.device), nxt, empty
         verifier = self.config.verifier
         assert verifier is not None
-        if sampling.greedy:
-            out = sk.verify_tree(
-                tree.tokens,
-                tree.parent,
-                None,
-                q_logp,
-                method=verifier,
-                valid=tree.valid,
-                greedy=True,
-                eos_token_id=eos or None,
-                validate=False,
-                depth=tree.depth,
-            )
-        else:
-            out = sk.verify_tree(
-                tree.tokens,
-                tree.parent,
-                tree.p_rows(q_logits.shape[-1]),
-                SamplingConfig.probs(q_logp),
-                method=verifier,
-                valid=tree.valid,
-                hub=tree.hub() if verifier == "spechub" else None,
-                eos_token_id=eos or None,
-                seed=op_seed(generator),
-                validate=False,  # the tree and both laws come from the validated processing above
-                depth=tree.depth,
-            )
+        out = sk.verify_tree(
+            tree.tokens,
+            tree.parent,
+            None,
+            q_logp,
+            method=verifier,
+            valid=tree.valid,
+            greedy=True,
+            eos_token_id=eos or None,
+            validate=False,
+            depth=tree.depth,
+        )
+        return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
+
+    def _verify_tree(
+        self,
+        tree: DraftTree,
+        q_logits: torch.Tensor,
+        q_probs: torch.Tensor,
+        eos: list[int],
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sampling mode: the tree walk against the target's law ``q_probs`` [B, N, V]."""
+        verifier = self.config.verifier
+        assert verifier is not None
+        out = sk.verify_tree(
+            tree.tokens,
+            tree.parent,
+            tree.p_rows(q_logits.shape[-1]),
+            q_probs,
+            method=verifier,
+            valid=tree.valid,
+            hub=tree.hub() if verifier == "spechub" else None,
+            eos_token_id=eos or None,
+            seed=op_seed(generator),
+            validate=False,  # the tree and both laws come from the validated processing above
+            depth=tree.depth,
+        )
         return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
 
     @staticmethod

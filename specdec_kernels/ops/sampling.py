@@ -52,6 +52,7 @@ def process_logits(
     top_k: int = 0,
     top_p: float = 1.0,
     *,
+    log: bool = True,
     backend: str | None = None,
 ) -> torch.Tensor:
     """Temperature, then top-k, then top-p, then fp32 log-softmax (spec §1.3).
@@ -59,6 +60,8 @@ def process_logits(
     Shape: logits [..., V] (any float dtype) -> logp [..., V] float32 with -inf for masked tokens.
     ``temperature < 1e-5`` is greedy mode: the result is the one-hot log-law of argmax (lowest id on ties).
     ``top_k = 0`` and ``top_p = 1`` disable the filters. Use the same call for sampling and verification.
+    ``log=False`` returns the law itself, softmax of those log-probs (0 for masked tokens), which is what the
+    verifiers read: the ``cpu`` backend writes it in the same pass instead of a second softmax over [..., V].
     """
     check_tensor("logits", logits, min_ndim=1)
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -73,8 +76,10 @@ def process_logits(
         raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p!r}")
+    if not isinstance(log, bool):
+        raise TypeError(f"log must be a bool, got {type(log).__name__}")
     impl = resolve("process_logits", backend, logits.device)
-    return impl(logits, float(temperature), int(top_k), float(top_p))
+    return impl(logits, float(temperature), int(top_k), float(top_p), log)
 
 
 def sample_categorical(

@@ -28,8 +28,16 @@ def greedy_threshold() -> float:
 
 
 @register("process_logits", "torch")
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Spec §1.3: temperature -> top-k -> top-p -> fp32 log-softmax. T < 1e-5 gives the one-hot argmax row."""
+def process_logits(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, log: bool = True
+) -> torch.Tensor:
+    """Spec §1.3: temperature -> top-k -> top-p -> fp32 log-softmax. T < 1e-5 gives the one-hot argmax row.
+    ``log=False``: the probabilities, softmax of the same log-probs."""
+    out = _process_logits(logits, temperature, top_k, top_p)
+    return out if log else torch.softmax(out, dim=-1)
+
+
+def _process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     x = logits.float()
     if temperature < greedy_threshold():
         # Greedy mode never divides by T: the processed law is the point mass on argmax (lowest id on ties).

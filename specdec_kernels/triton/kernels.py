@@ -1165,7 +1165,15 @@ def _process_logits_kernel(
             tl.store(o_row + offs, tl.load(o_row + offs, mask=m, other=0.0) - mx - lse, mask=m)
 
 
-def process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, log: bool = True
+) -> torch.Tensor:
+    """The kernel writes log-probs; ``log=False`` takes torch's softmax of them (not fused here)."""
+    out = _process_logits_logp(logits, temperature, top_k, top_p)
+    return out if log else torch.softmax(out, dim=-1)
+
+
+def _process_logits_logp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     vocab = logits.shape[-1]
     x = logits.float().reshape(-1, vocab).contiguous()
     out = torch.empty_like(x)

@@ -99,6 +99,24 @@ def assert_logp_close(out: torch.Tensor, ref: torch.Tensor, x32: torch.Tensor | 
     assert bool((err <= budget).all()), f"cpu error {err[worst]:.3g} > budget {budget[worst]:.3g} (ref {ref_err:.3g})"
 
 
+def assert_probs_close(out: torch.Tensor, ref: torch.Tensor, x32: torch.Tensor | None) -> None:
+    """process_logits(log=False): no mass where the reference has none (masked tokens exactly 0), and each
+    probability within 2x the reference's own error from the float64 softmax plus 4 ulps (relative) and 1e-37
+    (absolute: the cpu kernel's exp stops at exp(-87)); greedy rows are one-hot on both."""
+    assert out.dtype == ref.dtype == torch.float32
+    if x32 is None:
+        assert torch.equal(out, ref)
+        return
+    masked = ref == 0
+    assert bool((out[masked] <= 1e-37).all()), "a token the reference masks has mass"
+    truth = torch.softmax(x32.double().masked_fill(torch.isneginf(x32) | masked, float("-inf")), -1)
+    ref_err = (ref.double() - truth).abs().max()
+    budget = 2 * ref_err + 4 * torch.finfo(torch.float32).eps * truth + 1e-37
+    err = (out.double() - truth).abs()
+    worst = int(torch.argmax((err - budget).flatten()))
+    assert bool((err <= budget).all()), f"cpu error {err.flatten()[worst]:.3g} > budget {budget.flatten()[worst]:.3g}"
+
+
 def dyadic(probs: torch.Tensor, gen: torch.Generator, draws: int = 256) -> torch.Tensor:
     """Rows of k/256 drawn from ``probs``: exact in bf16 and fp16, so the rows still sum to 1 after the cast."""
     flat = probs.reshape(-1, probs.shape[-1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, assert_logp_close, requires_cpu_ext, rows_for
+from backend_parity import VOCABS, assert_logp_close, assert_probs_close, requires_cpu_ext, rows_for
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -31,6 +31,14 @@ def check(logits: torch.Tensor, t: float, k: int, p: float) -> torch.Tensor:
     ref = sk.process_logits(logits, t, k, p, backend="torch")
     assert out.shape == logits.shape
     assert_logp_close(out, ref, None if t < 1e-5 else logits.float() / t)
+    # log=False: the law, written by the cpu kernel in the same pass, vs the reference's softmax of its log-probs
+    probs = sk.process_logits(logits, t, k, p, log=False, backend="cpu")
+    probs_ref = sk.process_logits(logits, t, k, p, log=False, backend="torch")
+    assert probs.shape == logits.shape
+    assert torch.equal(probs == 0, torch.isneginf(out)), "log=False must be 0 exactly where log-probs are -inf"
+    assert_probs_close(
+        probs, probs_ref, None if t < 1e-5 else (logits.float() / t).masked_fill(torch.isneginf(ref), float("-inf"))
+    )
     return out
 
 
@@ -86,6 +94,7 @@ def test_opcheck() -> None:
     logits = torch.randn(3, 17)
     for args in ((1.0, 0, 1.0), (0.7, 5, 0.9), (0.0, 0, 1.0)):
         torch.library.opcheck(torch.ops.specdec.process_logits, (logits, *args))
+        torch.library.opcheck(torch.ops.specdec.process_logits, (logits, *args, False))
 
 
 def test_unsupported_device_raises() -> None:

@@ -38,6 +38,9 @@ def test_sampling_ops_match_reference(vocab):
         b = sk.process_logits(logits, temp, top_k, top_p, backend="cuda")
         assert torch.equal(torch.isinf(a), torch.isinf(b))
         assert torch.allclose(a[torch.isfinite(a)], b[torch.isfinite(b)], atol=1e-5)
+        pa = sk.process_logits(logits, temp, top_k, top_p, log=False, backend="torch")
+        pb = sk.process_logits(logits, temp, top_k, top_p, log=False, backend="cuda")
+        assert bool((pb[torch.isinf(b)] == 0).all()) and torch.allclose(pa, pb, atol=1e-6)
     lp = torch.log_softmax(logits, -1)
     u = _u((3, vocab), gen)
     assert torch.equal(

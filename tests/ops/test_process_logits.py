@@ -58,6 +58,14 @@ def _check_against_oracle(backend, shape, dtype, temperature, top_k, top_p):
         assert np.array_equal(np.isfinite(y), np.isfinite(want))
         fin = np.isfinite(want)
         np.testing.assert_allclose(y[fin], want[fin], atol=1e-5, rtol=1e-6)
+    # log=False: the oracle's law, exactly 0 where it masks (one-hot in greedy mode)
+    probs = process_logits(logits, temperature, top_k, top_p, log=False, backend=backend)
+    assert probs.dtype == torch.float32 and probs.shape == logits.shape
+    for x, y in zip(rows, probs.double().reshape(-1, shape[-1]).numpy(), strict=True):
+        want = np.exp(O.process_logits_oracle(x, temperature, top_k, top_p))
+        assert np.array_equal(y == 0, want == 0)
+        np.testing.assert_allclose(y, want, atol=1e-7, rtol=1e-5)
+        assert abs(y.sum() - 1.0) < 1e-5
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -249,6 +257,7 @@ BAD = [
     (dict(top_p=float("nan")), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(top_p=False), ValueError, r"top_p must be in \(0, 1\]"),
     (dict(backend="cuda"), BackendUnavailableError, "backend 'cuda' is unavailable"),
+    (dict(log=1), TypeError, "log must be a bool"),
 ]
 
 

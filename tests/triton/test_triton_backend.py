@@ -190,6 +190,9 @@ def test_process_logits_matches_reference(vocab):
         assert torch.equal(torch.isinf(a), torch.isinf(b)), (temp, top_k, top_p)
         fin = torch.isfinite(a)
         assert torch.allclose(a[fin], b[fin], atol=1e-5), (temp, top_k, top_p)
+        pa = sk.process_logits(x, temp, top_k, top_p, log=False, backend="torch")
+        pb = sk.process_logits(x, temp, top_k, top_p, log=False, backend="triton")
+        assert bool((pb[~fin] == 0).all()) and torch.allclose(pa, pb, atol=1e-6), (temp, top_k, top_p)
 
 
 @pytest.mark.parametrize("vocab", [5, 300])

@@ -306,11 +306,15 @@ inline void top_p_row(float* x, const float* probs, int64_t vocab, double top_p,
 }
 
 // In-place fp32 log-softmax of one row: (x - max) - log(sum exp(x - max)) with a double sum; -inf stays -inf.
-inline void log_softmax_row(float* x, int64_t vocab) {
+inline float row_max(const float* x, int64_t vocab) {
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < vocab; ++v) mx = x[v] > mx ? x[v] : mx;
-  // fp32 partial sums over short chunks (vectorised), accumulated in double
+  return mx;
+}
+
+// sum_v exp(x[v] - mx): fp32 partial sums over short chunks (vectorised), accumulated in double
+inline double sum_exp_row(const float* x, int64_t vocab, float mx) {
   double sum = 0.0;
   for (int64_t c = 0; c < vocab; c += 256) {
     const int64_t end = std::min(vocab, c + 256);
@@ -319,9 +323,23 @@ inline void log_softmax_row(float* x, int64_t vocab) {
     for (int64_t v = c; v < end; ++v) part += exp_nonpos(x[v] - mx);
     sum += static_cast<double>(part);
   }
+  return sum;
+}
+
+inline void log_softmax_row(float* x, int64_t vocab) {
+  const float mx = row_max(x, vocab);
   // (x - max) first: exact for the top tokens, so the only rounding left is that of the small log-sum
-  const float lse = static_cast<float>(::log(sum));
+  const float lse = static_cast<float>(::log(sum_exp_row(x, vocab, mx)));
   for (int64_t v = 0; v < vocab; ++v) x[v] = (x[v] - mx) - lse;
+}
+
+// The law itself (process_logits(log=False)): exp(x - max) / sum, 0 where x = -inf. One pass fewer than a
+// log-softmax followed by a softmax, which is what a verifier that reads probabilities would otherwise need.
+inline void softmax_row(float* x, int64_t vocab) {
+  const float mx = row_max(x, vocab);
+  const float sum = static_cast<float>(sum_exp_row(x, vocab, mx));
+#pragma omp simd
+  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] == -INFINITY ? 0.0f : exp_nonpos(x[v] - mx) / sum;  // masked: 0
 }
 
 }  // namespace specdec
