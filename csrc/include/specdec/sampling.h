@@ -337,9 +337,22 @@ inline void log_softmax_row(float* x, int64_t vocab) {
 // log-softmax followed by a softmax, which is what a verifier that reads probabilities would otherwise need.
 inline void softmax_row(float* x, int64_t vocab) {
   const float mx = row_max(x, vocab);
-  const float sum = static_cast<float>(sum_exp_row(x, vocab, mx));
+  // exp once: the terms are stored while they are summed (masked -inf -> exactly 0), then divided by the sum
+  double sum = 0.0;
+  for (int64_t c = 0; c < vocab; c += 256) {
+    const int64_t end = std::min(vocab, c + 256);
+    float part = 0.0f;
+#pragma omp simd reduction(+ : part)
+    for (int64_t v = c; v < end; ++v) {
+      const float e = x[v] == -INFINITY ? 0.0f : exp_nonpos(x[v] - mx);
+      x[v] = e;
+      part += e;
+    }
+    sum += static_cast<double>(part);
+  }
+  const float s = static_cast<float>(sum);
 #pragma omp simd
-  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] == -INFINITY ? 0.0f : exp_nonpos(x[v] - mx) / sum;  // masked: 0
+  for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] / s;
 }
 
 }  // namespace specdec
