@@ -78,13 +78,21 @@ def chain_mask(past_valid: torch.Tensor, block_valid: torch.Tensor, dtype: torch
     nodes do in specdec_kernels.tree_mask), so no softmax row is empty.
     """
     n = block_valid.shape[1]
+    lowest = torch.finfo(dtype).min
+    if bool(block_valid.all()):  # no padding in the block (batch 1, equal chains): five ops instead of a dozen
+        causal_add = torch.full((n, n), lowest, dtype=dtype, device=block_valid.device).triu_(1)
+        past_add = torch.zeros(past_valid.shape, dtype=dtype, device=past_valid.device).masked_fill_(
+            ~past_valid, lowest
+        )
+        batch, past = past_valid.shape
+        return torch.cat([past_add[:, None, :].expand(batch, n, past), causal_add.expand(batch, n, n)], dim=-1)[:, None]
     causal = torch.ones((n, n), dtype=torch.bool, device=block_valid.device).tril()
     chain = causal[None] & block_valid[:, None, :] & block_valid[:, :, None]
     chain |= torch.eye(n, dtype=torch.bool, device=block_valid.device)[None]
     past = past_valid[:, None, :] & block_valid[:, :, None]
     allowed = torch.cat([past, chain], dim=-1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    mask.masked_fill_(~allowed, lowest)
     return mask[:, None]
 
 

@@ -104,6 +104,11 @@ class DraftTree:
             return torch.cat(rows, dim=1)
         # reduced laws: one zero-filled buffer, each level's columns written into its slice
         out = torch.zeros((self.batch, self.size, vocab), dtype=torch.float32, device=self.device)
+        first = supports[0]
+        if all(s is first for s in supports):  # one drafter, one support: a single scatter for every level
+            probs = torch.cat(self.p_levels, dim=1) if len(self.p_levels) > 1 else self.p_levels[0]
+            out[:, : probs.shape[1]].index_copy_(-1, first, probs)
+            return out
         lo = 0
         for probs, support in zip(self.p_levels, supports, strict=True):
             hi = lo + int(probs.shape[1])

@@ -154,3 +154,24 @@ def test_tree_forward_other_architectures(arch: str) -> None:
             ref = _path_logits(model, PROMPTS[b] + tree.path_tokens(b, n))
             worst = max(worst, float((logits[b, n] - ref).abs().max()))
     assert worst <= 1e-4, f"{arch}: tree forward differs from path forwards by {worst:.2e}"
+
+
+def test_chain_mask_without_padding_follows_the_definition():
+    """chain_mask's padding-free path (a single row or equal chains): token j sees the valid past and chain tokens
+    0..j; the padded path still agrees on the rows that are fully valid."""
+    from specdec.models import chain_mask
+
+    g = torch.Generator().manual_seed(0)
+    low = torch.finfo(torch.bfloat16).min
+    for _ in range(100):
+        b, s, n = (int(torch.randint(lo, hi, (), generator=g)) for lo, hi in ((1, 4), (0, 6), (1, 5)))
+        past = torch.rand(b, s, generator=g) < 0.7
+        block = torch.ones(b, n, dtype=torch.bool)
+        causal = torch.ones((n, n), dtype=torch.bool).tril()
+        allowed = torch.cat([past[:, None, :].expand(b, n, s), causal.expand(b, n, n)], -1)
+        want = torch.zeros(allowed.shape, dtype=torch.bfloat16).masked_fill_(~allowed, low)[:, None]
+        assert torch.equal(chain_mask(past, block, torch.bfloat16), want)
+        ragged = torch.cat([block, torch.zeros(b, 1, dtype=torch.bool)], 1)  # one padding column: general path
+        ragged[0, -1] = True
+        general = chain_mask(past, ragged, torch.bfloat16)
+        assert torch.equal(general[0, :, :n, : s + n], want[0])
