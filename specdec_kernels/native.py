@@ -73,6 +73,10 @@ if HAVE_CPU:
     ) -> torch.Tensor:
         return ops.filter_kv(list(kv), prefix_len, accepted_nodes, n_accepted)
 
+    # the C++ kernel checks every tensor's rank, batch and slot count and the node ids (ValueError), so
+    # filter_kv(validate=False) skips its own host-side bound checks for this backend
+    filter_kv.checks_bounds = True  # type: ignore[attr-defined]
+
     @torch.library.register_fake("specdec::tree_positions")
     def _tree_positions_fake(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
         return depth.new_empty(depth.shape, dtype=torch.long)

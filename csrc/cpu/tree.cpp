@@ -78,13 +78,14 @@ at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_in, const at::T
   const int64_t* p = prefix.const_data_ptr<int64_t>();
   const int64_t* nd = nodes.const_data_ptr<int64_t>();
   const int64_t* m = n_acc.const_data_ptr<int64_t>();
-  // Memory safety for direct torch.ops calls (the public op validates with friendlier messages).
+  // Memory safety for direct torch.ops calls and for filter_kv(validate=False), which relies on these checks
+  // (ValueError in Python).
   int64_t need = 0;
   for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(m[b] >= 0 && m[b] <= max_len, "n_accepted[", b, "] must be in [0, ", max_len, "]");
-    TORCH_CHECK(p[b] >= 1, "prefix_len[", b, "] must be >= 1");
+    TORCH_CHECK_VALUE(m[b] >= 0 && m[b] <= max_len, "n_accepted[", b, "] must be in [0, ", max_len, "]");
+    TORCH_CHECK_VALUE(p[b] >= 1, "prefix_len[", b, "] must be >= 1");
     for (int64_t j = 0; j < m[b]; ++j) {
-      TORCH_CHECK(nd[b * max_len + j] > j, "accepted_nodes[", b, ", ", j, "] must be > ", j);
+      TORCH_CHECK_VALUE(nd[b * max_len + j] > j, "accepted_nodes[", b, ", ", j, "] must be > ", j);
       need = std::max(need, p[b] - 1 + nd[b * max_len + j] + 1);
     }
     if (m[b] > 0) need = std::max(need, p[b] + m[b]);
@@ -92,9 +93,9 @@ at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_in, const at::T
   for (size_t i = 0; i < kv.size(); ++i) {
     const at::Tensor& t = kv[i];
     check_cpu(t, "kv");
-    TORCH_CHECK(t.dim() == 4 && t.size(0) == batch, "kv[", i, "] must be [B=", batch, ", H, S, D], got ",
+    TORCH_CHECK_VALUE(t.dim() == 4 && t.size(0) == batch, "kv[", i, "] must be [B=", batch, ", H, S, D], got ",
                 t.sizes());
-    TORCH_CHECK(t.size(2) >= need, "kv[", i, "] has ", t.size(2), " slots, the accepted nodes need ", need);
+    TORCH_CHECK_VALUE(t.size(2) >= need, "kv[", i, "] has ", t.size(2), " slots, the accepted nodes need ", need);
   }
   // One work item per (tensor, row, head) slab; slabs never overlap.
   struct Slab {

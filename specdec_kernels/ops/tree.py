@@ -155,36 +155,36 @@ def _filter_kv_trusted(
     backend: str | None,
 ) -> torch.Tensor:
     """filter_kv(validate=False): only what keeps every move inside every tensor (slots P-1+node with node >= 1,
-    and P+j with j < n_accepted <= L), computed on host lists."""
+    and P+j with j < n_accepted <= L), computed on host lists, or by the kernel itself where it checks them
+    (``checks_bounds``: the cpu backend)."""
     batch, max_len = accepted_nodes.shape
     if isinstance(prefix_len, torch.Tensor):
         check_tensor("prefix_len", prefix_len, ndim=1)
         check_int("prefix_len", prefix_len)
         check_shape("prefix_len", prefix_len, (batch,))
         p = prefix_len.to(device=accepted_nodes.device, dtype=torch.long)
-        plen = p.tolist()
     else:
         p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
-        plen = [int(prefix_len)] * batch
-    nodes, counts = accepted_nodes.tolist(), n_accepted.tolist()
+    if not all(isinstance(t, torch.Tensor) for t in kv):
+        raise TypeError("kv must be a sequence of [B, H, S, D] tensors")
+    impl = resolve("filter_kv", backend, accepted_nodes.device)
+    if getattr(impl, "checks_bounds", False):
+        return impl(list(kv), p, accepted_nodes, n_accepted)
+    plen, nodes, counts = p.tolist(), accepted_nodes.tolist(), n_accepted.tolist()
     need, low = 0, 1
     for b in range(batch):
         m = counts[b]
         if not 0 <= m <= max_len:
             raise ValueError(f"n_accepted must be in [0, L={max_len}], got {counts}")
-        if plen[b] < 1:
-            raise ValueError(f"prefix_len must be >= 1 (the root is a committed token), got {plen}")
         if m:
             path = nodes[b][:m]
             low = min(low, min(path))
             need = max(need, plen[b] + max(path), plen[b] + m)
-    try:  # a tensor of another rank or batch counts as having no slot
-        slots = min((t.shape[2] if t.dim() == 4 and t.shape[0] == batch else -1 for t in kv), default=need)
-    except AttributeError:
-        raise TypeError("kv must be a sequence of [B, H, S, D] tensors") from None
+    # a tensor of another rank or batch counts as having no slot
+    slots = min((t.shape[2] if t.dim() == 4 and t.shape[0] == batch else -1 for t in kv), default=need)
     if low < 1 or slots < need:
         raise ValueError(
             f"filter_kv: the accepted nodes (min id {low}, must be >= 1) need {need} slots in every kv tensor "
             f"[B={batch}, H, S, D]; the smallest has {max(slots, 0)} (or another rank or batch size)"
         )
-    return resolve("filter_kv", backend, accepted_nodes.device)(list(kv), p, accepted_nodes, n_accepted)
+    return impl(list(kv), p, accepted_nodes, n_accepted)
