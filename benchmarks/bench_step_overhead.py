@@ -151,6 +151,7 @@ def instrument_ops(meter: Meter) -> None:
                     meter.ops[0] += time.perf_counter() - t0
                     meter.ops[1] += time.process_time() - c0
 
+            call.__dict__.update(impl.__dict__)  # capability flags (filter_kv's checks_bounds) stay visible
             return call
 
         module.resolve = timed_resolve
