@@ -214,11 +214,13 @@ class HFCausalLM:
 
     def project(self, hidden: torch.Tensor, reduced: bool = False) -> torch.Tensor:
         """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
-        (only for a head with a support; called through the module so that forward hooks see it)."""
+        (only for a head with a support, see ``support``; called through the module so that forward hooks see it)."""
         if not reduced:
             return self.head(hidden)
         if self.support is None:
-            raise ValueError(f"{self.name}: reduced logits need an output head with a sorted support (ReducedHead)")
+            raise ValueError(
+                f"{self.name}: reduced logits need an output head that scores a subset of the vocabulary (ReducedHead)"
+            )
         z = self.head(hidden, full=False)
         return z if self._support_order is None else z[..., self._support_order]
 
