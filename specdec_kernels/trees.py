@@ -11,6 +11,7 @@ __all__ = [
     "branching_parents",
     "chain_parents",
     "check_parents",
+    "child_counts",
     "depth_from_parents",
     "kseq_chain_parents",
     "parents_tensor",
@@ -83,6 +84,24 @@ def check_parents(parents: Sequence[int]) -> list[int]:
         if depth[n] < depth[n - 1]:
             raise ValueError(f"nodes must be in level order; node {n} has depth {depth[n]} < {depth[n - 1]}")
     return par
+
+
+def child_counts(parent: torch.Tensor, valid: torch.Tensor) -> list[list[int]]:
+    """[B][N] number of valid children of each node, on host lists (the batches of a decoding round are small).
+
+    Shape: parent/valid [B, N]. Raises ValueError when a valid node (other than the root) has a parent outside
+    [0, node), which would break level order.
+    """
+    out = []
+    for prow, vrow in zip(parent.tolist(), valid.tolist(), strict=True):
+        counts = [0] * len(prow)
+        for node in range(1, len(prow)):
+            if vrow[node]:
+                if not 0 <= prow[node] < node:
+                    raise ValueError(f"parent: valid node {node} has parent {prow[node]} (must be in [0, {node}))")
+                counts[prow[node]] += 1
+        out.append(counts)
+    return out
 
 
 def depth_from_parents(parent: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_kernels.trees import child_counts
+
 
 @dataclass
 class DraftTree:
@@ -95,7 +97,7 @@ class DraftTree:
 
     def p_rows(self, vocab: int) -> torch.Tensor:
         """Draft laws of every node, [B, N, V] fp32; zero rows for leaves and padding (never read)."""
-        supports = self.p_support + [None] * (len(self.p_levels) - len(self.p_support))
+        supports = self.p_support  # aligned with p_levels by set_level_laws
         if not any(s is not None for s in supports):
             rows = list(self.p_levels)
             have = sum(int(r.shape[1]) for r in rows)
@@ -133,14 +135,7 @@ class DraftTree:
 
     def has_children(self) -> list[list[bool]]:
         """[B][N]: the node has at least one valid child (host lists: the driver reads it once per round)."""
-        out = []
-        for prow, vrow in zip(self.parent.tolist(), self.valid.tolist(), strict=True):
-            kids = [False] * len(prow)
-            for node in range(1, len(prow)):
-                if vrow[node] and prow[node] >= 0:
-                    kids[prow[node]] = True
-            out.append(kids)
-        return out
+        return [[c > 0 for c in row] for row in child_counts(self.parent, self.valid)]
 
     def path_tokens(self, b: int, node: int) -> list[int]:
         """Tokens on the path root -> node (root excluded) of row ``b``."""

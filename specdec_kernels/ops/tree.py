@@ -11,17 +11,22 @@ from ._checks import check_bool, check_int, check_same_device, check_shape, chec
 from .verify import _check_tree
 
 
-def _lengths(name: str, value: int | torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+def _lengths(
+    name: str, value: int | torch.Tensor, batch: int, device: torch.device, *, check_values: bool = True
+) -> torch.Tensor:
+    """``value`` (int or [B] ints) as an int64 [B] tensor on ``device``. ``check_values=False`` (trusted callers)
+    skips the P >= 1 check of a tensor, which costs a reduction and a host sync; an int is always checked."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int or an int64 tensor [B], got bool")
     if isinstance(value, int):
         out = torch.full((batch,), value, dtype=torch.long, device=device)
+        check_values = True
     else:
         check_tensor(name, value, ndim=1)
         check_int(name, value)
         check_shape(name, value, (batch,))
         out = value.to(device=device, dtype=torch.long)
-    if out.numel() and int(out.min()) < 1:
+    if check_values and out.numel() and int(out.min()) < 1:
         raise ValueError(f"{name} must be >= 1 (the root is a committed token), got {out.tolist()}")
     return out
 
@@ -82,15 +87,9 @@ def tree_positions(
     """
     check_tensor("depth", depth, ndim=2)
     check_int("depth", depth)
-    if not validate and isinstance(prefix_len, torch.Tensor):
-        check_tensor("prefix_len", prefix_len, ndim=1)
-        check_int("prefix_len", prefix_len)
-        check_shape("prefix_len", prefix_len, (depth.shape[0],))
-        p = prefix_len.to(device=depth.device, dtype=torch.long)  # no copy in the driver's case
-        return resolve("tree_positions", backend, depth.device)(depth, p)
-    if depth.numel() and int(depth.min()) < 0:
+    if validate and depth.numel() and int(depth.min()) < 0:
         raise ValueError("depth must be >= 0")
-    p = _lengths("prefix_len", prefix_len, depth.shape[0], depth.device)
+    p = _lengths("prefix_len", prefix_len, depth.shape[0], depth.device, check_values=validate)
     return resolve("tree_positions", backend, depth.device)(depth, p)
 
 
@@ -122,10 +121,10 @@ def filter_kv(
     check_shape("n_accepted", n_accepted, (batch,))
     if not validate:  # the driver's call: host-side checks on the small index tensors (tiny torch ops cost more)
         return _filter_kv_trusted(kv, prefix_len, accepted_nodes, n_accepted, backend)
-    p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
-    used = torch.arange(max_len, device=accepted_nodes.device)[None, :] < n_accepted[:, None]
     if n_accepted.numel() and (int(n_accepted.min()) < 0 or int(n_accepted.max()) > max_len):
         raise ValueError(f"n_accepted must be in [0, L={max_len}], got {n_accepted.tolist()}")
+    p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
+    used = torch.arange(max_len, device=accepted_nodes.device)[None, :] < n_accepted[:, None]
     nodes = accepted_nodes[used]
     if nodes.numel() and int(nodes.min()) < 1:
         raise ValueError("accepted_nodes must hold draft node ids >= 1 for the first n_accepted entries of a row")
@@ -158,13 +157,7 @@ def _filter_kv_trusted(
     and P+j with j < n_accepted <= L), computed on host lists, or by the kernel itself where it checks them
     (``checks_bounds``: the cpu backend)."""
     batch, max_len = accepted_nodes.shape
-    if isinstance(prefix_len, torch.Tensor):
-        check_tensor("prefix_len", prefix_len, ndim=1)
-        check_int("prefix_len", prefix_len)
-        check_shape("prefix_len", prefix_len, (batch,))
-        p = prefix_len.to(device=accepted_nodes.device, dtype=torch.long)
-    else:
-        p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device)
+    p = _lengths("prefix_len", prefix_len, batch, accepted_nodes.device, check_values=False)
     if not all(isinstance(t, torch.Tensor) for t in kv):
         raise TypeError("kv must be a sequence of [B, H, S, D] tensors")
     impl = resolve("filter_kv", backend, accepted_nodes.device)

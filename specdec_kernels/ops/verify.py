@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .._registry import resolve
-from ..trees import depth_from_parents
+from ..trees import child_counts, depth_from_parents
 from ._checks import (
     NoisePlan,
     check_bool,
@@ -327,7 +327,9 @@ def verify_tree(
         max_children = int(counts.max()) if counts.numel() else 0
         root_children = int(counts[:, 0].max()) if counts.numel() else 0
     else:  # the driver's trees are small: count children on host lists instead of a dozen tiny torch ops
-        max_children, root_children = _child_counts(parent, valid)
+        counts_l = child_counts(parent, valid)
+        max_children = max((c for row in counts_l for c in row), default=0)
+        root_children = max((row[0] for row in counts_l if row), default=0)
     if not greedy:
         if p_rows is None:
             raise ValueError("p_rows is required unless greedy=True")
@@ -386,21 +388,6 @@ def verify_tree(
     return TreeVerdict(
         *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
     )
-
-
-def _child_counts(parent: torch.Tensor, valid: torch.Tensor) -> tuple[int, int]:
-    """The most valid children of any node and of a root, over the batch (host lists; parents < 0 count as 0)."""
-    most, root = 0, 0
-    for prow, vrow in zip(parent.tolist(), valid.tolist(), strict=True):
-        counts = [0] * len(prow)
-        for node in range(1, len(prow)):
-            if vrow[node]:
-                if not 0 <= prow[node] < node:
-                    raise ValueError(f"parent: valid node {node} has parent {prow[node]} (must be in [0, {node}))")
-                counts[prow[node]] += 1
-        if counts:
-            most, root = max(most, max(counts)), max(root, counts[0])
-    return most, root
 
 
 def _check_tree_values(
