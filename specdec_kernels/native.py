@@ -124,6 +124,10 @@ if HAVE_CPU:
     ) -> torch.Tensor:
         return ops.process_logits(logits, temperature, top_k, top_p, log)
 
+    # the C++ kernel makes the NaN / +inf / all -inf row checks in its first pass over the logits (ValueError, the
+    # public op's messages), so process_logits skips its own widening copy and reduction for this backend
+    process_logits.checks_values = True  # type: ignore[attr-defined]
+
     @register("sample_categorical", "cpu", supports=_on_cpu)
     def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
         return ops.sample_categorical(logp, noise, seed)

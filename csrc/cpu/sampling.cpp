@@ -3,6 +3,10 @@
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/empty.h>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
 #include <vector>
 
 #include "cpu/common.h"
@@ -88,10 +92,65 @@ void topk_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_
   }
 }
 
-// Greedy rows, or temperature + top-k (+ the final log-softmax when there is no top-p step).
+// Element v of a row as fp32 (exact for every input dtype but double, which rounds like the reference's .float());
+// bf16 becomes the top half of a float: a shift the loops vectorise.
+template <typename T>
+inline float load_elem(const T* x, int64_t v) {
+  return static_cast<float>(x[v]);
+}
+template <>
+inline float load_elem<c10::BFloat16>(const c10::BFloat16* x, int64_t v) {
+  return float_of(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(x)[v]) << 16);
+}
+
+// The value checks of the public op (ops._checks.check_logp), made here in the first pass over the input instead
+// of in a separate widening copy and reduction: a row holding NaN, holding +inf, or with every entry -inf.
+enum RowStatus : uint8_t { kRowOk = 0, kRowNaN = 1, kRowPosInf = 2, kRowAllNegInf = 3 };
+
+inline uint8_t row_status(float raw_max, int nan) {
+  if (nan) return kRowNaN;
+  if (raw_max == INFINITY) return kRowPosInf;
+  if (raw_max == -INFINITY) return kRowAllNegInf;
+  return kRowOk;
+}
+
+// Greedy rows read the input once more for the checks (they are cheap: no exp).
+template <typename T>
+uint8_t check_row(const T* x, int64_t vocab) {
+  float mx = -INFINITY;
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float w = load_elem(x, v);
+    nan |= w != w;
+    mx = w > mx ? w : mx;
+  }
+  return row_status(mx, nan);
+}
+
+// out = fp32(x) / T (one IEEE division per element, like the reference's `x.float() / T`), the row's checks and
+// its maximum after the division, in one pass over the input in its own dtype. Division by T > 0 is monotone
+// after rounding, so max(x / T) = max(x) / T exactly.
+template <typename T>
+uint8_t scale_row(const T* x, int64_t vocab, float temperature, float* out, float* scaled_max) {
+  float mx = -INFINITY;
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const float w = load_elem(x, v);
+    out[v] = w / temperature;
+    nan |= w != w;
+    mx = w > mx ? w : mx;
+  }
+  *scaled_max = mx / temperature;
+  return row_status(mx, nan);
+}
+
+// Greedy rows, or temperature + top-k (+ the final log-softmax when there is no top-p step). A row that fails
+// its checks is left unprocessed (status[i] != kRowOk); the caller raises before anything reads it.
 template <typename T>
 void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float temperature, int64_t top_k,
-                     bool finish, bool log, float* out) {
+                     bool finish, bool log, float* out, uint8_t* status) {
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
     std::vector<float> scratch;
@@ -99,21 +158,36 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
     for (int64_t i = 0; i < rows; ++i) {
       float* row = out + i * vocab;
       if (greedy) {
+        status[i] = check_row(x + i * vocab, vocab);
+        if (status[i] != kRowOk) continue;
         greedy_row(x + i * vocab, vocab, row);
         if (!log)  // the point mass: 0 -> 1, -inf -> 0
           for (int64_t v = 0; v < vocab; ++v) row[v] = row[v] == 0.0f ? 1.0f : 0.0f;
         continue;
       }
-      temperature_row(x + i * vocab, vocab, temperature, row);
-      if (top_k > 0) top_k_row(row, vocab, top_k, scratch);
+      float mx;
+      status[i] = scale_row(x + i * vocab, vocab, temperature, row, &mx);
+      if (status[i] != kRowOk) continue;
+      if (top_k > 0) top_k_row(row, vocab, top_k, scratch);  // keeps the k largest, so the maximum stays
       if (finish) {
         if (log)
-          log_softmax_row(row, vocab);
+          log_softmax_row(row, vocab, mx);
         else
-          softmax_row(row, vocab);
+          softmax_row(row, vocab, mx);
       }
     }
   }
+}
+
+// The public op's errors, in its order: NaN anywhere, then +inf anywhere, then a row with every entry -inf.
+void raise_bad_rows(const std::vector<uint8_t>& status) {
+  uint8_t worst = kRowOk;
+  for (const uint8_t s : status)
+    if (s != kRowOk && (worst == kRowOk || s < worst)) worst = s;
+  TORCH_CHECK_VALUE(worst != kRowNaN, "logits contains NaN; NaN logits are rejected, fix the model output upstream");
+  TORCH_CHECK_VALUE(worst != kRowPosInf, "logits contains +inf; only -inf (masked token) is allowed");
+  TORCH_CHECK_VALUE(worst != kRowAllNegInf,
+                    "logits has a row where every entry is -inf (no token can be sampled)");
 }
 
 }  // namespace
@@ -153,17 +227,19 @@ at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64
   TORCH_CHECK(temperature >= 0.0, "temperature must be >= 0, got ", temperature);
   TORCH_CHECK(top_k >= 0, "top_k must be >= 0, got ", top_k);
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, "top_p must be in (0, 1], got ", top_p);
-  const at::Tensor logits = widen(logits_in);
+  const at::Tensor logits = logits_in.contiguous();  // bf16/fp16 are widened element by element (scale_row)
   const int64_t vocab = logits.size(-1), rows = logits.numel() / vocab;
   at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
   float* o = out.mutable_data_ptr<float>();
   const bool greedy = temperature < 1e-5;  // spec §1.3 / ops.sampling.GREEDY_TEMPERATURE
   const bool use_top_k = top_k > 0 && top_k < vocab;
   const bool use_top_p = top_p < 1.0;
-  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "specdec_process_logits", [&] {
+  std::vector<uint8_t> status(rows, kRowOk);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "specdec_process_logits", [&] {
     first_pass_rows(logits.const_data_ptr<scalar_t>(), rows, vocab, greedy, static_cast<float>(temperature),
-                    use_top_k ? top_k : 0, !use_top_p, log, o);
+                    use_top_k ? top_k : 0, !use_top_p, log, o, status.data());
   });
+  raise_bad_rows(status);
   if (greedy || !use_top_p) return out;
   // The top-p boundary compares a cumulative sum of fp32 probabilities with top_p; computing them with torch's own
   // softmax kernel keeps them bitwise equal to the reference's, so the kept set is identical (a different exp or

@@ -64,10 +64,18 @@ def process_logits(
     verifiers read: the ``cpu`` backend writes it in the same pass instead of a second softmax over [..., V].
     """
     check_tensor("logits", logits, min_ndim=1)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        # exact, and where every backend starts anyway; the check below then reduces fp32 (3x faster than bf16)
-        logits = logits.float()
-    check_logp("logits", logits)
+    impl = resolve("process_logits", backend, logits.device)
+    if getattr(impl, "checks_values", False):  # the kernel checks the values in its own pass (cpu)
+        check_float("logits", logits)
+        if logits.shape[-1] == 0:
+            raise ValueError(
+                f"logits must have a non-empty vocabulary (last) dimension, got shape {tuple(logits.shape)}"
+            )
+    else:
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            # exact, and where every backend starts anyway; the check below then reduces fp32 (3x faster than bf16)
+            logits = logits.float()
+        check_logp("logits", logits)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if temperature < 0:
@@ -78,7 +86,6 @@ def process_logits(
         raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p!r}")
     if not isinstance(log, bool):
         raise TypeError(f"log must be a bool, got {type(log).__name__}")
-    impl = resolve("process_logits", backend, logits.device)
     return impl(logits, float(temperature), int(top_k), float(top_p), log)
 
 

@@ -269,6 +269,34 @@ def test_bad_input(kw, exc, msg):
         process_logits(args.pop("logits"), **args)
 
 
+# The value checks: made by the public op for backends without their own (torch), by the kernel in its first pass
+# for cpu (process_logits.checks_values); same errors, same precedence, every dtype and mode.
+BAD_VALUES = [
+    ("nan", "logits contains NaN"),
+    ("posinf", r"logits contains \+inf"),
+    ("neginf_row", "every entry is -inf"),
+    ("nan_after_neginf_row", "logits contains NaN"),  # NaN is reported first, as check_logp does
+    ("posinf_after_neginf_row", r"logits contains \+inf"),
+]
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("setting", [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8)])
+@pytest.mark.parametrize("log", [True, False])
+@pytest.mark.parametrize("kind,msg", BAD_VALUES)
+def test_bad_values(backend, dtype, setting, log, kind, msg):
+    z = (torch.randn((4, 111), generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
+    if kind.endswith("neginf_row"):
+        z[1] = NEG_INF
+    if kind.startswith("nan"):
+        z[3, 57] = float("nan")
+    if kind.startswith("posinf"):
+        z[2, 0] = float("inf")
+    with pytest.raises(ValueError, match=msg):
+        process_logits(z, *setting, log=log, backend=backend)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Reproducibility
 

@@ -210,12 +210,6 @@ void greedy_row(const T* logits, int64_t vocab, float* out) {
   out[best_i] = 0.0f;
 }
 
-// x = fp32(logits) / fp32(T): one IEEE division per element like the reference's `x.float() / T`.
-template <typename T>
-void temperature_row(const T* logits, int64_t vocab, float temperature, float* out) {
-  for (int64_t v = 0; v < vocab; ++v) out[v] = static_cast<float>(logits[v]) / temperature;
-}
-
 // Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).
 // Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.
 inline void top_k_row(float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
@@ -326,17 +320,18 @@ inline double sum_exp_row(const float* x, int64_t vocab, float mx) {
   return sum;
 }
 
-inline void log_softmax_row(float* x, int64_t vocab) {
-  const float mx = row_max(x, vocab);
+// mx: the row maximum (row_max), when the caller already has it
+inline void log_softmax_row(float* x, int64_t vocab, float mx) {
   // (x - max) first: exact for the top tokens, so the only rounding left is that of the small log-sum
   const float lse = static_cast<float>(::log(sum_exp_row(x, vocab, mx)));
   for (int64_t v = 0; v < vocab; ++v) x[v] = (x[v] - mx) - lse;
 }
 
+inline void log_softmax_row(float* x, int64_t vocab) { log_softmax_row(x, vocab, row_max(x, vocab)); }
+
 // The law itself (process_logits(log=False)): exp(x - max) / sum, 0 where x = -inf. One pass fewer than a
 // log-softmax followed by a softmax, which is what a verifier that reads probabilities would otherwise need.
-inline void softmax_row(float* x, int64_t vocab) {
-  const float mx = row_max(x, vocab);
+inline void softmax_row(float* x, int64_t vocab, float mx) {
   // exp once: the terms are stored while they are summed (masked -inf -> exactly 0), then divided by the sum
   double sum = 0.0;
   for (int64_t c = 0; c < vocab; c += 256) {
@@ -354,5 +349,7 @@ inline void softmax_row(float* x, int64_t vocab) {
 #pragma omp simd
   for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] / s;
 }
+
+inline void softmax_row(float* x, int64_t vocab) { softmax_row(x, vocab, row_max(x, vocab)); }
 
 }  // namespace specdec
