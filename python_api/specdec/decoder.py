@@ -28,7 +28,7 @@ from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, FeatureDrafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
-from .tree import DraftTree
+from .tree import DraftTree, LawBuffer
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -202,6 +202,7 @@ class SpeculativeDecoder:
         self.target = target if isinstance(target, HFCausalLM) else HFCausalLM(target, name="target")
         self.drafter = _as_drafter(draft, self.target, method, hidden=head is not None)
         self.builder = make_builder(self.config)
+        self._laws = LawBuffer()  # reused by every round's verification (DraftTree.p_rows)
         if head is not None:
             assert self.builder is not None
             self.builder.stop_rule = AdaptiveStop(head, DEFAULT_THRESHOLD if threshold is None else threshold)
@@ -405,7 +406,7 @@ class SpeculativeDecoder:
         out = sk.verify_tree(
             tree.tokens,
             tree.parent,
-            tree.p_rows(q_logits.shape[-1]),
+            tree.p_rows(q_logits.shape[-1], self._laws),
             q_probs,
             method=verifier,
             valid=tree.valid,

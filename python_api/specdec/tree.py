@@ -95,8 +95,11 @@ class DraftTree:
         if hub is not None:
             self.hub_levels.append(hub)
 
-    def p_rows(self, vocab: int) -> torch.Tensor:
-        """Draft laws of every node, [B, N, V] fp32; zero rows for leaves and padding (never read)."""
+    def p_rows(self, vocab: int, buffer: LawBuffer | None = None) -> torch.Tensor:
+        """Draft laws of every node, [B, N, V] fp32; zero rows for leaves and padding (never read).
+
+        ``buffer``: reused storage for reduced laws (see :class:`LawBuffer`); the result is then only valid until
+        the next call with the same buffer."""
         supports = self.p_support  # aligned with p_levels by set_level_laws
         if not any(s is not None for s in supports):
             rows = list(self.p_levels)
@@ -104,13 +107,18 @@ class DraftTree:
             if have < self.size:
                 rows.append(torch.zeros((self.batch, self.size - have, vocab), dtype=torch.float32, device=self.device))
             return torch.cat(rows, dim=1)
-        # reduced laws: one zero-filled buffer, each level's columns written into its slice
-        out = torch.zeros((self.batch, self.size, vocab), dtype=torch.float32, device=self.device)
         first = supports[0]
         if all(s is first for s in supports):  # one drafter, one support: a single scatter for every level
             probs = torch.cat(self.p_levels, dim=1) if len(self.p_levels) > 1 else self.p_levels[0]
-            out[:, : probs.shape[1]].index_copy_(-1, first, probs)
+            rows = int(probs.shape[1])
+            if buffer is not None:
+                out = buffer.take((self.batch, self.size, vocab), first, rows)
+            else:
+                out = torch.zeros((self.batch, self.size, vocab), dtype=torch.float32, device=self.device)
+            out[:, :rows].index_copy_(-1, first, probs)
             return out
+        # reduced laws: one zero-filled buffer, each level's columns written into its slice
+        out = torch.zeros((self.batch, self.size, vocab), dtype=torch.float32, device=self.device)
         lo = 0
         for probs, support in zip(self.p_levels, supports, strict=True):
             hi = lo + int(probs.shape[1])
@@ -160,3 +168,29 @@ def compact(
     idx = order[:, :width]
     out = [torch.gather(t, 1, idx) for t in (tokens, parent, valid, *extra)]
     return tuple(out)
+
+
+class LawBuffer:
+    """Storage for the widened draft laws of reduced-vocabulary drafts, reused across rounds.
+
+    A round's laws are [B, N, S] over one support; the verifier reads them as [B, N, V] rows that are zero outside
+    the support. Rounds with the same shape and the same support tensor rewrite only the support's columns of
+    the rows they use (plus a zero fill of rows the previous round used and this one does not), instead of
+    zero-filling a fresh [B, N, V] buffer (1 MB per round for 5 nodes at V = 49152)."""
+
+    def __init__(self) -> None:
+        self._out: torch.Tensor | None = None
+        self._support: torch.Tensor | None = None
+        self._rows = 0  # leading rows whose support columns hold the previous round's laws
+
+    def take(self, shape: tuple[int, int, int], support: torch.Tensor, rows: int) -> torch.Tensor:
+        """A [B, N, V] fp32 buffer that is zero outside ``support``'s columns and, in those columns, in every row
+        from ``rows`` on; rows below ``rows`` hold stale values that the caller overwrites."""
+        out = self._out
+        if out is None or tuple(out.shape) != shape or self._support is not support or out.device != support.device:
+            out = torch.zeros(shape, dtype=torch.float32, device=support.device)
+            self._out, self._support = out, support
+        elif self._rows > rows:
+            out[:, rows : self._rows].zero_()
+        self._rows = rows
+        return out

@@ -117,3 +117,24 @@ def test_reduced_logits_need_a_support():
     assert lm.support is None
     with pytest.raises(ValueError, match="reduced logits need an output head that scores a subset of the vocabulary"):
         lm.project(torch.zeros(1, 32), reduced=True)
+
+
+def test_law_buffer_matches_fresh_rows():
+    """p_rows with a reused LawBuffer equals the freshly zero-filled result in every round, including rounds whose
+    trees hold fewer law rows than the previous one (stale rows must be cleared) and a change of support."""
+    from specdec.tree import DraftTree, LawBuffer
+
+    g = torch.Generator().manual_seed(0)
+    vocab, batch = 40, 2
+    sup_a = torch.tensor(HEAD)
+    sup_b = torch.tensor([3, 6, 8, 10, 11])
+    buf = LawBuffer()
+    # (support, law rows per level, tree size): shrinking, growing and equal rounds
+    rounds = [(sup_a, [1, 2], 6), (sup_a, [1], 6), (sup_a, [1, 2, 1], 6), (sup_b, [1, 1], 6), (sup_a, [1], 6)]
+    for support, widths, size in rounds:
+        tree = DraftTree.from_roots(torch.zeros(batch, dtype=torch.long))
+        for w in widths:
+            probs = torch.softmax(torch.randn((batch, w, support.numel()), generator=g), dim=-1)
+            tree.set_level_laws(probs, None, support)
+        tree.tokens = torch.zeros((batch, size), dtype=torch.long)  # the tree's width is all p_rows reads
+        assert torch.equal(tree.p_rows(vocab, buf), tree.p_rows(vocab))
