@@ -23,6 +23,8 @@ TORCH_LIBRARY(specdec, m) {
   m.def("tree_mask(Tensor parent, Tensor valid, Tensor past_valid, ScalarType dtype) -> Tensor");
   // spec §3.7: in place on every [B, H, S, D] tensor of kv; returns the new lengths [B]
   m.def("filter_kv(Tensor(a!)[] kv, Tensor prefix_len, Tensor accepted_nodes, Tensor n_accepted) -> Tensor");
+  // kv [B, H, S, D] each -> the same tensors with S = length (in place; a helper of the driver's KV cache, not an op)
+  m.def("crop_slots_(Tensor(a!)[] kv, int length) -> ()");
   // spec §2.1: logp [..., V], noise [..., V] float64 uniforms -> tokens [...] int64
   m.def("sample_categorical(Tensor logp, Tensor? noise, int seed=0) -> Tensor");
   // spec §2.2: logp [..., V], noise [..., V] -> tokens [..., k] int64, valid [..., k] bool, score [..., k] float64
@@ -65,6 +67,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("tree_positions", &specdec::cpu::tree_positions);
   m.impl("tree_mask", &specdec::cpu::tree_mask);
   m.impl("filter_kv", &specdec::cpu::filter_kv);
+  m.impl("crop_slots_", &specdec::cpu::crop_slots_);
   m.impl("sample_categorical", &specdec::cpu::sample_categorical);
   m.impl("gumbel_topk", &specdec::cpu::gumbel_topk);
   m.impl("process_logits", &specdec::cpu::process_logits);

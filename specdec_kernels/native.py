@@ -29,6 +29,19 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     HAVE_CUDA = False
     mark_missing("cuda", f"CUDA extension not built ({exc}); it is built only when torch has CUDA and nvcc exists")
 
+
+def crop_slots(kv: Sequence[torch.Tensor], length: int) -> bool:
+    """Narrow every [B, H, S, D] tensor of ``kv`` to its first ``length`` slots, in place (metadata only), in one
+    C++ call: the driver's KV-cache crop (slicing 60 tensors from Python costs ~0.1 ms right after a forward).
+
+    Returns False and changes nothing when the extension is missing or a tensor is not a CPU tensor (the caller
+    then crops by slicing); raises ValueError for a tensor that is not 4-D or a length outside [0, S]."""
+    if not HAVE_CPU or not all(t.device.type == "cpu" for t in kv):
+        return False
+    torch.ops.specdec.crop_slots_(list(kv), int(length))
+    return True
+
+
 #: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
 CPU_OPS = (
     "tree_positions",

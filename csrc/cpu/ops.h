@@ -15,6 +15,8 @@ namespace specdec::cpu {
 at::Tensor tree_positions(const at::Tensor& depth, const at::Tensor& prefix_len);
 at::Tensor tree_mask(const at::Tensor& parent, const at::Tensor& valid, const at::Tensor& past_valid,
                      at::ScalarType dtype);
+// Drop trailing slots of every [B, H, S, D] cache tensor in place (metadata only: the first `length` slots stay).
+void crop_slots_(at::TensorList kv, int64_t length);
 at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::Tensor& accepted_nodes,
                      const at::Tensor& n_accepted);
 

@@ -66,6 +66,22 @@ at::Tensor tree_mask(const at::Tensor& parent_in, const at::Tensor& valid_in, co
   return out;
 }
 
+void crop_slots_(at::TensorList kv, int64_t length) {
+  for (size_t i = 0; i < kv.size(); ++i) {
+    const at::Tensor& t = kv[i];
+    TORCH_CHECK_VALUE(t.dim() == 4, "kv[", i, "] must be [B, H, S, D], got ", t.sizes());
+    TORCH_CHECK_VALUE(length >= 0 && length <= t.size(2), "length must be in [0, ", t.size(2), "] for kv[", i,
+                      "], got ", length);
+  }
+  // A cache crop is a narrowing view of every layer's keys and values (two Python-level slices per layer, a few
+  // microseconds each right after a forward); editing the sizes in place does the same for all layers in one call.
+  for (const at::Tensor& t : kv) {
+    std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+    sizes[2] = length;
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, t.strides());
+  }
+}
+
 at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_in, const at::Tensor& nodes_in,
                      const at::Tensor& n_acc_in) {
   const at::Tensor prefix = as_long(prefix_in, "prefix_len");

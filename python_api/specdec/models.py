@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels.native import crop_slots
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -59,7 +60,7 @@ class KVState:
         used = self.valid.any(dim=0).nonzero()
         new_len = int(used.max()) + 1 if used.numel() else 0
         if new_len < self.length:
-            self.cache.crop(new_len - self.length)
+            crop_cache(self.cache, self.length - new_len)
             self.valid = self.valid[:, :new_len]
 
     def layer_tensors(self) -> list[torch.Tensor]:
@@ -68,6 +69,21 @@ class KVState:
         for layer in self.cache.layers:
             out.extend([layer.keys, layer.values])
         return out
+
+
+def crop_cache(cache: Any, remove: int) -> None:
+    """Drop the last ``remove`` slots of every layer of a DynamicCache (``cache.crop(-remove)``); a cache of plain
+    CPU layers is narrowed in one kernel call (specdec_kernels.native.crop_slots) instead of two slices per layer."""
+    from transformers.cache_utils import DynamicLayer
+
+    if remove <= 0:
+        return
+    layers = cache.layers
+    if layers and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+        kv = [t for layer in layers for t in (layer.keys, layer.values)]
+        if all(t.dim() == 4 for t in kv) and crop_slots(kv, int(kv[0].shape[2]) - remove):
+            return
+    cache.crop(-remove)
 
 
 def chain_mask(past_valid: torch.Tensor, block_valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -349,4 +365,4 @@ class HFCausalLM:
         keep_old = slots <= root_slot[:, None]
         state.valid = torch.where(keep_old, state.valid[:, :top], slots < new_len[:, None])
         if top < length:
-            state.cache.crop(top - length)  # a negative count: the number of trailing slots to drop
+            crop_cache(state.cache, length - top)

@@ -175,3 +175,49 @@ def test_chain_mask_without_padding_follows_the_definition():
         ragged[0, -1] = True
         general = chain_mask(past, ragged, torch.bfloat16)
         assert torch.equal(general[0, :, :n, : s + n], want[0])
+
+
+def test_crop_cache_matches_dynamic_cache_crop():
+    """crop_cache (one in-place kernel call for plain CPU layers) leaves every layer exactly as DynamicCache.crop
+    does, keeps working for the next forward's append, and falls back to crop() when the kernel cannot be used."""
+    from specdec.models import crop_cache
+    from transformers import DynamicCache
+
+    model = tiny_llama(seed=0)
+    cfg = model.config
+    ids = torch.randint(0, cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
+    caches = [DynamicCache(config=cfg), DynamicCache(config=cfg)]
+    with torch.no_grad():
+        for c in caches:
+            model(input_ids=ids, past_key_values=c, use_cache=True)
+        crop_cache(caches[0], 4)
+        caches[1].crop(-4)
+        for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+            assert a.keys.shape == b.keys.shape == (2, cfg.num_key_value_heads, 5, a.keys.shape[-1])
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert caches[0].get_seq_length() == 5
+        crop_cache(caches[0], 0)  # nothing to drop
+        assert caches[0].get_seq_length() == 5
+        more = ids[:, :3]
+        pos = torch.arange(5, 8)[None].expand(2, -1)
+        outs = [model(input_ids=more, position_ids=pos, past_key_values=c, use_cache=True).logits for c in caches]
+        assert torch.equal(outs[0], outs[1])
+    # the fallback: a cache whose layers are not all initialised is cropped by DynamicCache.crop
+    empty = DynamicCache(config=cfg)
+    crop_cache(empty, 3)
+    assert empty.get_seq_length() == 0
+
+
+def test_crop_slots_rejects_bad_lengths():
+    from specdec_kernels.native import HAVE_CPU, crop_slots
+
+    if not HAVE_CPU:
+        pytest.skip("C++ extension not built")
+    kv = [torch.zeros(1, 2, 6, 4)]
+    with pytest.raises(ValueError, match="length must be in"):
+        crop_slots(kv, 7)
+    with pytest.raises(ValueError, match="length must be in"):
+        crop_slots(kv, -1)
+    with pytest.raises(ValueError, match=r"must be \[B, H, S, D\]"):
+        crop_slots([torch.zeros(6, 4)], 2)
+    assert kv[0].shape == (1, 2, 6, 4)
