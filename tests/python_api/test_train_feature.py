@@ -134,3 +134,24 @@ def test_feature_pipeline_with_extra_target_layers(tmp_path, target):
             records=[{k: v for k, v in r.items() if k != "xfeats"} for r in recs],
         )
     assert plain.draft.extra_layers == ()
+
+
+def test_records_come_from_the_recorded_shards_only(tmp_path):
+    """load_feature_records reads the shards the data stage listed in the manifest, not every file in the folder
+    (a shard left by an earlier, larger configuration must not leak into training)."""
+    import json
+
+    from specdec.train.feature_data import load_feature_records
+
+    folder = tmp_path / "feature" / "data"
+    folder.mkdir(parents=True)
+    for name, n in (("magpie_0000.pt", 2), ("magpie_0001.pt", 3), ("gsm8k_0000.pt", 1)):
+        recs = [{"tokens": torch.full((4,), n * 10 + j, dtype=torch.int32)} for j in range(n)]
+        torch.save({"records": recs}, folder / name)
+    assert len(load_feature_records(tmp_path)) == 6  # no manifest: every shard
+    (tmp_path / "feature" / "manifest.json").write_text(
+        json.dumps({"data": {"shards": ["magpie_0000.pt", "gsm8k_0000.pt"]}})
+    )
+    recs = load_feature_records(tmp_path)
+    assert [int(r["tokens"][0]) for r in recs] == [10, 20, 21]  # sorted names: gsm8k_0000, then magpie_0000
+    assert len(load_feature_records(tmp_path, ["magpie_0001.pt"])) == 3

@@ -15,6 +15,7 @@ Each shard has its own seed derived from (seed, source, shard), so an interrupte
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass
 from itertools import zip_longest
@@ -134,9 +135,11 @@ def build_feature_data(
             r["start"] = s
         save_atomic({"records": recs, "source": source, "feature_layers": list(cfg.feature_layers)}, path)
         bar.set_postfix(positions=sum(len(s) for s in seqs))
-    records = load_feature_records(workdir)
+    shards = sorted(_shard_path(workdir, source, i).name for source, i, _ in jobs)
+    records = load_feature_records(workdir, shards)
     info = {
         "config": asdict(cfg),
+        "shards": shards,
         "sequences": len(records),
         "positions": int(sum(len(r["tokens"]) for r in records)),
         "response_positions": int(sum(len(r["tokens"]) - r["start"] for r in records)),
@@ -161,9 +164,19 @@ def _add_layer_features(model: Any, path: Path, cfg: FeatureDataConfig) -> None:
     save_atomic(shard, path)
 
 
-def load_feature_records(workdir: Path) -> list[dict[str, Any]]:
-    """All shards' records in a fixed order (sorted file names)."""
+def load_feature_records(workdir: Path, shards: list[str] | None = None) -> list[dict[str, Any]]:
+    """The data stage's shards' records in a fixed order (sorted file names).
+
+    ``shards``: file names; by default the list the data stage recorded in the manifest, so shards left in the
+    folder by another configuration (a larger ``n_magpie`` before) are not read; every shard in the folder when
+    the manifest has no list."""
+    folder = workdir / "feature" / "data"
+    if shards is None:
+        manifest = workdir / "feature" / "manifest.json"
+        if manifest.is_file():
+            shards = json.loads(manifest.read_text()).get("data", {}).get("shards")
+    names = sorted(shards) if shards is not None else sorted(p.name for p in folder.glob("*.pt"))
     recs: list[dict[str, Any]] = []
-    for path in sorted((workdir / "feature" / "data").glob("*.pt")):
-        recs += torch.load(path, weights_only=False)["records"]
+    for name in names:
+        recs += torch.load(folder / name, weights_only=False)["records"]
     return recs
