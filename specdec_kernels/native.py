@@ -34,11 +34,15 @@ def crop_slots(kv: Sequence[torch.Tensor], length: int) -> bool:
     """Narrow every [B, H, S, D] tensor of ``kv`` to its first ``length`` slots, in place (metadata only), in one
     C++ call: the driver's KV-cache crop (slicing 60 tensors from Python costs ~0.1 ms right after a forward).
 
-    Returns False and changes nothing when the extension is missing or a tensor is not a CPU tensor (the caller
-    then crops by slicing); raises ValueError for a tensor that is not 4-D or a length outside [0, S]."""
-    if not HAVE_CPU or not all(t.device.type == "cpu" for t in kv):
+    Returns False and changes nothing when the extension is missing or a tensor is not a CPU tensor (the dispatcher
+    finds no kernel; the caller then crops by slicing); raises ValueError for a tensor that is not 4-D or a length
+    outside [0, S] (checked for every tensor before any is changed)."""
+    if not HAVE_CPU:
         return False
-    torch.ops.specdec.crop_slots_(list(kv), int(length))
+    try:
+        torch.ops.specdec.crop_slots_(list(kv), int(length))
+    except NotImplementedError:  # a CUDA (or other non-CPU) tensor in the list: no kernel registered for it
+        return False
     return True
 
 

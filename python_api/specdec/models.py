@@ -79,9 +79,14 @@ def crop_cache(cache: Any, remove: int) -> None:
     if remove <= 0:
         return
     layers = cache.layers
-    if layers and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers):
+    plain = getattr(cache, "_specdec_plain_layers", None)
+    if plain is None and layers and all(layer.is_initialized for layer in layers):
+        # layer types never change, so this is decided once per cache (after its first forward)
+        plain = all(type(layer) is DynamicLayer for layer in layers)
+        cache._specdec_plain_layers = plain
+    if plain:
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
-        if all(t.dim() == 4 for t in kv) and crop_slots(kv, int(kv[0].shape[2]) - remove):
+        if crop_slots(kv, int(kv[0].shape[2]) - remove):
             return
     cache.crop(-remove)
 

@@ -221,3 +221,8 @@ def test_crop_slots_rejects_bad_lengths():
     with pytest.raises(ValueError, match=r"must be \[B, H, S, D\]"):
         crop_slots([torch.zeros(6, 4)], 2)
     assert kv[0].shape == (1, 2, 6, 4)
+    # no kernel for other devices: nothing changes and the caller falls back to slicing
+    meta = [torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4, device="meta")]
+    assert crop_slots(meta, 3) is False
+    assert [t.shape[2] for t in meta] == [6, 6]
+    assert crop_slots(kv, 2) is True and kv[0].shape == (1, 2, 2, 4)
