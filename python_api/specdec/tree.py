@@ -59,14 +59,21 @@ class DraftTree:
         return len(self.levels)
 
     def append_level(
-        self, tokens: torch.Tensor, parent: torch.Tensor, valid: torch.Tensor, template: torch.Tensor | None = None
+        self,
+        tokens: torch.Tensor,
+        parent: torch.Tensor,
+        valid: torch.Tensor,
+        template: torch.Tensor | None = None,
+        *,
+        dense: bool = False,
     ) -> tuple[int, int]:
-        """Append one level. Shape: tokens/parent/template [B, w], valid [B, w] (valid nodes first in each row)."""
+        """Append one level. Shape: tokens/parent/template [B, w], valid [B, w] (valid nodes first in each row).
+        ``dense``: the caller knows that every node is valid (no padding to normalise, no sync to find out)."""
         lo = self.size
         width = tokens.shape[1]
         if template is None:
             template = torch.full_like(tokens, -1)
-        if not bool(valid.all()):  # padding nodes: parent 0, token 0, template -1 (full levels skip three passes)
+        if not dense and not bool(valid.all()):  # padding: parent 0, token 0, template -1 (full levels skip these)
             pad = ~valid
             parent, tokens, template = (
                 parent.masked_fill(pad, 0),

@@ -81,7 +81,7 @@ def test_static_level_plan_matches_the_template(method, kw):
         live = torch.rand((batch, n), generator=g) < 0.7
         vocab = 2 if trial % 5 == 0 else 50
         for _ in range(2):  # the second call is served from the cache
-            counts, k, wanted, parent, child = builder._plan(tmpl, live, 7, vocab)
+            counts, k, wanted, parent, child, full = builder._plan(tmpl, live, 7, vocab)
             want = [
                 [len(kids[t]) if a and t >= 0 else 0 for t, a in zip(r, ra, strict=True)]
                 for r, ra in zip(tmpl.tolist(), live.tolist(), strict=True)
@@ -89,6 +89,7 @@ def test_static_level_plan_matches_the_template(method, kw):
             assert counts.tolist() == want
             assert k == min(max(max(r) for r in want), vocab)
             assert wanted.shape == (batch, n, k) and parent.shape == child.shape == (batch, n * k)
+            assert full == bool(wanted.all())  # the host flag that lets a level skip its padding handling
             for b in range(batch):
                 for i in range(n):
                     t = int(tmpl[b, i])

@@ -32,6 +32,9 @@ class Children(NamedTuple):
     valid: torch.Tensor
     template: torch.Tensor | None = None
     hub: torch.Tensor | None = None
+    # True when every slot is known on the host to be valid (no padding): the level then skips the syncs and fills
+    # that look for padding (compact, DraftTree.append_level, the "any child?" test)
+    dense: bool = False
 
 
 class TreeBuilder(ABC):
@@ -105,9 +108,9 @@ class TreeBuilder(ABC):
                 kids = to_token_ids(kids, support)
             if logp is not None:  # reduced laws are widened once, for the verifier (DraftTree.p_rows)
                 tree.set_level_laws(sampling.probs(logp), kids.hub, support)
-            if kids.tokens.shape[1] == 0 or not bool(kids.valid.any()):
+            if kids.tokens.shape[1] == 0 or (not kids.dense and not bool(kids.valid.any())):
                 break
-            new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template)
+            new_lo, new_hi = tree.append_level(kids.tokens, kids.parent, kids.valid, kids.template, dense=kids.dense)
             more = level + 1 < depth
             if rule is not None:
                 more = rule.keep_drafting(kids.valid) and more
@@ -176,11 +179,11 @@ def op_seed(generator: torch.Generator | None) -> int:
 
 def iid_children(
     logits: torch.Tensor, logp: torch.Tensor | None, k: int, greedy: bool, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``k`` i.i.d. draws per node (SD chains, SpecInfer RRS, SpecTr). Greedy: one copy of argmax, since the
     other copies would be identical (spec §8).
 
-    Shape: logits/logp [B, n, V] -> tokens [B, n, k], valid [B, n, k].
+    Shape: logits/logp [B, n, V] -> tokens [B, n, k], valid [B, n, k] (None in sampling mode: every draw is valid).
     """
     if greedy:
         tok, ok = greedy_topk(logits, 1)
@@ -190,8 +193,8 @@ def iid_children(
         return tokens, valid
     assert logp is not None
     # expand() shares storage, but the noise is drawn for the full [B, n, k, V] shape (one Philox row per copy).
-    tokens = sample_categorical(logp[:, :, None, :].expand(-1, -1, k, -1), seed=op_seed(generator), validate=False)
-    return tokens, torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
+    tokens = sample_categorical(logp.unsqueeze(2).expand(-1, -1, k, -1), seed=op_seed(generator), validate=False)
+    return tokens, None  # every draw is a token (Gumbel-max never picks a zero-mass entry)
 
 
 class StaticTreeBuilder(TreeBuilder):
@@ -214,7 +217,7 @@ class StaticTreeBuilder(TreeBuilder):
         self._kids = kids
         # (device, lo, template ids, live flags) -> the level's index tensors; every round of a batch whose rows
         # are all alive repeats the same few keys, and building these costs tens of tiny torch ops
-        self._plans: dict[tuple, tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._plans: dict[tuple, tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor, bool]] = {}
 
     @abstractmethod
     def sample(
@@ -227,7 +230,7 @@ class StaticTreeBuilder(TreeBuilder):
         generator: torch.Generator | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Up to ``k`` children per node in draft order. Shape: logits/logp [B, n, V], counts [B, n] wanted
-        children -> tokens [B, n, k], valid [B, n, k], hub [B, n] or None."""
+        children -> tokens [B, n, k], valid [B, n, k] (None: every draw is a token), hub [B, n] or None."""
 
     def expand(
         self,
@@ -242,21 +245,25 @@ class StaticTreeBuilder(TreeBuilder):
     ) -> Children:
         dev = tree.device
         batch, n = live.shape
-        counts, k, wanted, parent, child_tmpl = self._plan(tree.template[:, lo:hi], live, lo, logits.shape[-1])
+        counts, k, wanted, parent, child_tmpl, full = self._plan(tree.template[:, lo:hi], live, lo, logits.shape[-1])
         if k == 0:
             empty = torch.zeros((batch, 0), dtype=torch.long, device=dev)
             return Children(empty, empty, empty.bool(), empty, None)
         tokens, valid, hub = self.sample(logits, logp, counts, k, greedy, generator)
-        valid = (valid & wanted).reshape(batch, n * k)
-        tok, par, val, tpl = compact(tokens.reshape(batch, n * k), parent, valid, child_tmpl)
+        tokens = tokens.reshape(batch, n * k)
+        if valid is None and full:  # every draw is a token and every node wants k of them: no padding at all
+            return Children(tokens, parent, wanted.reshape(batch, n * k), child_tmpl, hub, dense=True)
+        valid = (wanted if valid is None else valid & wanted).reshape(batch, n * k)
+        tok, par, val, tpl = compact(tokens, parent, valid, child_tmpl)
         return Children(tok, par, val, tpl, hub)
 
     def _plan(
         self, template: torch.Tensor, live: torch.Tensor, lo: int, vocab: int
-    ) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """For nodes ``lo..`` with template ids ``template`` [B, n] and ``live`` [B, n]: wanted children per node
-        counts [B, n], k = the most of them (<= vocab), wanted [B, n, k] (slot < count), and the children's
-        parent ids and template ids [B, n k] (computed on host lists: the tensors are tiny)."""
+        counts [B, n], k = the most of them (<= vocab), wanted [B, n, k] (slot < count), the children's
+        parent ids and template ids [B, n k], and whether every slot is wanted (computed on host lists: the tensors
+        are tiny)."""
         tmpl, alive = template.tolist(), live.tolist()
         key = (template.device, lo, vocab, tuple(map(tuple, tmpl)), tuple(map(tuple, alive)))
         hit = self._plans.get(key)
@@ -269,6 +276,7 @@ class StaticTreeBuilder(TreeBuilder):
         ]
         k = min(max((c for r in counts for c in r), default=0), vocab)
         wanted = [[[j < c for j in range(k)] for c in r] for r in counts]
+        full = all(c == k for r in counts for c in r)
         parent = [[lo + i for i in range(len(r)) for _ in range(k)] for r in counts]
         child = [[(kids[t][j] if t >= 0 and j < len(kids[t]) else -1) for t in r for j in range(k)] for r in tmpl]
         dev = template.device
@@ -279,6 +287,7 @@ class StaticTreeBuilder(TreeBuilder):
             torch.tensor(wanted, dtype=torch.bool, device=dev).reshape(batch, n, k),
             torch.tensor(parent, dtype=torch.long, device=dev).reshape(batch, n * k),
             torch.tensor(child, dtype=torch.long, device=dev).reshape(batch, n * k),
+            full,
         )
         if len(self._plans) >= 256:  # ragged batches can make many keys: keep the cache small
             self._plans.clear()

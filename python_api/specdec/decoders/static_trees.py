@@ -22,7 +22,7 @@ class IIDTreeBuilder(StaticTreeBuilder):
         k: int,
         greedy: bool,
         generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         tokens, valid = iid_children(logits, logp, k, greedy, generator)
         return tokens, valid, None
 
