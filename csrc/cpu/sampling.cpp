@@ -6,6 +6,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -114,9 +115,10 @@ inline uint8_t row_status(float raw_max, int nan) {
   return kRowOk;
 }
 
-// Greedy rows read the input once more for the checks (they are cheap: no exp).
+// Greedy rows: the checks and the row maximum in one vectorised pass, then the first index holding the maximum
+// (lowest id on ties, like torch.argmax), found chunk by chunk; the checks exclude NaN, so `==` finds it.
 template <typename T>
-uint8_t check_row(const T* x, int64_t vocab) {
+uint8_t check_row(const T* x, int64_t vocab, float* raw_max) {
   float mx = -INFINITY;
   int nan = 0;
 #pragma omp simd reduction(max : mx) reduction(| : nan)
@@ -125,7 +127,22 @@ uint8_t check_row(const T* x, int64_t vocab) {
     nan |= w != w;
     mx = w > mx ? w : mx;
   }
+  *raw_max = mx;
   return row_status(mx, nan);
+}
+
+template <typename T>
+int64_t first_index_of(const T* x, int64_t vocab, float value) {
+  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+    const int64_t end = std::min(vocab, c + kRaceChunk);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= load_elem(x, v) == value;
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v)
+      if (load_elem(x, v) == value) return v;
+  }
+  return 0;
 }
 
 // out = fp32(x) / T (one IEEE division per element, like the reference's `x.float() / T`), the row's checks and
@@ -157,12 +174,15 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       float* row = out + i * vocab;
-      if (greedy) {
-        status[i] = check_row(x + i * vocab, vocab);
+      if (greedy) {  // the one-hot law of argmax (log: 0 there, -inf elsewhere), never dividing by T
+        float mx;
+        status[i] = check_row(x + i * vocab, vocab, &mx);
         if (status[i] != kRowOk) continue;
-        greedy_row(x + i * vocab, vocab, row);
-        if (!log)  // the point mass: 0 -> 1, -inf -> 0
-          for (int64_t v = 0; v < vocab; ++v) row[v] = row[v] == 0.0f ? 1.0f : 0.0f;
+        const int64_t best = first_index_of(x + i * vocab, vocab, mx);
+        const float off = log ? -INFINITY : 0.0f;
+#pragma omp simd
+        for (int64_t v = 0; v < vocab; ++v) row[v] = off;
+        row[best] = log ? 0.0f : 1.0f;
         continue;
       }
       float mx;

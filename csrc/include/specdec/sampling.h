@@ -194,22 +194,6 @@ void gumbel_topk_row(const T* logp,    // [V]
 
 // ---- process_logits (spec §1.3): temperature -> top-k -> top-p -> fp32 log-softmax ----
 
-// Greedy row (T < 1e-5): the one-hot log-law of argmax (first maximum), never dividing by T.
-template <typename T>
-void greedy_row(const T* logits, int64_t vocab, float* out) {
-  int64_t best_i = 0;
-  float best = static_cast<float>(logits[0]);
-  for (int64_t v = 1; v < vocab; ++v) {
-    const float x = static_cast<float>(logits[v]);
-    if (x > best) {
-      best = x;
-      best_i = v;
-    }
-  }
-  for (int64_t v = 0; v < vocab; ++v) out[v] = -INFINITY;
-  out[best_i] = 0.0f;
-}
-
 // Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).
 // Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.
 inline void top_k_row(float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
