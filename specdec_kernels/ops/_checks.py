@@ -48,17 +48,18 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"all tensors must be on one device, got {devs}")
 
 
-def check_logp(name: str, t: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+def check_logp(name: str, t: torch.Tensor, rows: torch.Tensor | None = None, *, values: bool = True) -> None:
     """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row.
 
     ``rows`` (bool, the leading shape of ``t``): check only these rows (padding rows are never read by the ops).
     One pass over ``t``: the row maximum is NaN if the row holds a NaN, +inf if it holds +inf (and no NaN), and
-    -inf iff every entry is -inf.
+    -inf iff every entry is -inf. ``values=False``: only the dtype and the vocabulary size (for a kernel that makes
+    the value checks in its own pass).
     """
     check_float(name, t)
     if t.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
-    if not t.numel():
+    if not values or not t.numel():
         return
     top = t.amax(dim=-1)
     if rows is not None:

@@ -65,17 +65,11 @@ def process_logits(
     """
     check_tensor("logits", logits, min_ndim=1)
     impl = resolve("process_logits", backend, logits.device)
-    if getattr(impl, "checks_values", False):  # the kernel checks the values in its own pass (cpu)
-        check_float("logits", logits)
-        if logits.shape[-1] == 0:
-            raise ValueError(
-                f"logits must have a non-empty vocabulary (last) dimension, got shape {tuple(logits.shape)}"
-            )
-    else:
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            # exact, and where every backend starts anyway; the check below then reduces fp32 (3x faster than bf16)
-            logits = logits.float()
-        check_logp("logits", logits)
+    kernel_checks = getattr(impl, "checks_values", False)  # the kernel checks the values in its own pass (cpu)
+    if not kernel_checks and logits.dtype in (torch.float16, torch.bfloat16):
+        # exact, and where every backend starts anyway; the check below then reduces fp32 (3x faster than bf16)
+        logits = logits.float()
+    check_logp("logits", logits, values=not kernel_checks)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if temperature < 0:
