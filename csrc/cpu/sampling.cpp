@@ -115,8 +115,8 @@ inline uint8_t row_status(float raw_max, int nan) {
   return kRowOk;
 }
 
-// Greedy rows: the checks and the row maximum in one vectorised pass, then the first index holding the maximum
-// (lowest id on ties, like torch.argmax), found chunk by chunk; the checks exclude NaN, so `==` finds it.
+// Greedy rows: the checks and the row maximum in one vectorised pass; first_index_of then finds the first index
+// holding it (the checks exclude NaN, so `==` finds it).
 template <typename T>
 uint8_t check_row(const T* x, int64_t vocab, float* raw_max) {
   float mx = -INFINITY;
@@ -129,20 +129,6 @@ uint8_t check_row(const T* x, int64_t vocab, float* raw_max) {
   }
   *raw_max = mx;
   return row_status(mx, nan);
-}
-
-template <typename T>
-int64_t first_index_of(const T* x, int64_t vocab, float value) {
-  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
-    const int64_t end = std::min(vocab, c + kRaceChunk);
-    int any = 0;
-#pragma omp simd reduction(| : any)
-    for (int64_t v = c; v < end; ++v) any |= load_elem(x, v) == value;
-    if (!any) continue;
-    for (int64_t v = c; v < end; ++v)
-      if (load_elem(x, v) == value) return v;
-  }
-  return 0;
 }
 
 // out = fp32(x) / T (one IEEE division per element, like the reference's `x.float() / T`), the row's checks and
@@ -178,7 +164,8 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
         float mx;
         status[i] = check_row(x + i * vocab, vocab, &mx);
         if (status[i] != kRowOk) continue;
-        const int64_t best = first_index_of(x + i * vocab, vocab, mx);
+        const T* xi = x + i * vocab;
+        const int64_t best = first_index_of(vocab, mx, [xi](int64_t v) { return load_elem(xi, v); });
         const float off = log ? -INFINITY : 0.0f;
 #pragma omp simd
         for (int64_t v = 0; v < vocab; ++v) row[v] = off;

@@ -74,14 +74,14 @@ class KVState:
 def crop_cache(cache: Any, remove: int) -> None:
     """Drop the last ``remove`` slots of every layer of a DynamicCache (``cache.crop(-remove)``); a cache of plain
     CPU layers is narrowed in one kernel call (specdec_kernels.native.crop_slots) instead of two slices per layer."""
-    from transformers.cache_utils import DynamicLayer
-
     if remove <= 0:
         return
     layers = cache.layers
     plain = getattr(cache, "_specdec_plain_layers", None)
     if plain is None and layers and all(layer.is_initialized for layer in layers):
         # layer types never change, so this is decided once per cache (after its first forward)
+        from transformers.cache_utils import DynamicLayer
+
         plain = all(type(layer) is DynamicLayer for layer in layers)
         cache._specdec_plain_layers = plain
     if plain:

@@ -194,7 +194,7 @@ class LawBuffer:
         """A [B, N, V] fp32 buffer that is zero outside ``support``'s columns and, in those columns, in every row
         from ``rows`` on; rows below ``rows`` hold stale values that the caller overwrites."""
         out = self._out
-        if out is None or tuple(out.shape) != shape or self._support is not support or out.device != support.device:
+        if out is None or tuple(out.shape) != shape or self._support is not support:  # same support: same device
             out = torch.zeros(shape, dtype=torch.float32, device=support.device)
             self._out, self._support = out, support
         elif self._rows > rows:

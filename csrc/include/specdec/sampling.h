@@ -192,6 +192,23 @@ void gumbel_topk_row(const T* logp,    // [V]
   }
 }
 
+// First index v with at(v) == value (0 if none), chunk by chunk: a vectorised "any" per chunk, then a scan of the
+// chunk that holds it. With value = the row maximum of a NaN-free row: the first maximum (ties -> lowest id, like
+// torch.argmax).
+template <typename S, typename F>
+int64_t first_index_of(int64_t vocab, S value, F at) {
+  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+    const int64_t end = std::min(vocab, c + kRaceChunk);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= at(v) == value;
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v)
+      if (at(v) == value) return v;
+  }
+  return 0;
+}
+
 // ---- process_logits (spec §1.3): temperature -> top-k -> top-p -> fp32 log-softmax ----
 
 // Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).

@@ -40,16 +40,7 @@ int64_t argmax_row(const S* x, int64_t vocab) {
   S mx = x[0];
 #pragma omp simd reduction(max : mx)
   for (int64_t v = 0; v < vocab; ++v) mx = x[v] > mx ? x[v] : mx;
-  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
-    const int64_t end = std::min(vocab, c + kRaceChunk);
-    int any = 0;
-#pragma omp simd reduction(| : any)
-    for (int64_t v = c; v < end; ++v) any |= x[v] == mx;
-    if (!any) continue;
-    for (int64_t v = c; v < end; ++v)
-      if (x[v] == mx) return v;
-  }
-  return 0;
+  return first_index_of(vocab, mx, [x](int64_t v) { return x[v]; });
 }
 
 // sum_v x[v] accumulated in double (vectorised; the order differs from torch's fp32 cascade sum by a few ulps).
