@@ -31,7 +31,7 @@ from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, t
 class FeatureDistillConfig:
     seed: int = 0
     draft: FeatureDraftConfig = field(default_factory=FeatureDraftConfig)
-    steps: int = 2000
+    steps: int = 2600
     batch_size: int = 16
     max_len: int = 256
     lr: float = 2e-3

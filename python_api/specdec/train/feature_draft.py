@@ -42,7 +42,7 @@ class FeatureDraftConfig:
     intermediate_size: int = 1024
     num_heads: int = 9
     num_kv_heads: int = 3
-    head_vocab: int = 4096
+    head_vocab: int = 6144
     # target decoder layers whose inputs are read besides the final hidden state (EAGLE-3-style fusion); () = none
     extra_layers: tuple[int, ...] = ()
 
