@@ -80,19 +80,19 @@ def load(spec: str, target: Any) -> Any:
 
 
 def main() -> None:
-    from specdec.smollm2 import load_smollm2
+    from specdec.smollm2 import cache_dir, load_smollm2
     from specdec.train.feature_distill import feature_acceptance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafts", nargs="+", default=["smollm2-eagle"], help="asset names or final.pt checkpoints")
     ap.add_argument("--sets", nargs="+", default=list(SETS), choices=SETS)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "specdec" / "alpha_sets.pt")
+    ap.add_argument("--cache", type=Path, default=None, help="the sets' cache (default: <specdec cache>/alpha_sets.pt)")
     ap.add_argument("--no-csv", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target, tok = load_smollm2("bf16")
-    sets = build_sets(target, tok, args.cache)
+    sets = build_sets(target, tok, args.cache or cache_dir() / "alpha_sets.pt")
     rows = []
     for spec in args.drafts:
         draft = load(spec, target)
