@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _timing import RESULTS, ROOT, git_rev, machine
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python_api"))
+sys.path.insert(0, str(Path(ROOT) / "python_api"))
 
 SETS = ("vicuna_1_40", "vicuna_41_80", "magpie", "humaneval")
 MAGPIE_SEED = 987654  # instruction seed stream of the held-out Magpie set (the data stage derives its own per shard)
@@ -108,17 +107,16 @@ def main() -> None:
                 flush=True,
             )
     if not args.no_csv:
-        path = ROOT / "benchmarks" / "results" / "draft_alpha.csv"
+        path = Path(RESULTS) / "draft_alpha.csv"
         new = not path.is_file()
+        meta = {"threads": args.threads, "machine": machine(), "git_rev": git_rev()}
         with open(path, "a", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=[*rows[0], "threads", "machine", "date"])
+            w = csv.DictWriter(fh, fieldnames=[*rows[0], *meta, "date"])
             if new:
                 w.writeheader()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             for r in rows:
-                w.writerow(
-                    {**r, "threads": args.threads, "machine": platform.processor() or platform.machine(), "date": stamp}
-                )
+                w.writerow({**r, **meta, "date": stamp})
 
 
 if __name__ == "__main__":
