@@ -163,3 +163,23 @@ def test_bad_draft_shapes(target):
         select_head_ids([], VOCAB, VOCAB + 1)
     with pytest.raises(ValueError, match="no training data"):
         run_distill(__import__("pathlib").Path("/nonexistent-specdec"), DistillConfig(), target=target, records=[])
+
+
+def test_sampling_temperature_changes_draws_not_stored_law(target):
+    """A near-zero temperature draws the argmax at every step, while the stored top-k stays the T = 1 law (the
+    teacher-forced labels of the same text); a non-positive temperature is refused by name."""
+    prompts = [[5, 9, 3], [7, 4, 11, 6]]
+    g = torch.Generator().manual_seed(1)
+    res = sample_responses(target, prompts, max_new_tokens=10, eos_id=2, generator=g, top_k=8, temperature=1e-4)
+    for p, (toks, ids, lp) in zip(prompts, res, strict=True):
+        assert toks == ids[: len(toks), 0].tolist()
+        ref_ids, ref_lp = label_sequences(target, [p + toks], [len(p)], top_k=8)[0]
+        assert torch.equal(ref_ids[:, 0], ids[:, 0])
+        torch.testing.assert_close(lp.float(), ref_lp.float(), atol=2e-2, rtol=0)
+    # at T = 1 the same generator does not follow the argmax (the tiny model's laws are flat)
+    g = torch.Generator().manual_seed(1)
+    hot = sample_responses(target, prompts, max_new_tokens=10, eos_id=2, generator=g, top_k=8)
+    assert any(toks != ids[: len(toks), 0].tolist() for toks, ids, _ in hot)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            sample_responses(target, prompts, max_new_tokens=2, eos_id=2, generator=g, temperature=bad)

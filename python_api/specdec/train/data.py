@@ -15,6 +15,7 @@ Each shard has its own seed derived from (seed, source, shard), so an interrupte
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from itertools import zip_longest
@@ -46,6 +47,8 @@ class DataConfig:
     n_gsm8k_sample: int = 0
     n_gsm8k_label: int = 320
     max_instruction_tokens: int = 48
+    # sampling temperature of the self-written instructions only (answers are always T = 1)
+    instruction_temperature: float = 1.0
     max_new_tokens: int = 96
     batch_size: int = 64
     label_batch_size: int = 16
@@ -63,14 +66,18 @@ def sample_responses(
     eos_id: int,
     generator: torch.Generator,
     top_k: int = 32,
+    temperature: float = 1.0,
 ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
     """Sample continuations at T = 1 (batched, left-padded, KV cache) and keep the target's top-k log-probs.
 
     Returns per prompt (tokens incl. a final EOS if one was drawn, topk_ids [n, k] int32, topk_logp [n, k] fp16),
-    where row j describes the distribution the j-th new token was drawn from.
+    where row j describes the target's T = 1 law at the j-th new token. ``temperature`` changes only how the
+    tokens are drawn (softmax(logits / T)); the stored law stays the T = 1 one.
     """
     from transformers import DynamicCache
 
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature!r}")
     B = len(prompts)
     L = max(len(p) for p in prompts)
     ids = torch.full((B, L), eos_id, dtype=torch.long)
@@ -89,7 +96,8 @@ def sample_responses(
     next_pos = pos[:, -1] + 1
     for _ in range(max_new_tokens):
         logp = torch.log_softmax(logits, dim=-1)
-        nxt = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+        law = logp.exp() if temperature == 1.0 else torch.softmax(logits / temperature, dim=-1)
+        nxt = torch.multinomial(law, 1, generator=generator).squeeze(1)
         lp, ix = logp.topk(top_k, dim=-1)
         for b in range(B):
             if not done[b]:
@@ -199,6 +207,7 @@ def _magpie_prompts(model: Any, tok: Any, n: int, cfg: DataConfig, seed: int) ->
             eos_id=int(tok.eos_token_id),
             generator=g,
             top_k=1,
+            temperature=cfg.instruction_temperature,
         )
     prompts = []
     for toks, _, _ in res:
