@@ -38,6 +38,10 @@ class FeatureDataConfig:
     n_magpie: int = 6144  # instruction attempts; ~70 % end within max_instruction_tokens and are kept
     n_gsm8k: int = 256
     max_instruction_tokens: int = 64
+    # sampling temperature of the instructions only (answers are always T = 1). 0.8 gives coherent, human-like
+    # questions and keeps ~90 % of attempts, but a full retrain on such data (4800 attempts, same volume, ~17 min
+    # less data time) scored the same held-out alpha (0.436 vs 0.433), so the shipped draft's 1.0 stays
+    instruction_temperature: float = 1.0
     max_new_tokens: int = 128
     batch_size: int = 64
     label_batch_size: int = 16
@@ -87,7 +91,11 @@ def _shard_path(workdir: Path, source: str, i: int) -> Path:
 
 
 def _magpie_sequences(model: Any, tok: Any, n: int, cfg: FeatureDataConfig, seed: int) -> tuple[list, list]:
-    dcfg = DataConfig(max_instruction_tokens=cfg.max_instruction_tokens, batch_size=cfg.batch_size)
+    dcfg = DataConfig(
+        max_instruction_tokens=cfg.max_instruction_tokens,
+        instruction_temperature=cfg.instruction_temperature,
+        batch_size=cfg.batch_size,
+    )
     prompts = _magpie_prompts(model, tok, n, dcfg, seed)
     g = torch.Generator().manual_seed(sub_seed(seed, "response"))
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
