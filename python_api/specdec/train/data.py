@@ -68,7 +68,8 @@ def sample_responses(
     top_k: int = 32,
     temperature: float = 1.0,
 ) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-    """Sample continuations at T = 1 (batched, left-padded, KV cache) and keep the target's top-k log-probs.
+    """Sample continuations (T = 1 unless ``temperature``; batched, left-padded, KV cache), keeping the target's
+    top-k log-probs.
 
     Returns per prompt (tokens incl. a final EOS if one was drawn, topk_ids [n, k] int32, topk_logp [n, k] fp16),
     where row j describes the target's T = 1 law at the j-th new token. ``temperature`` changes only how the
