@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from specdec.train.assets import load_draft
+from specdec.train.distill import head_index_map
 from specdec.train.feature_data import label_with_features
 from specdec.train.feature_distill import (
     FeatureDistillConfig,
+    exact_head_labels,
     feature_acceptance,
     feature_draft_from_checkpoint,
     run_feature_distill,
+    topk_head_labels,
 )
 from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig, load_feature_draft, save_feature_draft
 from tiny_models import tiny_llama
@@ -45,6 +48,52 @@ def test_features_and_labels_are_the_targets(target, records):
         logp = torch.log_softmax(target.lm_head(out).float(), dim=-1)
     torch.testing.assert_close(r["feats"].float(), out, atol=2e-2, rtol=2e-2)  # stored in bf16
     assert torch.equal(r["topk_ids"][:, 0].long(), logp.argmax(-1))
+
+
+def _head_labels_of(target, r, head_ids, *, shift=1):
+    """Exact labels of pairs (f_i, x_{i+1}) -> law of x_{i+2}: the state f_{i+shift} (shift 1 is right)."""
+    f = r["feats"].float()
+    tk_ids, tk_lp = r["topk_ids"][1:].long(), r["topk_logp"][1:].float()
+    out_w = target.get_output_embeddings().weight.detach().float()
+    return exact_head_labels(f[shift : shift + len(tk_ids)], tk_ids, tk_lp, out_w, head_ids)
+
+
+def test_exact_head_labels_are_the_targets_law(target, records):
+    r = records[1]
+    with torch.no_grad():
+        # the law from the stored (bf16) state, normalised over the full vocabulary: what the labels must equal
+        full = torch.softmax(target.lm_head(r["feats"][1:].to(target.lm_head.weight.dtype)).float(), dim=-1)
+    every = torch.arange(VOCAB)
+    p = _head_labels_of(target, r, every)
+    torch.testing.assert_close(p, full, atol=2e-3, rtol=2e-2)
+    torch.testing.assert_close(p.sum(-1), torch.ones(len(p)), atol=5e-3, rtol=0)
+    # a reduced head keeps the same probabilities on its columns (not renormalised: the rest is lost mass)
+    head = torch.arange(0, VOCAB, 2)
+    torch.testing.assert_close(_head_labels_of(target, r, head), full[:, head], atol=2e-3, rtol=2e-2)
+    # stored top-k placed on the head columns: equal to the exact law there, 0 elsewhere
+    tk = topk_head_labels(r["topk_ids"][1:].long(), r["topk_logp"][1:].float(), head_index_map(every, VOCAB))
+    on = tk > 0
+    torch.testing.assert_close(tk[on], p[on], atol=3e-3, rtol=3e-2)
+    assert int(on.sum(-1).max()) == r["topk_ids"].shape[1]
+    # power: the state one position early (the law of x_{i+1}) is not the label
+    assert (_head_labels_of(target, r, every, shift=0) - full).abs().max() > 0.05
+
+
+def test_feature_pipeline_trains_on_exact_head_labels(tmp_path, target, records):
+    cfg = FeatureDistillConfig(
+        draft=TINY, steps=40, batch_size=6, warmup=4, eval_every=20, ckpt_every=20, lr=1e-2, val_every_nth=8
+    )
+    head_cfg = FeatureDistillConfig(**{**cfg.__dict__, "labels": "head"})
+    info = run_feature_distill(tmp_path, head_cfg, target=target, records=records, progress=False)
+    hist = [h for h in torch.load(tmp_path / "feature" / "final.pt", weights_only=False)["history"] if "loss" in h]
+    assert hist[-1]["loss"] < 0.8 * hist[0]["loss"]
+    assert hist[-1]["alpha_head"] > hist[0]["alpha_head"] and "alpha2_head" in hist[-1]
+    topk = run_feature_distill(tmp_path / "topk", cfg, target=target, records=records, progress=False)
+    assert topk["weights_sha256"] != info["weights_sha256"]  # the labels reach the training
+    with pytest.raises(ValueError, match="labels"):
+        run_feature_distill(
+            tmp_path / "bad", FeatureDistillConfig(**{**cfg.__dict__, "labels": "full"}), target=target, records=records
+        )
 
 
 def test_feature_pipeline_trains_and_resumes(tmp_path, target, records):

@@ -1,8 +1,10 @@
 """Stages ``feature-distill`` and ``feature-eval``: train and score the feature draft (EAGLE-style).
 
 Training pairs (records from ``feature-data``): input at draft position i is (f_i, x_{i+1}); the output h_i is
-trained on the target's law of x_{i+2} (soft cross-entropy on the top-k inside the head plus the TV term
-``1 - sum min(p, q)`` that alpha rewards) and on the next feature f_{i+1} (smooth L1, EAGLE's regression loss).
+trained on the target's law of x_{i+2} (soft cross-entropy plus the TV term ``1 - sum min(p, q)`` that alpha
+rewards) and on the next feature f_{i+1} (smooth L1, EAGLE's regression loss). The law is the stored top-k inside
+the head (``labels="topk"``) or, with ``labels="head"``, the target's exact law over every head token, recomputed
+from f_{i+1} (the final-norm state its lm_head reads), so the draft's tail is labelled too.
 
 Two passes per batch (``unroll = 2``): pass 1 reads the target's features; pass 2 reads the draft's own pass-1
 outputs in place of the features, attending to the pass-1 keys of earlier positions and to itself — exactly the
@@ -39,6 +41,7 @@ class FeatureDistillConfig:
     warmup: int = 40
     weight_decay: float = 0.01
     tv_weight: float = 1.0
+    labels: str = "topk"  # "topk": stored top-k only; "head": exact law over the whole head (see module doc)
     reg_weight: float = 1.0
     feature_noise: float = 0.1  # uniform +-noise on input features (EAGLE's augmentation)
     unroll: int = 2
@@ -81,21 +84,48 @@ def _pass_mask(n_pairs: int) -> torch.Tensor:
     return allowed[None, None]
 
 
-def _head_terms(
-    draft: FeatureDraft, h: torch.Tensor, tk_ids: torch.Tensor, tk_lp: torch.Tensor, hmap: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-pair soft CE and alpha on the top-k inside the head. Shape: h [N, E], tk [N, k] -> [N], [N]."""
-    logp = torch.log_softmax(draft.lm_head.reduced(h).float(), dim=-1)
+LABELS = ("topk", "head")
+
+
+def topk_head_labels(tk_ids: torch.Tensor, tk_lp: torch.Tensor, hmap: torch.Tensor) -> torch.Tensor:
+    """The stored top-k probabilities placed on the head's columns (0 elsewhere; top-k tokens outside the head are
+    dropped). Shape: tk [N, k] -> [N, len(head)]."""
     idx = hmap[tk_ids]
-    inside = idx >= 0
-    q = tk_lp.exp() * inside
-    lp = logp.gather(1, idx.clamp_min(0))
-    return -(q * lp).sum(-1), (torch.minimum(lp.exp(), q) * inside).sum(-1)
+    p = tk_lp.float().exp() * (idx >= 0)
+    n_head = int((hmap >= 0).sum())
+    return torch.zeros((p.shape[0], n_head), dtype=torch.float32).scatter_add_(1, idx.clamp_min(0), p)
+
+
+def exact_head_labels(
+    f_next: torch.Tensor, tk_ids: torch.Tensor, tk_lp: torch.Tensor, out_w: torch.Tensor, head_ids: torch.Tensor
+) -> torch.Tensor:
+    """The target's probabilities of every head token, recomputed from the final-norm state f_next that its lm_head
+    reads (``out_w``: the output embedding [V, E]). The full-vocabulary normaliser is too costly per step, so it is
+    read off the stored top-k: log Z = logsumexp(top-k logits) - log(stored top-k mass).
+    Shape: f_next [N, E], tk [N, k] -> [N, len(head_ids)]."""
+    with torch.autocast("cpu", enabled=False):
+        f = f_next.float()
+        logits = f @ out_w[head_ids].T
+        tk_logits = torch.einsum("ne,nke->nk", f, out_w[tk_ids])
+        log_z = torch.logsumexp(tk_logits, -1) - torch.logsumexp(tk_lp.float(), -1)
+        return (logits - log_z[:, None]).exp()
+
+
+def _head_terms(draft: FeatureDraft, h: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-pair soft CE and alpha against the target's head probabilities p. Shape: h [N, E], p [N, V_h] -> [N]."""
+    logp = torch.log_softmax(draft.lm_head.reduced(h).float(), dim=-1)
+    return -(p * logp).sum(-1), torch.minimum(logp.exp(), p).sum(-1)
 
 
 def feature_loss(
-    draft: FeatureDraft, batch: dict[str, torch.Tensor], hmap: torch.Tensor, cfg: FeatureDistillConfig, train: bool
+    draft: FeatureDraft,
+    batch: dict[str, torch.Tensor],
+    hmap: torch.Tensor,
+    cfg: FeatureDistillConfig,
+    train: bool,
+    out_w: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """``out_w``: the target's output embedding, needed with ``cfg.labels == "head"``."""
     from transformers import DynamicCache
 
     feats, ids, n = batch["feats"], batch["ids"], batch["n"]
@@ -110,13 +140,19 @@ def feature_loss(
     out = draft.decoder(ids[:, 1:], features=f_in, position_ids=pos, past_key_values=cache, use_cache=True)
     h1 = out.last_hidden_state
     valid = torch.arange(P)[None] < (n - 1)[:, None]  # pair i has a label at position i + 1
-    tk_ids, tk_lp = batch["topk_ids"][:, 1:], batch["topk_logp"][:, 1:]
-    ce1, a1 = _head_terms(draft, h1[valid], tk_ids[valid], tk_lp[valid], hmap)
+    tk_ids, tk_lp = batch["topk_ids"][:, 1:][valid], batch["topk_logp"][:, 1:][valid]
+    if cfg.labels == "head":
+        if out_w is None:
+            raise ValueError('labels="head" needs out_w, the target\'s output embedding')
+        p1 = exact_head_labels(final[:, 1:][valid], tk_ids, tk_lp, out_w, draft.lm_head.head_ids)
+    else:
+        p1 = topk_head_labels(tk_ids, tk_lp, hmap)
+    ce1, a1 = _head_terms(draft, h1[valid], p1)
     reg1 = torch.nn.functional.smooth_l1_loss(h1[valid].float(), final[:, 1:][valid], reduction="none").mean(-1)
     loss = (ce1 + cfg.tv_weight * (1 - a1) + cfg.reg_weight * reg1).mean()
     m = {
         "ce": ce1.mean().item(),
-        "alpha_topk": a1.mean().item(),
+        f"alpha_{cfg.labels}": a1.mean().item(),
         "reg": reg1.mean().item(),
         "positions": int(a1.numel()),
     }
@@ -127,17 +163,23 @@ def feature_loss(
         h2 = draft.decoder(ids[:, 1:], features=f2, position_ids=pos, past_key_values=cache, attention_mask=mask)
         h2 = h2.last_hidden_state
         v2 = valid & (torch.arange(P)[None] >= 1)
-        ce2, a2 = _head_terms(draft, h2[v2], tk_ids[v2], tk_lp[v2], hmap)
+        ce2, a2 = _head_terms(draft, h2[v2], p1[v2[valid]])
         reg2 = torch.nn.functional.smooth_l1_loss(h2[v2].float(), final[:, 1:][v2], reduction="none").mean(-1)
         loss = loss + (ce2 + cfg.tv_weight * (1 - a2) + cfg.reg_weight * reg2).mean()
-        m["alpha2_topk"] = a2.mean().item()
+        m[f"alpha2_{cfg.labels}"] = a2.mean().item()
     return loss, m
 
 
-def validate(draft: FeatureDraft, val: list[dict[str, Any]], hmap: torch.Tensor, cfg: FeatureDistillConfig) -> dict:
+def validate(
+    draft: FeatureDraft,
+    val: list[dict[str, Any]],
+    hmap: torch.Tensor,
+    cfg: FeatureDistillConfig,
+    out_w: torch.Tensor | None = None,
+) -> dict:
     def metrics(recs: list[dict[str, Any]]) -> dict[str, float]:
         batch = collate(recs, cfg.max_len, bool(cfg.draft.extra_layers))
-        return feature_loss(draft, batch, hmap, cfg, train=False)[1]
+        return feature_loss(draft, batch, hmap, cfg, train=False, out_w=out_w)[1]
 
     return position_weighted_eval(draft, val, cfg.batch_size, cfg.autocast_bf16, metrics)
 
@@ -152,6 +194,8 @@ def run_feature_distill(
 ) -> dict[str, Any]:
     """Train (or resume) the feature draft; writes ``<workdir>/feature/{ckpt.pt,final.pt}`` and the manifest."""
     t0 = time.time()
+    if cfg.labels not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS}, got {cfg.labels!r}")
     torch.manual_seed(cfg.seed)
     if target is None:
         from ..smollm2 import load_smollm2
@@ -168,6 +212,7 @@ def run_feature_distill(
     if cfg.freeze_head:
         draft.lm_head.reduced_weight.requires_grad_(False)
     hmap = head_index_map(head_ids, vocab)
+    out_w = target.get_output_embeddings().weight.detach().float() if cfg.labels == "head" else None
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     out_dir = workdir / "feature"
@@ -190,7 +235,7 @@ def run_feature_distill(
         idx = batch_indices(step, len(train), cfg.batch_size, sub_seed(cfg.seed, "feature"))
         batch = collate([train[i] for i in idx], cfg.max_len, bool(cfg.draft.extra_layers))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            loss, m = feature_loss(draft, batch, hmap, cfg, train=True)
+            loss, m = feature_loss(draft, batch, hmap, cfg, train=True, out_w=out_w)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -203,11 +248,11 @@ def run_feature_distill(
         bar.update(1)
         if step % 20 == 0:
             avg = {k: v / run["_n"] for k, v in run.items() if k not in ("_n", "positions")}
-            bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k in ("loss", "alpha_topk", "alpha2_topk")})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k == "loss" or k.startswith("alpha")})
             history.append({"step": step, **avg})
             run = {}
         if step % cfg.eval_every == 0 or step == cfg.steps:
-            history.append({"step": step, **validate(draft, val, hmap, cfg)})
+            history.append({"step": step, **validate(draft, val, hmap, cfg, out_w)})
             tqdm.write(f"step {step}: {history[-1]}")
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             ck = {"config": asdict(cfg), "state": trainable_state(draft), "opt": opt.state_dict(), "step": step}
