@@ -29,6 +29,18 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   if (in == 0) return y.zero_();  // an empty sum
   const int64_t blocks = (out + kLinearBlock - 1) / kLinearBlock;
   const int threads = omp_threads(blocks, n * out * in);
+#if defined(SPECDEC_LINEAR_AVX2)
+  if (st == at::kBFloat16) {  // x widened once here, not once per block of W
+    const at::Tensor xf = x.to(at::kFloat).contiguous();
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t o0 = b * kLinearBlock, o1 = std::min(out, o0 + kLinearBlock);
+      skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
+                                    in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+    }
+    return y;
+  }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t o0 = b * kLinearBlock, o1 = std::min(out, o0 + kLinearBlock);

@@ -13,16 +13,67 @@ flex-attention cannot take an arbitrary tree mask (DESIGN.md §8).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 import specdec_kernels as sk
 from specdec_kernels.native import crop_slots
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+# Up to this many rows, inference linears run specdec_kernels.skinny_linear, which reads each weight once for all
+# rows: a decode step reads its weights from DRAM, and BLAS's small-batch paths read them at a fraction of copy
+# speed (benchmarks/bench_skinny_linear.py; on an AVX2 CPU a 3-token target pass cost 2x a 1-token step with
+# F.linear, benchmarks/bench_target_step.py). Beyond 8 rows PyTorch's linear won on an AVX512-BF16 CPU.
+DECODE_ROWS = 8
+_skinny = threading.local()
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` (no bias); calls on at most :data:`DECODE_ROWS` rows without autograd go to
+    :func:`specdec_kernels.skinny_linear` (``DECODE_ROWS = 0``: never)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows > DECODE_ROWS or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return F.linear(x, weight)
+    # the op's own checks cost 2x the kernel call on a small layer; the kernels check what they rely on
+    return sk.skinny_linear(x, weight, validate=False)
+
+
+@contextmanager
+def skinny_linears() -> Iterator[None]:
+    """While active (in this thread), the routed linears of a model (:func:`route_linears`) run
+    :func:`decode_linear`; the adapter's forwards are run inside it."""
+    before = getattr(_skinny, "on", False)
+    _skinny.on = True
+    try:
+        yield
+    finally:
+        _skinny.on = before
+
+
+def _routed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return decode_linear(x, module.weight) if getattr(_skinny, "on", False) else F.linear(x, module.weight)
+
+
+def route_linears(model: torch.nn.Module) -> int:
+    """Give every bias-free ``nn.Linear`` of ``model`` a forward that is :func:`decode_linear` inside
+    :func:`skinny_linears` and F.linear elsewhere, so the model behaves as before outside the adapter. Returns the
+    number of layers routed (idempotent)."""
+    n = 0
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear and mod.bias is None:
+            if not isinstance(mod.__dict__.get("forward"), partial):
+                mod.forward = partial(_routed_linear, mod)
+            n += 1
+    return n
 
 
 @dataclass
@@ -154,6 +205,7 @@ class HFCausalLM:
             raise ValueError(f"{name} has no output embedding (lm_head); pass a *ForCausalLM model")
         self.model = model
         self.name = name
+        route_linears(model)
         self.base = model.get_decoder()
         self.head = head
         self.vocab_size = int(head.weight.shape[0])
@@ -208,14 +260,15 @@ class HFCausalLM:
         extra: dict[str, Any] = {} if features is None else {"features": features}
         if self.feature_layers:
             extra["output_hidden_states"] = True
-        out = self.base(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=state.cache,
-            use_cache=True,
-            **extra,
-        )
+        with skinny_linears():
+            out = self.base(
+                input_ids=tokens,
+                attention_mask=mask,
+                position_ids=position_ids,
+                past_key_values=state.cache,
+                use_cache=True,
+                **extra,
+            )
         state.valid = torch.cat([state.valid, block_valid], dim=1)
         hidden = out.last_hidden_state
         self.last_hidden = hidden.detach()  # final-norm output [B, n, H], read by acceptance heads
@@ -237,7 +290,8 @@ class HFCausalLM:
         """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
         (only for a head with a support, see ``support``; called through the module so that forward hooks see it)."""
         if not reduced:
-            return self.head(hidden)
+            with skinny_linears():
+                return self.head(hidden)
         if self.support is None:
             raise ValueError(
                 f"{self.name}: reduced logits need an output head that scores a subset of the vocabulary (ReducedHead)"

@@ -10,15 +10,20 @@ from .._registry import resolve
 from ._checks import check_float, check_same_device, check_tensor
 
 
-def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, *, backend: str | None = None, validate: bool = True
+) -> torch.Tensor:
     """``x @ weight.T`` (no bias) for the few rows of a decode step, where reading ``weight`` is the whole cost.
 
     Shape: x [..., in], weight [out, in], one floating dtype -> [..., out] in that dtype, accumulated in fp32
     (fp64 for double). The ``cpu`` backend reads ``weight`` once for all rows at close to memory-copy speed (on
     one row PyTorch's bf16 linear reaches about 40 % of it); its cost grows with the rows and PyTorch is faster
     from about 16 rows (benchmarks/bench_skinny_linear.py), so use ``F.linear`` for batches and prefill. No
-    autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it.
+    autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it. ``validate=False`` skips the argument
+    checks for a caller that guarantees them (a model's own layers: the checks cost about as much as a small layer).
     """
+    if not validate:
+        return resolve("skinny_linear", backend, x.device)(x, weight)
     check_tensor("x", x, min_ndim=1)
     check_tensor("weight", weight, ndim=2)
     check_float("x", x)

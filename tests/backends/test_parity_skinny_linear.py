@@ -83,3 +83,16 @@ def test_auto_uses_cpu_on_cpu() -> None:
 def test_unsupported_device_raises() -> None:
     with pytest.raises(sk.BackendUnavailableError, match=r"op 'skinny_linear': backend 'cpu' does not support"):
         _registry.resolve("skinny_linear", "cpu", torch.device("meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_row_does_not_depend_on_its_call(dtype: torch.dtype) -> None:
+    """Row r of an n-row call is bitwise the one-row call on row r: a verification pass then scores every node as an
+    AR step would, which the greedy equality of decoders with the target rests on. Odd sizes reach every tail."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((17, 37), generator=g).to(dtype)
+    w = torch.randn((11, 37), generator=g).to(dtype)
+    full = sk.skinny_linear(x, w, backend="cpu")
+    for n in range(1, 18):
+        assert torch.equal(sk.skinny_linear(x[:n], w, backend="cpu"), full[:n])
+        assert torch.equal(sk.skinny_linear(x[n - 1 : n], w, backend="cpu"), full[n - 1 : n])

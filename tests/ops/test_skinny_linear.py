@@ -44,3 +44,9 @@ def test_bad_inputs(x, w, exc, match, backend: str) -> None:
 def test_reference_is_torch_linear() -> None:
     x, w = torch.randn(3, 9).bfloat16(), torch.randn(4, 9).bfloat16()
     assert torch.equal(skinny_linear(x, w, backend="torch"), F.linear(x, w))
+
+
+def test_unvalidated_call_is_the_same_op() -> None:
+    x, w = torch.randn(3, 9).bfloat16(), torch.randn(4, 9).bfloat16()
+    assert torch.equal(skinny_linear(x, w, validate=False), skinny_linear(x, w))
+    assert torch.equal(skinny_linear(x, w, backend="torch", validate=False), F.linear(x, w))

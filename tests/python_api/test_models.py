@@ -226,3 +226,41 @@ def test_crop_slots_rejects_bad_lengths():
     assert crop_slots(meta, 3) is False
     assert [t.shape[2] for t in meta] == [6, 6]
     assert crop_slots(kv, 2) is True and kv[0].shape == (1, 2, 2, 4)
+
+
+def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) -> None:
+    import specdec.models as models
+
+    import specdec_kernels as sk
+
+    model = tiny_llama(0, vocab=32, hidden=16)
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        before = model(torch.tensor([[3, 4, 5]])).logits
+    calls: list[int] = []
+    real = sk.skinny_linear
+
+    def counted(a, w, **kw):
+        calls.append(a.numel() // a.shape[-1])
+        return real(a, w, **kw)
+
+    monkeypatch.setattr(sk, "skinny_linear", counted)
+    lm = HFCausalLM(model)
+    n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert models.route_linears(model) == n_linear > 0  # idempotent: already routed by the adapter
+    proj = model.model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        # outside the adapter's forwards: F.linear, the model as it was
+        assert torch.equal(model(torch.tensor([[3, 4, 5]])).logits, before) and not calls
+        with models.skinny_linears():
+            assert torch.equal(proj(x), real(x, proj.weight))  # 5 rows: skinny_linear
+            assert calls == [5]
+            big = torch.randn(models.DECODE_ROWS + 1, 16)
+            assert torch.equal(proj(big), torch.nn.functional.linear(big, proj.weight)) and calls == [5]
+        state = lm.new_state(1)
+        lm.forward_chain(state, [[3, 4, 5]], last_logits=True)
+        assert calls[1:] == [3] * (n_linear - 1) + [1]  # every projection on 3 rows, then the head on the last
+    with models.skinny_linears():  # training (autograd) keeps F.linear
+        n = len(calls)
+        proj(x).sum().backward()
+        assert len(calls) == n and proj.weight.grad is not None

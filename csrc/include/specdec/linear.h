@@ -9,6 +9,9 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SPECDEC_LINEAR_AVX2 1
 #endif
 
 #include "specdec/common.h"
@@ -92,5 +95,58 @@ inline void skinny_linear_block_bf16(const uint16_t* x, const uint16_t* w, int64
     }
   }
 }
+
+#if defined(SPECDEC_LINEAR_AVX2)
+// AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
+// widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a block of W rows is widened in registers and
+// used for two rows of x, so a verification pass of a few rows costs about what one row does. Every row's sum
+// runs the same lanes in the same order whichever rows share its call, so row r of a call equals a call on row r.
+inline __m256 widen_bf16x8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
+                                          int64_t o_begin, int64_t o_end, uint16_t* y) {
+  const int64_t in8 = in / 8 * 8;
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += kLinearBlock) {
+    const int64_t m = (o_end - o0) < kLinearBlock ? (o_end - o0) : kLinearBlock;
+    const uint16_t* wr[kLinearBlock];
+    for (int64_t j = 0; j < kLinearBlock; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;  // padding: dropped
+    for (int64_t r0 = 0; r0 < n; r0 += 2) {
+      const bool two = r0 + 1 < n;
+      const float* x0 = xf + r0 * in;
+      const float* x1 = two ? x0 + in : x0;
+      __m256 a0[kLinearBlock], a1[kLinearBlock];
+      for (int64_t j = 0; j < kLinearBlock; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < in8; i += 8) {
+        const __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
+        for (int64_t j = 0; j < kLinearBlock; ++j) {
+          const __m256 wv = widen_bf16x8(wr[j] + i);
+          a0[j] = _mm256_fmadd_ps(wv, v0, a0[j]);
+          a1[j] = _mm256_fmadd_ps(wv, v1, a1[j]);
+        }
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        float s0 = sum_lanes(a0[j]), s1 = sum_lanes(a1[j]);
+        for (int64_t k = in8; k < in; ++k) {
+          const float wk = bf16_to_float(wr[j][k]);
+          s0 += x0[k] * wk;
+          s1 += x1[k] * wk;
+        }
+        y[r0 * out + o0 + j] = float_to_bf16(s0);
+        if (two) y[(r0 + 1) * out + o0 + j] = float_to_bf16(s1);
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace specdec

@@ -19,22 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec_kernels import skinny_linear
+from ..models import decode_linear
 
 PROBE_ROWS = (0, 1, 2, 100, 1000, 10000, 30000, 49151)  # embedding rows stored to recognise the target
-# up to this many rows, inference projections use specdec_kernels.skinny_linear (beyond, BLAS is faster:
-# benchmarks/bench_skinny_linear.py)
-DECODE_ROWS = 8
-
-
-def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias). Inference calls on a few rows (the draft's decode steps) go to
-    :func:`specdec_kernels.skinny_linear`, which reads the weight at close to memory-copy speed: a draft step reads
-    its weights from DRAM right after the target step has evicted them, and that read is most of its cost."""
-    rows = x.numel() // max(x.shape[-1], 1)
-    if rows > DECODE_ROWS or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
-        return nn.functional.linear(x, weight)
-    return skinny_linear(x, weight)
 
 
 @dataclass

@@ -29,7 +29,8 @@ from torch import nn
 
 from specdec_kernels import decode_attention
 
-from .draft import ReducedHead, check_fingerprint, decode_linear, target_fingerprint
+from ..models import decode_linear
+from .draft import ReducedHead, check_fingerprint, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
 
