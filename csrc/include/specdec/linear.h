@@ -98,9 +98,10 @@ inline void skinny_linear_block_bf16(const uint16_t* x, const uint16_t* w, int64
 
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
-// widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a block of W rows is widened in registers and
-// used for two rows of x, so a verification pass of a few rows costs about what one row does. Every row's sum
-// runs the same lanes in the same order whichever rows share its call, so row r of a call equals a call on row r.
+// widened to fp32 once per call (xf [n, in]); each 8-wide chunk of two W rows is widened in registers and used for
+// up to four rows of x, so a verification pass of up to four rows costs what one row does (the weights' trip from
+// memory). Every row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call
+// equals a call on row r alone.
 inline __m256 widen_bf16x8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -113,38 +114,54 @@ inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped).
+template <int R, int O>
+inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in, int64_t out, int64_t r0,
+                                  int64_t o0, int64_t m, uint16_t* y) {
+  const int64_t in8 = in / 8 * 8;
+  const uint16_t* wr[O];
+  for (int j = 0; j < O; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;
+  __m256 a[R][O];
+  for (int q = 0; q < R; ++q)
+    for (int j = 0; j < O; ++j) a[q][j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < in8; i += 8) {
+    __m256 u[O];
+    for (int j = 0; j < O; ++j) u[j] = widen_bf16x8(wr[j] + i);
+    for (int q = 0; q < R; ++q) {
+      const __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
+      for (int j = 0; j < O; ++j) a[q][j] = _mm256_fmadd_ps(u[j], v, a[q][j]);
+    }
+  }
+  for (int q = 0; q < R; ++q) {
+    const float* xr = xf + (r0 + q) * in;
+    for (int j = 0; j < m; ++j) {
+      float s = sum_lanes(a[q][j]);
+      for (int64_t k = in8; k < in; ++k) s += xr[k] * bf16_to_float(wr[j][k]);
+      y[(r0 + q) * out + o0 + j] = float_to_bf16(s);
+    }
+  }
+}
+
+// One or two rows (an AR step, a draft step): 4 W rows per tile, the widening amortised over few FMAs but the
+// loop lean; three rows and more (verification passes): 2 W rows x 4 rows of x, each widened chunk feeds 8 FMAs.
+// Both tilings add the same products in the same order per (row, output), so the results are bitwise equal.
 inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
                                           int64_t o_begin, int64_t o_end, uint16_t* y) {
-  const int64_t in8 = in / 8 * 8;
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += kLinearBlock) {
-    const int64_t m = (o_end - o0) < kLinearBlock ? (o_end - o0) : kLinearBlock;
-    const uint16_t* wr[kLinearBlock];
-    for (int64_t j = 0; j < kLinearBlock; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;  // padding: dropped
-    for (int64_t r0 = 0; r0 < n; r0 += 2) {
-      const bool two = r0 + 1 < n;
-      const float* x0 = xf + r0 * in;
-      const float* x1 = two ? x0 + in : x0;
-      __m256 a0[kLinearBlock], a1[kLinearBlock];
-      for (int64_t j = 0; j < kLinearBlock; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < in8; i += 8) {
-        const __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
-        for (int64_t j = 0; j < kLinearBlock; ++j) {
-          const __m256 wv = widen_bf16x8(wr[j] + i);
-          a0[j] = _mm256_fmadd_ps(wv, v0, a0[j]);
-          a1[j] = _mm256_fmadd_ps(wv, v1, a1[j]);
-        }
-      }
-      for (int64_t j = 0; j < m; ++j) {
-        float s0 = sum_lanes(a0[j]), s1 = sum_lanes(a1[j]);
-        for (int64_t k = in8; k < in; ++k) {
-          const float wk = bf16_to_float(wr[j][k]);
-          s0 += x0[k] * wk;
-          s1 += x1[k] * wk;
-        }
-        y[r0 * out + o0 + j] = float_to_bf16(s0);
-        if (two) y[(r0 + 1) * out + o0 + j] = float_to_bf16(s1);
-      }
+  if (n <= 2) {
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
+      const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
+      if (n == 2) skinny_tile_bf16_avx2<2, 4>(xf, w, in, out, 0, o0, m, y);
+      if (n == 1) skinny_tile_bf16_avx2<1, 4>(xf, w, in, out, 0, o0, m, y);
     }
+    return;
+  }
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += 2) {
+    const int64_t m = (o_end - o0) < 2 ? (o_end - o0) : 2;
+    int64_t r0 = 0;
+    for (; r0 + 4 <= n; r0 += 4) skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y);
+    if (n - r0 == 3) skinny_tile_bf16_avx2<3, 2>(xf, w, in, out, r0, o0, m, y);
+    if (n - r0 == 2) skinny_tile_bf16_avx2<2, 2>(xf, w, in, out, r0, o0, m, y);
+    if (n - r0 == 1) skinny_tile_bf16_avx2<1, 2>(xf, w, in, out, r0, o0, m, y);
   }
 }
 #endif
