@@ -27,13 +27,14 @@ NEW = (1, 2, 3, 5, 8, 16)
 def verify_pass(lm: models.HFCausalLM, state: models.KVState, tree: tuple, skinny: bool) -> None:
     """One target forward over ``tree`` (tokens, parent, depth [1, n]), then the cache as it was."""
     tokens, parent, depth = tree
-    n, rows = tokens.shape[1], models.DECODE_ROWS
+    n, rows, bf16_rows = tokens.shape[1], models.DECODE_ROWS, models.BF16_ROWS
     models.DECODE_ROWS = rows if skinny else 0
+    models.BF16_ROWS = bf16_rows if skinny else 0
     try:
         with torch.no_grad():
             lm.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
     finally:
-        models.DECODE_ROWS = rows
+        models.DECODE_ROWS, models.BF16_ROWS = rows, bf16_rows
         models.crop_cache(state.cache, n)
         state.valid = state.valid[:, : state.valid.shape[1] - n]
 

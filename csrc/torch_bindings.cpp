@@ -59,6 +59,8 @@ TORCH_LIBRARY(specdec, m) {
       "-> (Tensor, Tensor, Tensor, Tensor)");
   // x [..., in], weight [out, in] -> x weight^T [..., out] (a decode step's projections: few rows of x)
   m.def("skinny_linear(Tensor x, Tensor weight) -> Tensor");
+  // the bf16 path skinny_linear was built with: "avx512bf16", "avx2" or "portable" (no tensors: a catch-all kernel)
+  m.def("skinny_linear_isa() -> str", &specdec::cpu::skinny_linear_isa);
   // q [B, H, n, D], k/v [B, Hkv, S, D], mask [B, 1, n, S] additive -> [B, H, n, D] (a decode step's attention)
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
 }

@@ -30,6 +30,13 @@ except ImportError as exc:  # pragma: no cover - depends on the build
     mark_missing("cuda", f"CUDA extension not built ({exc}); it is built only when torch has CUDA and nvcc exists")
 
 
+def skinny_linear_isa() -> str:
+    """The bf16 path the ``cpu`` skinny_linear was compiled with (``-march=native`` picks it): ``"avx512bf16"``
+    (bf16 dot-product instructions), ``"avx2"`` (AVX2 + FMA tiles), ``"portable"``; ``"none"`` without the
+    extension."""
+    return str(torch.ops.specdec.skinny_linear_isa()) if HAVE_CPU else "none"
+
+
 def crop_slots(kv: Sequence[torch.Tensor], length: int) -> bool:
     """Narrow every [B, H, S, D] tensor of ``kv`` to its first ``length`` slots, in place (metadata only), in one
     C++ call: the driver's KV-cache crop (slicing 60 tensors from Python costs ~0.1 ms right after a forward).

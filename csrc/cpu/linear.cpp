@@ -59,4 +59,14 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   return y;
 }
 
+std::string skinny_linear_isa() {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  return "avx512bf16";
+#elif defined(SPECDEC_LINEAR_AVX2)
+  return "avx2";
+#else
+  return "portable";
+#endif
+}
+
 }  // namespace specdec::cpu

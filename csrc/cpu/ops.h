@@ -50,6 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
 // linear.cpp: x [..., in], weight [out, in] (one dtype) -> x weight^T [..., out], accumulated in fp32 (fp64 for
 // double); for the few rows of a decode step
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight);
+// The bf16 path skinny_linear was compiled with: "avx512bf16", "avx2" or "portable".
+std::string skinny_linear_isa();
 
 // attention.cpp: q [B, H, n, D], k/v [B, Hkv, S, D] (H a multiple of Hkv), mask additive, broadcast to
 // [B, 1, n, S] -> softmax(scale q k^T + mask) v [B, H, n, D], fp32 math (fp64 for double)

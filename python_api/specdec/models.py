@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
+from specdec_kernels import native
 from specdec_kernels.native import crop_slots
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -34,14 +35,19 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 # speed (benchmarks/bench_skinny_linear.py; on an AVX2 CPU a 3-token target pass cost 2x a 1-token step with
 # F.linear, benchmarks/bench_target_step.py). Beyond 8 rows PyTorch's linear won on an AVX512-BF16 CPU.
 DECODE_ROWS = 8
+# bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
+# runs ~7x slower than its fp32 one; the tiles then win at every row count measured (prefill included), so all
+# rows go to skinny_linear.
+BF16_ROWS = 1 << 40 if native.skinny_linear_isa() == "avx2" else DECODE_ROWS
 _skinny = threading.local()
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias); calls on at most :data:`DECODE_ROWS` rows without autograd go to
-    :func:`specdec_kernels.skinny_linear` (``DECODE_ROWS = 0``: never)."""
+    """``F.linear(x, weight)`` (no bias); calls on at most :data:`DECODE_ROWS` rows (bf16: :data:`BF16_ROWS`)
+    without autograd go to :func:`specdec_kernels.skinny_linear` (0: never)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if rows > DECODE_ROWS or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    limit = BF16_ROWS if x.dtype == torch.bfloat16 else DECODE_ROWS
+    if rows > limit or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return F.linear(x, weight)
     # the op's own checks cost 2x the kernel call on a small layer; the kernels check what they rely on
     return sk.skinny_linear(x, weight, validate=False)

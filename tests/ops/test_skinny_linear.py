@@ -50,3 +50,9 @@ def test_unvalidated_call_is_the_same_op() -> None:
     x, w = torch.randn(3, 9).bfloat16(), torch.randn(4, 9).bfloat16()
     assert torch.equal(skinny_linear(x, w, validate=False), skinny_linear(x, w))
     assert torch.equal(skinny_linear(x, w, backend="torch", validate=False), F.linear(x, w))
+
+
+def test_the_built_path_is_reported() -> None:
+    from specdec_kernels import native
+
+    assert native.skinny_linear_isa() in ("avx512bf16", "avx2", "portable", "none")

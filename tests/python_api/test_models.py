@@ -232,6 +232,7 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
     import specdec.models as models
 
     import specdec_kernels as sk
+    from specdec_kernels import native
 
     model = tiny_llama(0, vocab=32, hidden=16)
     x = torch.randn(1, 5, 16)
@@ -260,6 +261,11 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
         state = lm.new_state(1)
         lm.forward_chain(state, [[3, 4, 5]], last_logits=True)
         assert calls[1:] == [3] * (n_linear - 1) + [1]  # every projection on 3 rows, then the head on the last
+    # bf16 beyond DECODE_ROWS: skinny_linear only where it runs its AVX2 tiles (no bf16 dot products in the CPU)
+    n = len(calls)
+    with torch.no_grad():
+        models.decode_linear(torch.randn(models.DECODE_ROWS + 1, 16).bfloat16(), proj.weight.bfloat16())
+    assert (len(calls) > n) == (native.skinny_linear_isa() == "avx2")
     with models.skinny_linears():  # training (autograd) keeps F.linear
         n = len(calls)
         proj(x).sum().backward()
