@@ -1,6 +1,6 @@
 """Microbenchmark of skinny_linear: cpu vs torch (F.linear) on the projections of a draft's decode step.
 
-Shapes: the shipped feature draft smollm2-eagle (width 576, MLP 1024, 4096-token head), bf16, 1/4/16 rows; bytes =
+Shapes: the shipped feature draft smollm2-eagle (width 576, MLP 1024, 4096-token head), bf16, 1-256 rows; bytes =
 the weight read once. "warm" cases repeat one call (the weight stays in cache); the "step from DRAM" case runs all
 six projections of one draft step on a fresh copy of the weights each call (24 copies, ~270 MB, the size of the
 target's weights that a draft step follows), which is how the driver meets them.
@@ -25,7 +25,10 @@ def main() -> None:
     args = parse_args(__doc__)
     rec = Recorder(OP, args)
     g = torch.Generator().manual_seed(0)
-    for name, rows in [("head", 1), ("gate_up", 1), ("o", 1), ("head", 4), ("head", 8), ("gate_up", 16)]:
+    # 64 and 256 rows: a prompt's prefill, which the adapter hands to skinny_linear in bf16 where the kernel runs
+    # its AVX2 tiles (specdec.models.BF16_ROWS)
+    cases = [("head", 1), ("gate_up", 1), ("o", 1), ("head", 4), ("head", 8), ("gate_up", 16)]
+    for name, rows in [*cases, ("gate_up", 64), ("gate_up", 256)]:
         n_out, n_in = DRAFT[name]
         w = (torch.randn((n_out, n_in), generator=g) * 0.05).bfloat16()
         x = torch.randn((rows, n_in), generator=g).bfloat16()

@@ -47,7 +47,12 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     without autograd go to :func:`specdec_kernels.skinny_linear` (0: never)."""
     rows = x.numel() // max(x.shape[-1], 1)
     limit = BF16_ROWS if x.dtype == torch.bfloat16 else DECODE_ROWS
-    if rows > limit or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    if (
+        rows > limit
+        or x.dtype != weight.dtype
+        or torch.is_autocast_enabled(x.device.type)  # F.linear casts to the autocast dtype; keep its numerics
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
         return F.linear(x, weight)
     # the op's own checks cost 2x the kernel call on a small layer; the kernels check what they rely on
     return sk.skinny_linear(x, weight, validate=False)

@@ -266,6 +266,9 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
     with torch.no_grad():
         models.decode_linear(torch.randn(models.DECODE_ROWS + 1, 16).bfloat16(), proj.weight.bfloat16())
     assert (len(calls) > n) == (native.skinny_linear_isa() == "avx2")
+    n = len(calls)
+    with torch.no_grad(), models.skinny_linears(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert proj(x).dtype == torch.bfloat16 and len(calls) == n  # autocast keeps F.linear (and its dtype)
     with models.skinny_linears():  # training (autograd) keeps F.linear
         n = len(calls)
         proj(x).sum().backward()
