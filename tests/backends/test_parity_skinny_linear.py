@@ -87,8 +87,8 @@ def test_unsupported_device_raises() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_a_row_does_not_depend_on_its_call(dtype: torch.dtype) -> None:
-    """Row r of an n-row call is bitwise the one-row call on row r: a verification pass then scores every node as an
-    AR step would, which the greedy equality of decoders with the target rests on. Odd sizes reach every tail."""
+    """Row r of an n-row call is bitwise the one-row call on row r: the linears of a verification pass then give
+    every node what a one-token step gives it. Odd sizes reach every tail."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn((17, 37), generator=g).to(dtype)
     w = torch.randn((11, 37), generator=g).to(dtype)
