@@ -30,24 +30,21 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const int64_t blocks = (out + kLinearBlock - 1) / kLinearBlock;
   const int threads = omp_threads(blocks, n * out * in);
 #if defined(SPECDEC_LINEAR_AVX2)
-  if (st == at::kBFloat16) {  // x widened once here, not once per block of W
-    const at::Tensor xf = x.to(at::kFloat).contiguous();
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t o0 = b * kLinearBlock, o1 = std::min(out, o0 + kLinearBlock);
-      skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
-                                    in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
-    }
-    return y;
-  }
+  // x widened once here, not once per block of W
+  const at::Tensor xf = st == at::kBFloat16 ? x.to(at::kFloat).contiguous() : at::Tensor();
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t o0 = b * kLinearBlock, o1 = std::min(out, o0 + kLinearBlock);
     if (st == at::kBFloat16) {
+#if defined(SPECDEC_LINEAR_AVX2)
+      skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
+                                    in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+#else
       skinny_linear_block_bf16(static_cast<const uint16_t*>(x.const_data_ptr()),
                                static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out, o0, o1,
                                static_cast<uint16_t*>(y.mutable_data_ptr()));
+#endif
     } else if (st == at::kFloat) {
       skinny_linear_block<float>(x.const_data_ptr<float>(), w.const_data_ptr<float>(), n, in, out, o0, o1,
                                  y.mutable_data_ptr<float>());

@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
-from specdec_kernels import native
-from specdec_kernels.native import crop_slots
+from specdec_kernels.native import crop_slots, skinny_linear_isa
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -38,7 +37,7 @@ DECODE_ROWS = 8
 # bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
 # runs ~7x slower than its fp32 one; the tiles then win at every row count measured (prefill included), so all
 # rows go to skinny_linear.
-BF16_ROWS = 1 << 40 if native.skinny_linear_isa() == "avx2" else DECODE_ROWS
+BF16_ROWS = 1 << 40 if skinny_linear_isa() == "avx2" else DECODE_ROWS
 _skinny = threading.local()
 
 
