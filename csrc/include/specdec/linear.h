@@ -101,7 +101,11 @@ inline void skinny_linear_block_bf16(const uint16_t* x, const uint16_t* w, int64
 // widened to fp32 once per call (xf [n, in]); each 8-wide chunk of two W rows is widened in registers and used for
 // up to four rows of x, so a verification pass of up to four rows costs what one row does (the weights' trip from
 // memory). Every row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call
-// equals a call on row r alone.
+// equals a call on row r alone. The weights are prefetched kPrefetchBytes ahead: once each chunk feeds several rows'
+// FMAs, the hardware prefetcher alone no longer keeps the stream at memory speed (a 4-row pass of SmolLM2's
+// linears took 1.45x a 1-row one without it, 1.15x with it, on a 2-core AVX2 EPYC).
+constexpr int kPrefetchBytes = 4096;  // a prefetch never faults, so running past the end of W is harmless
+
 inline __m256 widen_bf16x8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -127,6 +131,8 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
   for (int64_t i = 0; i < in8; i += 8) {
     __m256 u[O];
     for (int j = 0; j < O; ++j) u[j] = widen_bf16x8(wr[j] + i);
+    if ((i & 31) == 0)  // one prefetch per 64-byte line; W's rows are contiguous, so this runs into later tiles' rows
+      for (int j = 0; j < O; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytes, _MM_HINT_T0);
     for (int q = 0; q < R; ++q) {
       const __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
       for (int j = 0; j < O; ++j) a[q][j] = _mm256_fmadd_ps(u[j], v, a[q][j]);
@@ -143,8 +149,9 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
 }
 
 // One or two rows (an AR step, a draft step): 4 W rows per tile, the widening amortised over few FMAs but the
-// loop lean; three rows and more (verification passes): 2 W rows x 4 rows of x, each widened chunk feeds 8 FMAs.
-// Both tilings add the same products in the same order per (row, output), so the results are bitwise equal.
+// loop lean; three rows and more (verification passes): 2 W rows x up to 6 rows of x (12 accumulators, 16 ymm
+// registers), so each widened chunk feeds up to 12 FMAs; more than 6 rows go 4 at a time until at most 6 are left.
+// Every tiling adds the same products in the same order per (row, output), so the results are bitwise equal.
 inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
                                           int64_t o_begin, int64_t o_end, uint16_t* y) {
   if (n <= 2) {
@@ -158,10 +165,13 @@ inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, in
   for (int64_t o0 = o_begin; o0 < o_end; o0 += 2) {
     const int64_t m = (o_end - o0) < 2 ? (o_end - o0) : 2;
     int64_t r0 = 0;
-    for (; r0 + 4 <= n; r0 += 4) skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y);
-    if (n - r0 == 3) skinny_tile_bf16_avx2<3, 2>(xf, w, in, out, r0, o0, m, y);
-    if (n - r0 == 2) skinny_tile_bf16_avx2<2, 2>(xf, w, in, out, r0, o0, m, y);
-    if (n - r0 == 1) skinny_tile_bf16_avx2<1, 2>(xf, w, in, out, r0, o0, m, y);
+    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y);
+    switch (n - r0) {  // 3 to 6 rows left
+      case 6: skinny_tile_bf16_avx2<6, 2>(xf, w, in, out, r0, o0, m, y); break;
+      case 5: skinny_tile_bf16_avx2<5, 2>(xf, w, in, out, r0, o0, m, y); break;
+      case 4: skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y); break;
+      default: skinny_tile_bf16_avx2<3, 2>(xf, w, in, out, r0, o0, m, y);
+    }
   }
 }
 #endif
