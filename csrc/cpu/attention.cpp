@@ -32,7 +32,7 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
       }
 #elif defined(SPECDEC_LINEAR_AVX2)
       if constexpr (std::is_same_v<T, uint16_t>) {
-        if (dim % 8 == 0 && dim <= kAttentionMaxDimAvx2) {
+        if (dim % 16 == 0 && dim <= kAttentionMaxDimAvx2) {
           decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,
                                     static_cast<float>(scale), scores.data(), acc.data(), out + r * dim);
           continue;

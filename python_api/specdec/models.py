@@ -39,6 +39,7 @@ DECODE_ROWS = 8
 # rows go to skinny_linear.
 BF16_ROWS = 1 << 40 if skinny_linear_isa() == "avx2" else DECODE_ROWS
 _skinny = threading.local()
+_NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention would be the slow fp32 reference
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -60,7 +61,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def skinny_linears() -> Iterator[None]:
     """While active (in this thread), the routed linears of a model (:func:`route_linears`) run
-    :func:`decode_linear`; the adapter's forwards are run inside it."""
+    `decode_linear` and its routed attention layers (:func:`route_attention`) `specdec_kernels.decode_attention`; the
+    adapter's forwards are run inside it."""
     before = getattr(_skinny, "on", False)
     _skinny.on = True
     try:
@@ -82,6 +84,89 @@ def route_linears(model: torch.nn.Module) -> int:
         if type(mod) is torch.nn.Linear and mod.bias is None:
             if not isinstance(mod.__dict__.get("forward"), partial):
                 mod.forward = partial(_routed_linear, mod)
+            n += 1
+    return n
+
+
+def _kernel_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+) -> torch.Tensor | None:
+    """HF attention (q [B, H, n, D], k/v [B, Hkv, S, D] after the cache update, additive mask) by
+    :func:`specdec_kernels.decode_attention` when the cpu kernel takes the call: CPU tensors of one dtype, at most
+    :data:`DECODE_ROWS` query rows, a 4-D floating mask covering exactly the S keys. Returns [B, n, H, D] (HF's
+    layout), or None for a call it leaves to the model's own attention.
+
+    Every query row is computed alone and blocked slots add exact zeros, so with row-independent linears a tree
+    node's logits in a verification pass are bitwise those of the same token in a one-token step: greedy speculative
+    decoding then equals AR token for token in bf16 too, not only up to bf16 near-ties (tested)."""
+    if not _NATIVE_ATTENTION or mask is None or scale is None:
+        return None
+    b, h, n, _ = query.shape
+    if (
+        n > DECODE_ROWS
+        or query.device.type != "cpu"
+        or key.dtype != query.dtype
+        or value.dtype != query.dtype
+        or query.dtype not in (torch.bfloat16, torch.float32)
+        or mask.dim() != 4
+        or not mask.is_floating_point()
+        or mask.shape[1] != 1
+        or mask.shape[2] != n
+        or mask.shape[3] != key.shape[2]
+        or mask.shape[0] not in (1, b)
+        or key.shape[2] == 0
+        or h % max(key.shape[1], 1)
+        or (torch.is_grad_enabled() and query.requires_grad)
+    ):
+        return None
+    out = sk.decode_attention(query, key, value, mask, scale, validate=False)
+    return out.transpose(1, 2).contiguous()
+
+
+def _routed_attention(
+    original: Any,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    if (
+        getattr(_skinny, "on", False)
+        and getattr(module, "_specdec_attention", False)
+        and not dropout
+        and kwargs.get("sliding_window") is None
+        and kwargs.get("softcap") is None
+        and kwargs.get("s_aux") is None
+        and not kwargs.get("output_attentions")
+    ):
+        out = _kernel_attention(query, key, value, attention_mask, scaling)
+        if out is not None:
+            return out, None
+    return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def route_attention(model: Any) -> int:
+    """Mark the self-attention layers of a model loaded with ``attn_implementation="sdpa"`` so that, inside
+    `skinny_linears`, their calls on few query rows run `specdec_kernels.decode_attention`; elsewhere (and for other
+    models) HF's sdpa attention runs as before. HF looks the attention function up by name on every call, so the
+    global "sdpa" entry is wrapped once; the wrapper hands every call it does not take to the original. Returns the
+    number of layers marked (idempotent; 0 for eager attention, whose bf16 matmuls would round differently)."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return 0
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    current = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if not (isinstance(current, partial) and current.func is _routed_attention):
+        AttentionInterface.register("sdpa", partial(_routed_attention, current))
+    n = 0
+    for layer in getattr(model.get_decoder(), "layers", ()):
+        attn = getattr(layer, "self_attn", None)
+        if isinstance(attn, torch.nn.Module):
+            attn._specdec_attention = True
             n += 1
     return n
 
@@ -216,6 +301,7 @@ class HFCausalLM:
         self.model = model
         self.name = name
         route_linears(model)
+        route_attention(model)
         self.base = model.get_decoder()
         self.head = head
         self.vocab_size = int(head.weight.shape[0])

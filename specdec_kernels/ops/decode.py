@@ -45,6 +45,7 @@ def decode_attention(
     scale: float,
     *,
     backend: str | None = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Grouped-query attention of a few query rows over a KV cache: ``softmax(scale q k^T + mask) v``.
 
@@ -52,8 +53,13 @@ def decode_attention(
     as HF's repeat_kv), mask additive, broadcastable to [B, 1, n, S] (a tree mask: 0 = attend, -inf or
     finfo.min = blocked) -> [B, H, n, D] in q's dtype. Scores, softmax and the weighted sum are fp32 (fp64 for
     double). A row blocked everywhere with -inf gives NaN, as softmax does. For a draft step's 1-8 queries the
-    ``cpu`` backend is one pass per row instead of ~10 small torch ops. No autograd: inference only.
+    ``cpu`` backend is one pass per row instead of ~10 small torch ops; it computes every query row alone, and a
+    blocked slot adds exact zeros wherever it sits, so a row's result is bitwise the same whichever rows share the
+    call and whatever blocked slots lie between its keys. No autograd: inference only. ``validate=False`` skips the
+    argument checks for a caller that guarantees them (a model's own attention layers).
     """
+    if not validate:
+        return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))
     check_tensor("q", q, ndim=4)
     check_tensor("k", k, ndim=4)
     check_tensor("v", v, ndim=4)

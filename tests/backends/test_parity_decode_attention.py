@@ -73,6 +73,34 @@ def test_row_blocked_everywhere_is_nan() -> None:
     assert torch.isnan(out[:, :, 1]).all() and torch.isfinite(out[:, :, 0]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("blocked", ["min", "-inf"])
+def test_a_row_ignores_other_rows_and_blocked_slots(dtype: torch.dtype, blocked: str) -> None:
+    """A query row's output is bitwise the same whichever rows share its call and wherever blocked slots sit in the
+    cache. A tree node in a verification pass (siblings and stale slots blocked in between) then gets the bits the
+    same token gets in a one-token step over the compacted cache, which the target's bf16 greedy equality rests on.
+    Odd cache lengths reach the kernels' tails."""
+    g = torch.Generator().manual_seed(11)
+    b, h, hkv, n, s, d = 1, 4, 2, 6, 23, 64
+    q = torch.randn(b, h, n, d, generator=g).to(dtype)
+    k, v = torch.randn(2, b, hkv, s, d, generator=g).to(dtype)
+    mask = torch.zeros(b, 1, n, s, dtype=dtype)
+    mask[..., 3] = torch.finfo(dtype).min  # a slot blocked for every row stays blocked below
+    full = sk.decode_attention(q, k, v, mask, 0.125, backend="cpu")
+    for r in range(n):
+        one = sk.decode_attention(q[:, :, r : r + 1], k, v, mask[:, :, r : r + 1], 0.125, backend="cpu")
+        assert torch.equal(one, full[:, :, r : r + 1])
+    fill = torch.finfo(dtype).min if blocked == "min" else float("-inf")
+    for where in ([0], [5, 6, 7], [9, 17, 23], list(range(0, 23, 3))):
+        keep = torch.ones(s + len(where), dtype=torch.bool)
+        keep[torch.tensor(where) + torch.arange(len(where))] = False  # inserted slots land at these places
+        k2, v2 = (torch.randn(b, hkv, s + len(where), d, generator=g).to(dtype) for _ in range(2))
+        k2[:, :, keep], v2[:, :, keep] = k, v
+        mask2 = torch.full((b, 1, n, s + len(where)), fill, dtype=dtype)
+        mask2[..., keep] = mask
+        assert torch.equal(sk.decode_attention(q, k2, v2, mask2, 0.125, backend="cpu"), full), where
+
+
 def test_opcheck() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         q, k, v = torch.randn(1, 4, 2, 32).to(dtype), torch.randn(1, 2, 5, 32).to(dtype), torch.randn(1, 2, 5, 32)

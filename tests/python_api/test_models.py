@@ -273,3 +273,76 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
         n = len(calls)
         proj(x).sum().backward()
         assert len(calls) == n and proj.weight.grad is not None
+
+
+def _tree_vs_steps(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of a 5-node tree with siblings (root; a, b under it; c under a, d under b) in one verification pass,
+    and of the same tokens fed one at a time along each root-to-leaf path from the same cached context."""
+    lm = HFCausalLM(model)
+    context = [[5, 9, 2, 7, 11, 3, 8, 1, 6, 12, 4, 10, 13]]
+    tokens = torch.tensor([[14, 15, 16, 17, 18]])
+    parent = torch.tensor([[-1, 0, 0, 1, 2]])
+    depth = torch.tensor([[0, 1, 1, 2, 2]])
+    with torch.no_grad():
+        state = lm.new_state(1)
+        lm.forward_chain(state, context, last_logits=False)
+        tree = lm.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
+        steps = torch.zeros_like(tree)
+        for path in ([0, 1, 3], [0, 2, 4]):
+            state = lm.new_state(1)
+            lm.forward_chain(state, context, last_logits=False)
+            for node in path:
+                steps[0, node] = lm.forward_chain(state, [[int(tokens[0, node])]], last_logits=True)[0]
+    return tree, steps
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_verification_pass_gives_the_bits_of_one_token_steps(dtype: torch.dtype) -> None:
+    """With the routed linears and attention (row-independent kernels, blocked slots adding exact zeros), every node
+    of a tree with siblings gets bitwise the logits the same token gets in one-token steps: greedy speculative
+    decoding then equals AR token for token in bf16 too. Power: HF's own sdpa attention fails it (below)."""
+    from specdec_kernels import native
+
+    if native.skinny_linear_isa() == "none":
+        pytest.skip("needs the cpu extension")
+    tree, steps = _tree_vs_steps(tiny_llama(3, vocab=32, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype))
+    assert torch.equal(tree, steps)
+
+
+def test_hf_attention_rounds_a_verification_pass_differently(monkeypatch) -> None:
+    """The power check of the test above, kept as a test: with HF's own sdpa attention instead of the routed one,
+    the bf16 tree pass and the one-token steps round differently, so the equality above is the routing's doing."""
+    import specdec.models as models
+
+    monkeypatch.setattr(models, "_NATIVE_ATTENTION", False)
+    tree, steps = _tree_vs_steps(tiny_llama(3, vocab=32, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=torch.bfloat16))
+    assert not torch.equal(tree, steps)
+
+
+def test_routed_attention_only_inside_the_adapter_and_only_for_sdpa(monkeypatch) -> None:
+    import specdec.models as models
+
+    import specdec_kernels as sk
+
+    model = tiny_llama(1, vocab=32, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        before = model(ids).logits
+    calls: list[tuple[int, ...]] = []
+    real = sk.decode_attention
+
+    def counted(q, k, v, mask, scale, **kw):
+        calls.append(tuple(q.shape))
+        return real(q, k, v, mask, scale, **kw)
+
+    monkeypatch.setattr(sk, "decode_attention", counted)
+    lm = HFCausalLM(model)
+    assert models.route_attention(model) == 2  # idempotent: the adapter marked both layers already
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before) and not calls  # the model outside the adapter: untouched
+        state = lm.new_state(1)
+        lm.forward_chain(state, [[3, 4, 5]], last_logits=True)
+        assert calls == [(1, 4, 3, 16)] * 2  # both layers, 3 query rows
+        lm.forward_chain(state, [list(range(models.DECODE_ROWS + 1))], last_logits=True)
+        assert len(calls) == 2  # more rows than DECODE_ROWS (a prefill): HF's sdpa
+    assert models.route_attention(tiny_llama(1, vocab=32, hidden=64, attn="eager")) == 0

@@ -98,10 +98,13 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
   for (int64_t d = 0; d < dim; ++d) out[d] = float_to_bf16(acc[d]);
 }
 #elif defined(SPECDEC_LINEAR_AVX2)
-// AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 8 and at most 128: q widened once into
-// registers, four cache slots' dot products at a time (four independent FMA chains, one horizontal reduction for
-// the four), the weighted sum of v in up to 16 fp32 vectors. The generic loop's scalar 16-lane reductions cost
-// ~50 ns per slot here, 10x this. Same math as decode_attention_row, other summation order.
+// AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 16 and at most 128. Each 16 bf16 values are
+// loaded as 8 32-bit words and split into their even and odd halves with a shift and a mask (no cross-lane widening),
+// q is split the same way once, the weighted sum of v is kept split and interleaved back at the end; dot products
+// run four cache slots at a time (four FMA chains, one horizontal reduction for the four); exp is vectorised. The
+// generic loop's scalar reductions cost ~50 ns per slot here, this ~5. Same math as decode_attention_row, other
+// summation order and an exp within a few ulp of std::exp (0 below -87.3, NaN stays NaN); every query row is
+// computed alone, so a row's result does not depend on the other rows of the call.
 constexpr int64_t kAttentionMaxDimAvx2 = 128;
 
 inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {  // [sum a0, sum a1, sum a2, sum a3]
@@ -109,50 +112,100 @@ inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {  // [sum 
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// e^x for the softmax's x <= 0: round(x log2 e) = k, r = x - k ln 2 (two-part ln 2), a degree-6 Taylor polynomial
+// in r (|r| <= ln2 / 2, relative error ~2e-7), times 2^k built in the exponent bits.
+inline __m256 exp_nonpos_ps(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  const __m256 xc = _mm256_max_ps(x, lo);
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693359375f), xc);
+  r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), under);
+  return _mm256_blendv_ps(y, x, nan);
+}
+
+inline void split_bf16x16(const uint16_t* p, __m256& even, __m256& odd) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
                                       int64_t s_len, int64_t dim, float scale, float* scores, float* acc,
                                       uint16_t* out) {
-  const int64_t chunks = dim / 8;
-  __m256 qv[kAttentionMaxDimAvx2 / 8];
-  for (int64_t c = 0; c < chunks; ++c) qv[c] = widen_bf16x8(q + 8 * c);
+  const int64_t blocks = dim / 16;
+  __m256 qe[kAttentionMaxDimAvx2 / 16], qo[kAttentionMaxDimAvx2 / 16];
+  for (int64_t c = 0; c < blocks; ++c) split_bf16x16(q + 16 * c, qe[c], qo[c]);
+  const auto dot = [&](const uint16_t* ks, __m256 a) {  // two FMA chains per slot (even, odd halves)
+    __m256 b = _mm256_setzero_ps();
+    for (int64_t c = 0; c < blocks; ++c) {
+      __m256 ke, ko;
+      split_bf16x16(ks + 16 * c, ke, ko);
+      a = _mm256_fmadd_ps(qe[c], ke, a);
+      b = _mm256_fmadd_ps(qo[c], ko, b);
+    }
+    return _mm256_add_ps(a, b);
+  };
   float top = -std::numeric_limits<float>::infinity();
   int64_t s = 0;
   for (; s + 4 <= s_len; s += 4) {
     const uint16_t* ks = k + s * dim;
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      a0 = _mm256_fmadd_ps(qv[c], widen_bf16x8(ks + 8 * c), a0);
-      a1 = _mm256_fmadd_ps(qv[c], widen_bf16x8(ks + dim + 8 * c), a1);
-      a2 = _mm256_fmadd_ps(qv[c], widen_bf16x8(ks + 2 * dim + 8 * c), a2);
-      a3 = _mm256_fmadd_ps(qv[c], widen_bf16x8(ks + 3 * dim + 8 * c), a3);
-    }
+    const __m256 z = _mm256_setzero_ps();
     float dots[4];
-    _mm_storeu_ps(dots, sum_lanes4(a0, a1, a2, a3));
+    _mm_storeu_ps(dots, sum_lanes4(dot(ks, z), dot(ks + dim, z), dot(ks + 2 * dim, z), dot(ks + 3 * dim, z)));
     for (int j = 0; j < 4; ++j) {
       const float x = dots[j] * scale + mask[s + j];
       scores[s + j] = x;
       top = x > top ? x : top;
     }
   }
-  for (; s < s_len; ++s) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t c = 0; c < chunks; ++c) a = _mm256_fmadd_ps(qv[c], widen_bf16x8(k + s * dim + 8 * c), a);
-    const float x = sum_lanes(a) * scale + mask[s];
+  for (; s < s_len; ++s) {  // the same reduction tree as the groups of four: a slot's score ignores its position
+    const __m256 z = _mm256_setzero_ps();
+    const float x = _mm_cvtss_f32(sum_lanes4(dot(k + s * dim, z), z, z, z)) * scale + mask[s];
     scores[s] = x;
     top = x > top ? x : top;
   }
+  // a row masked everywhere with -inf: top = -inf, x - top = NaN, so the row is NaN, as softmax gives
+  const __m256 tv = _mm256_set1_ps(top);
+  for (s = 0; s + 8 <= s_len; s += 8)
+    _mm256_storeu_ps(scores + s, exp_nonpos_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + s), tv)));
+  for (; s < s_len; ++s) {
+    float e[8] = {scores[s] - top};
+    _mm256_storeu_ps(e, exp_nonpos_ps(_mm256_loadu_ps(e)));
+    scores[s] = e[0];
+  }
+  // Unnormalised weighted sum and the softmax total in one pass over the slots, both in slot order: a blocked slot
+  // (weight exactly 0) then adds exact zeros wherever it sits, so a query row gives the bits it gives over a cache
+  // without that slot (a tree node in a verification pass = the same token in a one-token step).
+  __m256 se[kAttentionMaxDimAvx2 / 16], so[kAttentionMaxDimAvx2 / 16];
+  for (int64_t c = 0; c < blocks; ++c) se[c] = so[c] = _mm256_setzero_ps();
   float total = 0;
   for (s = 0; s < s_len; ++s) {
-    scores[s] = std::exp(scores[s] - top);  // a row masked everywhere with -inf gives NaN, as softmax does
     total += scores[s];
+    const __m256 p = _mm256_set1_ps(scores[s]);
+    for (int64_t c = 0; c < blocks; ++c) {
+      __m256 ve, vo;
+      split_bf16x16(v + s * dim + 16 * c, ve, vo);
+      se[c] = _mm256_fmadd_ps(p, ve, se[c]);
+      so[c] = _mm256_fmadd_ps(p, vo, so[c]);
+    }
   }
-  __m256 sum[kAttentionMaxDimAvx2 / 8];
-  for (int64_t c = 0; c < chunks; ++c) sum[c] = _mm256_setzero_ps();
-  for (s = 0; s < s_len; ++s) {
-    const __m256 p = _mm256_set1_ps(scores[s] / total);
-    for (int64_t c = 0; c < chunks; ++c) sum[c] = _mm256_fmadd_ps(p, widen_bf16x8(v + s * dim + 8 * c), sum[c]);
+  const __m256 tw = _mm256_set1_ps(total);
+  for (int64_t c = 0; c < blocks; ++c) {  // interleave the even and odd halves back: acc[16c + 2i (+1)]
+    const __m256 lo = _mm256_unpacklo_ps(se[c], so[c]), hi = _mm256_unpackhi_ps(se[c], so[c]);
+    _mm256_storeu_ps(acc + 16 * c, _mm256_div_ps(_mm256_permute2f128_ps(lo, hi, 0x20), tw));
+    _mm256_storeu_ps(acc + 16 * c + 8, _mm256_div_ps(_mm256_permute2f128_ps(lo, hi, 0x31), tw));
   }
-  for (int64_t c = 0; c < chunks; ++c) _mm256_storeu_ps(acc + 8 * c, sum[c]);
   for (int64_t d = 0; d < dim; ++d) out[d] = float_to_bf16(acc[d]);
 }
 #endif
