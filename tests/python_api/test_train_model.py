@@ -109,3 +109,21 @@ def test_shipped_feature_draft_speculates_exactly(feature_models):
     ref = specdec.generate(t32, None, ids, method="ar", max_new_tokens=24, do_sample=False)
     assert out.new_tokens == ref.new_tokens
     assert out.stats.block_efficiency > 1.2
+
+
+def test_bf16_greedy_speculation_equals_ar_token_for_token(feature_models):
+    """In bf16 too, and for tree methods with siblings: the adapter's routed linears and attention compute every
+    node of a verification pass as a one-token step computes it (tests/python_api/test_models.py), so no bf16
+    near-tie can split the outputs. Power (checked by hand, eleventh session): with HF's sdpa attention instead
+    (``models._NATIVE_ATTENTION = False``) sd and rsd_c differ from AR on this prompt."""
+    import specdec
+    import specdec.models as models
+
+    if not models._NATIVE_ATTENTION:
+        pytest.skip("needs the cpu extension (the routed kernels)")
+    target, tok, draft = feature_models
+    ids = torch.tensor([smollm2.chat_prompt(tok, "Write a Python function that checks whether a number is prime.")])
+    ref = specdec.generate(target, None, ids, method="ar", max_new_tokens=32, do_sample=False)
+    for method, kw in (("sd", {"draft_length": 2}), ("rsd_c", {"branching": (2, 1)}), ("spechub", {})):
+        out = specdec.generate(target, draft, ids, method=method, max_new_tokens=32, do_sample=False, **kw)
+        assert out.new_tokens == ref.new_tokens, method
