@@ -101,10 +101,11 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
 // AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 16 and at most 128. Each 16 bf16 values are
 // loaded as 8 32-bit words and split into their even and odd halves with a shift and a mask (no cross-lane widening),
 // q is split the same way once, the weighted sum of v is kept split and interleaved back at the end; dot products
-// run four cache slots at a time (four FMA chains, one horizontal reduction for the four); exp is vectorised. The
-// generic loop's scalar reductions cost ~50 ns per slot here, this ~5. Same math as decode_attention_row, other
-// summation order and an exp within a few ulp of std::exp (0 below -87.3, NaN stays NaN); every query row is
-// computed alone, so a row's result does not depend on the other rows of the call.
+// run four cache slots at a time (two FMA chains per slot, one horizontal reduction for the four); exp is
+// vectorised. About 7 ns per slot on a 2-core AVX2 EPYC, where the generic loop's scalar reductions took ~30-50.
+// Same math as decode_attention_row, another summation order, the weighted sum divided by the total at the end, and
+// an exp within a few ulp of std::exp (0 below -87.3, NaN stays NaN). Every query row is computed alone, so a row's
+// result does not depend on the other rows of the call.
 constexpr int64_t kAttentionMaxDimAvx2 = 128;
 
 inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {  // [sum a0, sum a1, sum a2, sum a3]
@@ -118,7 +119,8 @@ inline __m256 exp_nonpos_ps(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.3f);
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
   const __m256 xc = _mm256_max_ps(x, lo);
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 k =
+      _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693359375f), xc);
   r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.0f / 720);
