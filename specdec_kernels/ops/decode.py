@@ -55,8 +55,8 @@ def decode_attention(
     double). A row blocked everywhere with -inf gives NaN, as softmax does. For a draft step's 1-8 queries the
     ``cpu`` backend is one pass per row instead of ~10 small torch ops; it computes every query row alone, and a
     blocked slot (finite keys and values) adds exact zeros wherever it sits, so a row's result is bitwise the same
-    whichever rows share the call and whatever blocked slots lie between its keys. No autograd: inference only. ``validate=False`` skips the
-    argument checks for a caller that guarantees them (a model's own attention layers).
+    whichever rows share the call and whatever blocked slots lie between its keys. No autograd: inference only.
+    ``validate=False`` skips the argument checks for a caller that guarantees them (a model's own attention layers).
     """
     if not validate:
         return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))
