@@ -181,10 +181,11 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
   const __m256 tv = _mm256_set1_ps(top);
   for (s = 0; s + 8 <= s_len; s += 8)
     _mm256_storeu_ps(scores + s, exp_nonpos_ps(_mm256_sub_ps(_mm256_loadu_ps(scores + s), tv)));
-  for (; s < s_len; ++s) {
-    float e[8] = {scores[s] - top};
+  if (s < s_len) {  // the last 1-7 slots: one padded vector, each lane computed as in the loop above
+    float e[8] = {};
+    for (int64_t j = s; j < s_len; ++j) e[j - s] = scores[j] - top;
     _mm256_storeu_ps(e, exp_nonpos_ps(_mm256_loadu_ps(e)));
-    scores[s] = e[0];
+    for (int64_t j = s; j < s_len; ++j) scores[j] = e[j - s];
   }
   // Unnormalised weighted sum and the softmax total in one pass over the slots, both in slot order: a blocked slot
   // (weight exactly 0) then adds exact zeros wherever it sits, so a query row gives the bits it gives over a cache
