@@ -79,9 +79,16 @@ __device__ void kseq_sums(const float* p, const float* q, double g, int64_t V, d
 __device__ void kseq_gamma_row(const float* p, const float* q, int k, int64_t V, double* gamma, double* beta) {
   double a, be;
   kseq_sums(p, q, 1.0, V, &a, &be);
+  // the rows' masses, summed in the order of be: p = q gives be == mass exactly
+  double mp_sum = 0.0, mq_sum = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    mp_sum += static_cast<double>(p[v]);
+    mq_sum += static_cast<double>(q[v]);
+  }
+  const double mass = fmax(block_sum<double>(mp_sum), block_sum<double>(mq_sum));
   double hi = 1.0;
-  // p = q up to round-off (be >= 1 - 1e-12, reference KSEQ_EQUAL_TOL): gamma = 1
-  if (k > 1 && be < 1.0 - 1e-12 && a - 1.0 + ::pow(1.0 - be, k) < 0.0) {
+  // p = q (be >= mass - 1e-12, reference KSEQ_EQUAL_TOL): gamma = 1
+  if (k > 1 && be < mass - 1e-12 && a - 1.0 + ::pow(1.0 - be, k) < 0.0) {
     double lo = 1.0;
     hi = static_cast<double>(k);
     for (int it = 0; it < 40; ++it) {
@@ -162,10 +169,14 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       residual_inplace(r, p, V);
     } else {
       const float pa = p[hub], qa = q[hub];
+      // Q(a, i) = p(a) p(i) / rest with rest = the non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a)
+      double rest_d = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest_d += v != hub ? static_cast<double>(p[v]) : 0.0;
+      const float rest = static_cast<float>(block_sum<double>(rest_d));
       float s_ai = 0.0f, s_ia = 0.0f;
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         if (v == hub) continue;
-        const float a1 = fminf(p[v], q[v]), qai = pa * p[v] / (1.0f - pa);
+        const float a1 = fminf(p[v], q[v]), qai = rest > 0.0f ? pa * p[v] / rest : 0.0f;
         s_ia += p[v] - a1;
         s_ai += qai - fminf(qai, q[v] - a1);
       }
@@ -177,20 +188,20 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         if (v == hub) continue;
         const float q1 = q[v] - fminf(p[v], q[v]);
-        tot += q1 - fminf(pa * p[v] / (1.0f - pa), q1);
+        tot += q1 - fminf(rest > 0.0f ? pa * p[v] / rest : 0.0f, q1);
       }
       tot = block_sum<float>(tot) + fin_a;
       if (tot > kZeroMassTol) {
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
           const float q1 = q[v] - fminf(p[v], q[v]);
-          r[v] = (v == hub ? fin_a : q1 - fminf(pa * p[v] / (1.0f - pa), q1)) / tot;
+          r[v] = (v == hub ? fin_a : q1 - fminf(rest > 0.0f ? pa * p[v] / rest : 0.0f, q1)) / tot;
         }
       }
       __syncthreads();
       float den0, num0, den1, num1;
       if (x0 == hub) {  // pair type (a, i): the non-hub token (slot 1) is tested first
         const int64_t i = cand[1];
-        den1 = pa * p[i] / (1.0f - pa);
+        den1 = rest > 0.0f ? pa * p[i] / rest : 0.0f;
         num1 = q[i] - fminf(p[i], q[i]);
         den0 = s_ai;
         num0 = qa;

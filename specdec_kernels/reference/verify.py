@@ -46,7 +46,17 @@ def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> int:
     return int(torch.argmax(torch.log(probs.double()) + gumbel(noise)))
 
 
-KSEQ_EQUAL_TOL = 1e-12  # sum_v min(p, q) within this of 1: gamma* = 1 (spec §4.4, p = q up to round-off)
+def hub_rest(p: torch.Tensor, a: int) -> torch.Tensor:
+    """Sum of the non-hub draft probabilities, accumulated in float64 and rounded once to p's dtype (spec §4.5).
+
+    The sampler draws the second draft of a pair (a, i) from p restricted to i != a, so this sum, not 1 - p(a), is
+    the normaliser of Q(a, i) = p(a) p(i) / rest: a row sums to 1 only within its rounding, and 1 - p(a) loses every
+    digit of the difference once p(a) is within a few ulps of 1.
+    """
+    return torch.cat([p[:a], p[a + 1 :]]).double().sum().to(p.dtype)
+
+
+KSEQ_EQUAL_TOL = 1e-12  # sum_v min(p, q) within this of the larger row mass: gamma* = 1 (spec §4.4, p = q)
 
 
 def kseq_gamma_row(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, float]:
@@ -59,9 +69,11 @@ def kseq_gamma_row(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, flo
     def h(g: float) -> float:
         return float(torch.minimum(g * p64, q64).sum()) - 1.0 + (1.0 - beta(g)) ** k
 
-    # p = q up to round-off: h(1) = 0 exactly, but a sum one ulp below 1 would move gamma to 1 + ulp^(1/k) (5e-6 at
-    # k = 3), and backends whose sums differ by that ulp would decide differently for U within 5e-6 of 1
-    if k <= 1 or beta(1.0) >= 1.0 - KSEQ_EQUAL_TOL or h(1.0) >= 0.0:
+    # p = q: h(1) = 0 for normalised rows, but an fp32 row sums to 1 only within its rounding, and h(1) = mass - 1
+    # < 0 would move gamma to 1 + (1 - mass)^(1/k) (1.01 at k = 4 for a mass of 1 - 1e-8). So equality is judged
+    # against the rows' own masses (summed in the same order as beta, hence bitwise equal when p = q).
+    mass = max(float(p64.sum()), float(q64.sum()))
+    if k <= 1 or beta(1.0) >= mass - KSEQ_EQUAL_TOL or h(1.0) >= 0.0:
         return 1.0, beta(1.0)
     lo, hi = 1.0, float(k)
     for _ in range(40):
@@ -129,10 +141,11 @@ def node_chain(
         not_a[a] = False
         pa = p[a]
         zero = torch.zeros_like(p)
+        rest = hub_rest(p, a)
         a1 = torch.where(not_a, torch.minimum(p, q), zero)
         q1 = torch.where(not_a, q - a1, zero)
         r1 = torch.where(not_a, p - a1, zero)
-        qai = torch.where(not_a, pa * p / (1.0 - pa), zero)
+        qai = torch.where(not_a, pa * p / rest, zero) if rest > 0 else zero
         a2 = torch.minimum(qai, q1)
         q2 = q1 - a2
         r2 = qai - a2

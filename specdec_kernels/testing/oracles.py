@@ -151,7 +151,7 @@ class HubParts:
     """The SpecHub transport plan of §4.5 (vectors over the vocabulary, hub entry 0)."""
 
     hub: int
-    qai: np.ndarray
+    qai: np.ndarray  # Q(a, i), the sampler's law of the pair (a, i)
     a1: np.ndarray
     a2: np.ndarray
     a3: float
@@ -162,35 +162,42 @@ class HubParts:
 
 
 def spechub_parts(p: np.ndarray, q: np.ndarray, hub: int | None = None) -> HubParts:
+    """The transport plan of spec §4.5 built on the pair law the sampler actually draws (Gumbel-top-2 of p, as in
+    :func:`draft_law`): Q(i, a) and Q(a, i) are read off the enumerated draft process, not from a closed form, so a
+    verifier that normalises Q(a, i) differently from the sampler disagrees with this plan."""
     a = hub_of(p) if hub is None else hub
+    q_ia = np.zeros_like(p)  # Q(i, a): i drafted first
+    q_ai = np.zeros_like(p)  # Q(a, i): i drafted second
+    # a node with two candidates had a second draw, whatever side of the cut-off p(a) lies on here
+    for ys, w in _swor(as_law(p), 2, cutoff=False).items():
+        if len(ys) == 2 and ys[0] == a:
+            q_ai[ys[1]] += w
+        elif ys[0] != a:
+            q_ia[ys[0]] += w
     off = np.ones_like(p, dtype=bool)
     off[a] = False
-    pa = p[a]
-    a1 = np.where(off, np.minimum(p, q), 0.0)
+    a1 = np.where(off, np.minimum(q_ia, q), 0.0)
     q1 = np.where(off, q - a1, 0.0)
-    r1 = np.where(off, p - a1, 0.0)
-    qai = np.where(off, pa * p / (1.0 - pa), 0.0)
-    a2 = np.minimum(qai, q1)
-    r2 = qai - a2
-    s_ai, s_ia = float(r2.sum()), float(r1.sum())
+    a2 = np.minimum(q_ai, q1)
+    s_ai, s_ia = float((q_ai - a2).sum()), float((q_ia - a1).sum())
     a3 = min(float(q[a]), s_ai)
     a4 = min(float(q[a]) - a3, s_ia)
     fin = q1 - a2
     fin[a] = max(float(q[a]) - a3 - a4, 0.0)
     tot = fin.sum()
     fin = q.copy() if tot <= ZERO_MASS_TOL else fin / tot
-    return HubParts(a, qai, a1, a2, a3, a4, s_ai, s_ia, fin)
+    return HubParts(a, q_ai, a1, a2, a3, a4, s_ai, s_ia, fin)
 
 
 def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> Acceptance:
-    """Total min(1, q(a) + sum_{i != a} min(q(i), p(i)/(1-p(a)))); slots (sum A1 + A3, sum A2 + A4)."""
+    """Total min(1, q(a) + sum_{i != a} min(q(i), p(i) / p(not a))); slots (sum A1 + A3, sum A2 + A4)."""
     a = hub_of(p)
     if 1.0 - p[a] <= SWOR_MASS_EPS:  # single draft: plain SD (spec §4.5)
         alpha = sd_acceptance(p, q)
         return Acceptance(alpha, np.array([alpha, 0.0]))
     hp = spechub_parts(p, q, a)
     off = np.arange(len(p)) != a
-    total = min(1.0, float(q[a] + np.minimum(q[off], p[off] / (1.0 - p[a])).sum()))
+    total = min(1.0, float(q[a] + np.minimum(q[off], p[off] / p[off].sum()).sum()))
     return Acceptance(total, np.array([hp.a1.sum() + hp.a3, hp.a2.sum() + hp.a4]))
 
 
@@ -219,48 +226,81 @@ def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
 # Drafting laws and OTM (spec §2.2, §4.5, §4.6)
 
 
-def swor_law(probs: Sequence[float] | np.ndarray, k: int) -> dict[tuple[int, ...], float]:
-    """Law of the ordered draw of ``k`` items without replacement (= Gumbel-top-k order, spec §2.2).
+def _weights(logp: np.ndarray) -> np.ndarray:
+    """The sampler's unnormalised weights exp(logp) in float64; -inf gives 0 (never drawn)."""
+    return np.exp(np.asarray(logp, dtype=np.float64))
 
-    P(x_1..x_k) = prod_j p(x_j) / (1 - sum_{i<j} p(x_i)). Tuples are shorter than ``k`` when the support is
-    exhausted or the remaining mass falls to <= 1e-7 (the op marks those slots invalid).
-    """
-    p = normalize(as_law(probs))
+
+def _swor(w: np.ndarray, k: int, cutoff: bool = True) -> dict[tuple[int, ...], float]:
+    """Sequential draws without replacement as Gumbel-top-k makes them (spec §2.2): the next item is x with
+    probability w(x) / (sum w - sum of the items drawn so far); a slot exists only while the item has positive weight
+    and 1 - (sum of the weights drawn so far) > 1e-7, the op's cut-off on its unnormalised weights."""
     out: dict[tuple[int, ...], float] = {}
 
-    def rec(prefix: tuple[int, ...], w: float) -> None:
-        used = np.zeros(len(p), dtype=bool)
+    def rec(prefix: tuple[int, ...], prob: float, drawn: float) -> None:
+        used = np.zeros(len(w), dtype=bool)
         used[list(prefix)] = True
-        left = float(p[~used].sum())
-        if len(prefix) == k or left <= SWOR_MASS_EPS:
-            out[prefix] = out.get(prefix, 0.0) + w
+        left = float(w[~used].sum())
+        if len(prefix) == k or (cutoff and 1.0 - drawn <= SWOR_MASS_EPS) or not (w[~used] > 0).any():
+            out[prefix] = out.get(prefix, 0.0) + prob
             return
-        for x in np.flatnonzero((p > 0) & ~used):
-            rec(prefix + (int(x),), w * p[x] / left)
+        for x in np.flatnonzero((w > 0) & ~used):
+            rec(prefix + (int(x),), prob * w[x] / left, drawn + float(w[x]))
 
-    rec((), 1.0)
+    rec((), 1.0, 0.0)
     return out
+
+
+def draft_law(method: str, logp: Sequence[float] | np.ndarray | torch.Tensor, k: int) -> dict[tuple[int, ...], float]:
+    """Law of the valid candidate tuple a sampling op draws from the log-probs ``logp`` it is given, in float64.
+
+    The draft process is enumerated step by step as the op runs it, with its own normalisers: i.i.d. Gumbel-max draws
+    (sd, rrs, kseq) are w(x) / sum w with w = exp(logp); Gumbel-top-k (rrsw) divides by the weight not yet drawn and
+    stops at the op's cut-off; SpecHub draws the Gumbel-top-2 (y1, y2), keeps (a, y2) if y1 is the hub a = argmax
+    logp and (y1, a) otherwise, and keeps y1 alone when 1 - w(a) <= 1e-7. Nothing here uses a closed form of the
+    pair law, so ``logp`` of float32 rows gives the law the kernels really draw from.
+    """
+    lp = as_law(logp)
+    w = _weights(lp)
+    if method in ("sd", "rrs", "kseq"):
+        if method == "sd" and k != 1:
+            raise ValueError(f"sd has K = 1, got {k}")
+        law = w / w.sum()
+        support = [int(x) for x in np.flatnonzero(w > 0)]
+        return {t: float(np.prod([law[x] for x in t])) for t in itertools.product(support, repeat=k)}
+    if method == "rrsw":
+        return _swor(w, k)
+    if method == "spechub":
+        if k != 2:
+            raise ValueError(f"spechub has K = 2, got {k}")
+        a = int(np.argmax(lp))
+        single = 1.0 - float(w[a]) <= SWOR_MASS_EPS
+        out: dict[tuple[int, ...], float] = {}
+        for ys, prob in _swor(w, 2).items():
+            if ys[0] == a:
+                t = (a, ys[1]) if len(ys) == 2 and not single else (a,)
+            else:
+                t = (ys[0],) if single else (ys[0], a)
+            out[t] = out.get(t, 0.0) + prob
+        return out
+    raise ValueError(f"unknown method {method!r}")
+
+
+def swor_law(probs: Sequence[float] | np.ndarray, k: int) -> dict[tuple[int, ...], float]:
+    """Law of the ordered draw of ``k`` items without replacement (= Gumbel-top-k order, spec §2.2) from the law
+    ``probs`` (normalised first): P(x_1..x_k) = prod_j p(x_j) / (1 - sum_{i<j} p(x_i)). Tuples are shorter than
+    ``k`` when the support is exhausted or the remaining mass falls to <= 1e-7 (the op marks those slots invalid)."""
+    return _swor(normalize(as_law(probs)), k)
 
 
 def iid_joint(p: np.ndarray, k: int) -> dict[tuple[int, ...], float]:
-    p = as_law(p)
-    support = [int(x) for x in np.flatnonzero(p > 0)]
-    return {t: float(np.prod([p[x] for x in t])) for t in itertools.product(support, repeat=k)}
+    return draft_law("rrs", _log(normalize(as_law(p))), k)
 
 
 def hub_joint(p: np.ndarray) -> dict[tuple[int, ...], float]:
-    """SpecHub's draft pairs: Q(i, a) = p(i), Q(a, i) = p(a) p(i) / (1 - p(a)) for i != a (spec §4.5)."""
-    p = as_law(p)
-    a = hub_of(p)
-    if 1.0 - p[a] <= SWOR_MASS_EPS:
-        return {(int(x),): float(p[x]) for x in np.flatnonzero(p > 0)}
-    out: dict[tuple[int, ...], float] = {}
-    for i in np.flatnonzero(p > 0):
-        if i == a:
-            continue
-        out[(int(i), a)] = float(p[i])
-        out[(a, int(i))] = float(p[a] * p[i] / (1.0 - p[a]))
-    return out
+    """SpecHub's draft pairs as the sampler draws them from the law ``p``: for i != a, Q(i, a) = p(i) and
+    Q(a, i) = p(a) p(i) / p(not a) (spec §4.5), read off the enumerated draft process (:func:`draft_law`)."""
+    return draft_law("spechub", _log(as_law(p)), 2)
 
 
 def otm_acceptance(joint: dict[tuple[int, ...], float], q: np.ndarray) -> float:
@@ -297,22 +337,11 @@ class DraftTuple:
     weight: float  # drafting probability
 
 
-def draft_tuples(method: str, p: np.ndarray, k: int) -> list[DraftTuple]:
-    """Every candidate tuple with positive drafting probability (spec §10.2)."""
-    p = as_law(p)
-    if method in ("sd", "rrs", "kseq"):
-        if method == "sd" and k != 1:
-            raise ValueError(f"sd has K = 1, got {k}")
-        joint = iid_joint(p, k)
-    elif method == "rrsw":
-        joint = swor_law(p, k)
-    elif method == "spechub":
-        if k != 2:
-            raise ValueError(f"spechub has K = 2, got {k}")
-        joint = hub_joint(p)
-    else:
-        raise ValueError(f"unknown method {method!r}")
-    return [DraftTuple(t, w) for t, w in joint.items() if w > 0]
+def draft_tuples(method: str, p: np.ndarray, k: int, logp: np.ndarray | None = None) -> list[DraftTuple]:
+    """Every candidate tuple with positive drafting probability (spec §10.2), drawn by the sampling op from
+    ``logp`` (default log p)."""
+    lp = _log(as_law(p)) if logp is None else as_law(logp)
+    return [DraftTuple(t, w) for t, w in draft_law(method, lp, k).items() if w > 0]
 
 
 def seq_swor_pair_law(p1: np.ndarray, p2: np.ndarray) -> np.ndarray:
@@ -503,26 +532,34 @@ def enumerate_node(
 ) -> NodeLaw:
     """Exact output law of one node (spec §10.2), run THROUGH ``verifier`` in analytic mode.
 
+    As in the decoders, the sampling op draws from log p in ``dtype`` and the verifier gets softmax of those log-probs
+    (float32) or p itself (float64), and q as a ``dtype`` row; the drafting law is the op's own (:func:`draft_law`),
+    so a verifier whose normalisers differ from the sampler's shows up here.
     Every candidate tuple with positive drafting probability (V^K i.i.d. tuples for sd/rrs/kseq, ordered
     K-permutations for rrsw, the 2(V-1) hub pairs for spechub) becomes one row of a single verifier call; the
     returned per-slot acceptance probabilities and final residual are chained in the verifier's test order.
     """
     p, q = as_law(p), as_law(q)
     vocab = len(p)
-    tuples = draft_tuples(method, p, k)
-    hub = hub_of(p) if method == "spechub" else None
+    # The decoders' pipeline: the sampler draws from log-probs in ``dtype`` and the verifier gets their softmax.
+    logp_row = torch.log(torch.tensor(p, dtype=torch.float64)).to(dtype)
+    p_row = torch.tensor(p, dtype=dtype) if dtype == torch.float64 else torch.softmax(logp_row, dim=-1)
+    tuples = draft_tuples(method, p, k, logp=logp_row.double().numpy())
+    hub = int(torch.argmax(logp_row)) if method == "spechub" else None
     n = len(tuples)
     cand = torch.full((n, k), -1, dtype=torch.long)
     valid = torch.zeros((n, k), dtype=torch.bool)
     for b, t in enumerate(tuples):
         cand[b, : len(t.tokens)] = torch.tensor(t.tokens)
         valid[b, : len(t.tokens)] = True
-    pt = torch.tensor(p, dtype=dtype).expand(n, vocab).contiguous()
+    pt = p_row.expand(n, vocab).contiguous()
     qt = torch.tensor(q, dtype=dtype).expand(n, vocab).contiguous()
     hub_t = None if hub is None else torch.full((n,), hub, dtype=torch.long)
     out = verifier(method, cand, valid, pt, qt, hub=hub_t, seed=0, analytic=True)
     acc_prob = as_law(out.accept_prob)
     final = as_law(out.final_residual)
+    # the final token is a Gumbel-max draw over log(final): its law is the row over its own float64 sum
+    final = final / np.maximum(final.sum(axis=1, keepdims=True), np.finfo(np.float64).tiny)
     law = np.zeros(vocab)
     slot_rates = np.zeros(k)
     for b, t in enumerate(tuples):

@@ -588,10 +588,19 @@ def _pow_int(x, k):
 def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
     """Spec §4.4: smallest g in [1, k] with h(g) >= 0, 40 fp64 bisection steps, upper bracket."""
     a1, be1 = _kseq_sums(p_ptr, q_ptr, tl.full((), 1.0, tl.float64), V, BLOCK_V)
+    # the rows' masses, summed in the order of be1: p = q gives be1 == mass exactly
+    mp = tl.zeros((), tl.float64)
+    mq = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        mp += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+        mq += tl.sum(tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+    mass = tl.maximum(mp, mq)
     h1 = a1 - 1.0 + _pow_int(1.0 - be1, k)
     lo = tl.full((), 1.0, tl.float64)
     hi = tl.full((), 1.0, tl.float64) * k
-    if (k <= 1) | (be1 >= 1.0 - 1e-12) | (h1 >= 0.0):  # p = q up to round-off: gamma = 1 (reference KSEQ_EQUAL_TOL)
+    if (k <= 1) | (be1 >= mass - 1e-12) | (h1 >= 0.0):  # p = q: gamma = 1 (reference KSEQ_EQUAL_TOL)
         hi = tl.full((), 1.0, tl.float64)
     else:
         for _ in range(0, 40):
@@ -705,6 +714,15 @@ def _verify_node_row(
         else:
             pa = tl.load(p_ptr + hub).to(tl.float32)
             qa = tl.load(q_ptr + hub).to(tl.float32)
+            # Q(a, i) = p(a) p(i) / rest, rest = the non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a)
+            rest_d = tl.zeros((), tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = (offs < V) & (offs != hub)
+                rest_d += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+            rest = rest_d.to(tl.float32)
+            scale = tl.where(rest > 0.0, 1.0, 0.0)  # rest = 0: no (a, i) pair exists
+            rest = tl.where(rest > 0.0, rest, 1.0)
             s_ai = tl.zeros((), tl.float32)
             s_ia = tl.zeros((), tl.float32)
             for start in range(0, V, BLOCK_V):
@@ -713,7 +731,7 @@ def _verify_node_row(
                 p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 a1 = tl.minimum(p, q)
-                qai = pa * p / (1.0 - pa)
+                qai = scale * (pa * p / rest)
                 s_ia += tl.sum(p - a1, axis=0)
                 s_ai += tl.sum(qai - tl.minimum(qai, q - a1), axis=0)
             a3 = tl.minimum(qa, s_ai)
@@ -726,7 +744,7 @@ def _verify_node_row(
                 p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q1 = q - tl.minimum(p, q)
-                tot += tl.sum(q1 - tl.minimum(pa * p / (1.0 - pa), q1), axis=0)
+                tot += tl.sum(q1 - tl.minimum(scale * (pa * p / rest), q1), axis=0)
             if tot > ZERO_MASS_TOL:
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
@@ -734,13 +752,13 @@ def _verify_node_row(
                     p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                     q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                     q1 = q - tl.minimum(p, q)
-                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(pa * p / (1.0 - pa), q1))
+                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(scale * (pa * p / rest), q1))
                     tl.store(r_ptr + offs, fin / tot, mask=m)
             if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
                 i = tl.load(cand_ptr + 1)
                 p_i = tl.load(p_ptr + i).to(tl.float32)
                 q_i = tl.load(q_ptr + i).to(tl.float32)
-                den1 = pa * p_i / (1.0 - pa)
+                den1 = scale * (pa * p_i / rest)
                 num1 = q_i - tl.minimum(p_i, q_i)
                 den0 = s_ai
                 num0 = qa

@@ -255,19 +255,23 @@ inline int64_t kseq_fold(double* mp, double* mq, int64_t n, double g, bool up, d
 // for the whole bracket [lo, hi] is folded into two running sums (kseq_fold) and dropped, so each step only
 // visits the tokens whose ratio q/p lies inside the bracket: about 2V terms in all instead of 41V. The sums differ
 // from the reference's by round-off only.
-constexpr double kKseqEqualTol = 1e-12;  // sum_v min(p, q) >= 1 - tol: gamma* = 1 (reference KSEQ_EQUAL_TOL)
+constexpr double kKseqEqualTol = 1e-12;  // sum_v min(p, q) >= mass - tol: gamma* = 1 (reference KSEQ_EQUAL_TOL)
 
 template <typename S>
 void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* gamma, double* beta_out) {
   const double kd = static_cast<double>(k);
-  double a1 = 0.0;
-#pragma omp simd reduction(+ : a1)
+  double a1 = 0.0, mp_sum = 0.0, mq_sum = 0.0;
+#pragma omp simd reduction(+ : a1, mp_sum, mq_sum)
   for (int64_t v = 0; v < vocab; ++v) {
     const double pv = static_cast<double>(p[v]), qv = static_cast<double>(q[v]);
     a1 += pv < qv ? pv : qv;
+    mp_sum += pv;
+    mq_sum += qv;
   }
-  // p = q up to round-off (kKseqEqualTol, as the reference): gamma* = 1, not 1 + ulp^(1/K)
-  if (k <= 1 || a1 >= 1.0 - kKseqEqualTol || a1 - 1.0 + std::pow(1.0 - a1, kd) >= 0.0) {
+  // p = q (kKseqEqualTol against the rows' own masses, as the reference: an fp32 row sums to 1 only within its
+  // rounding, and h(1) = mass - 1 < 0 would move gamma to 1 + (1 - mass)^(1/K)): gamma* = 1
+  const double mass = mp_sum > mq_sum ? mp_sum : mq_sum;
+  if (k <= 1 || a1 >= mass - kKseqEqualTol || a1 - 1.0 + std::pow(1.0 - a1, kd) >= 0.0) {
     *gamma = 1.0;
     *beta_out = a1;
     return;
@@ -301,6 +305,17 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
   if (a_hi < 0.0) a_hi = low + kd * high;  // hi never moved: every token is decided at K
   *gamma = hi;
   *beta_out = a_hi / hi;
+}
+
+// SpecHub's normaliser of Q(a, i) = p(a) p(i) / rest (spec §4.5): the sum of the non-hub probabilities, from
+// which the sampler draws the second draft, accumulated in double and rounded once (as the reference). 1 - p(a)
+// differs from it by the row's rounding, which is the whole of it once p(a) is within a few ulps of 1.
+template <typename S>
+S hub_rest(const S* p, int64_t a, int64_t vocab) {
+  double rest = 0.0;
+#pragma omp simd reduction(+ : rest)
+  for (int64_t v = 0; v < vocab; ++v) rest += v != a ? static_cast<double>(p[v]) : 0.0;
+  return static_cast<S>(rest);
 }
 
 // Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
@@ -380,6 +395,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       }
       const int64_t a = hub;
       const S pa = p[a];
+      const S rest = hub_rest(p, a, vocab);
       S* q1 = w.a.data();
       S* qai = w.b.data();
       S* fin = w.c.data();  // q2, then the final residual
@@ -390,7 +406,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         const S a1 = p[v] < q[v] ? p[v] : q[v];
         const S q1v = not_a ? q[v] - a1 : S(0);
         const S r1 = not_a ? p[v] - a1 : S(0);
-        const S qaiv = not_a ? pa * p[v] / (S(1) - pa) : S(0);
+        const S qaiv = not_a && rest > S(0) ? pa * p[v] / rest : S(0);
         const S a2 = qaiv < q1v ? qaiv : q1v;
         q1[v] = q1v;
         qai[v] = qaiv;
@@ -400,8 +416,8 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       }
       const S sai = static_cast<S>(s_ai), sia = static_cast<S>(s_ia);
       const S a3 = q[a] < sai ? q[a] : sai;
-      const S rest = q[a] - a3;
-      const S a4 = rest < sia ? rest : sia;
+      const S qa_left = q[a] - a3;
+      const S a4 = qa_left < sia ? qa_left : sia;
       const S left = q[a] - a3 - a4;
       fin[a] = left > S(0) ? left : S(0);
       if (cand[0] == a) {  // pair type (a, i): the non-hub token (slot 1) is tested first
@@ -411,7 +427,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       } else {  // pair type (i, a)
         const int64_t i = cand[0];
         w.tests.push_back({0, p[i], q[i]});
-        w.tests.push_back({1, sia, rest});
+        w.tests.push_back({1, sia, qa_left});
       }
       normalize_or(fin, q, vocab);
       return fin;
@@ -526,7 +542,8 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
       return -1;
     }
     case Method::kSpecHub: {
-      // The first test needs no sum over V: (p(i), q(i)) for a pair (i, a), (Qai(i), q1(i)) for a pair (a, i).
+      // The first test needs no residual: (p(i), q(i)) for a pair (i, a), (Qai(i), q1(i)) for a pair (a, i), whose
+      // normaliser is one sum over p.
       if (n_cand == 2) {
         const int64_t a = hub;
         const bool hub_first = cand[0] == a;
@@ -534,8 +551,8 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
         const int64_t slot = hub_first ? 1 : 0;
         if (slot >= ku) return -2;
         if (hub_first) {
-          const S pa = p[a];
-          const S qai = i != a ? pa * p[i] / (S(1) - pa) : S(0);
+          const S rest = hub_rest(p, a, vocab);
+          const S qai = i != a && rest > S(0) ? p[a] * p[i] / rest : S(0);
           const S a1 = p[i] < q[i] ? p[i] : q[i];
           const S q1 = i != a ? q[i] - a1 : S(0);
           if (pass(slot, qai, q1)) return slot;
