@@ -172,11 +172,15 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       // Q(a, i) = p(a) p(i) / rest with rest = the non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a)
       double rest_d = 0.0;
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest_d += v != hub ? static_cast<double>(p[v]) : 0.0;
-      const float rest = static_cast<float>(block_sum<double>(rest_d));
+      const double rest = block_sum<double>(rest_d);
+      // Q(a, i) in double, rounded once: when p(a) ~ 1 it carries nearly all of the pair law
+      auto pair = [pa, rest](float pv) {
+        return rest > 0.0 ? static_cast<float>(static_cast<double>(pa) * static_cast<double>(pv) / rest) : 0.0f;
+      };
       float s_ai = 0.0f, s_ia = 0.0f;
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         if (v == hub) continue;
-        const float a1 = fminf(p[v], q[v]), qai = rest > 0.0f ? pa * p[v] / rest : 0.0f;
+        const float a1 = fminf(p[v], q[v]), qai = pair(p[v]);
         s_ia += p[v] - a1;
         s_ai += qai - fminf(qai, q[v] - a1);
       }
@@ -188,20 +192,20 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         if (v == hub) continue;
         const float q1 = q[v] - fminf(p[v], q[v]);
-        tot += q1 - fminf(rest > 0.0f ? pa * p[v] / rest : 0.0f, q1);
+        tot += q1 - fminf(pair(p[v]), q1);
       }
       tot = block_sum<float>(tot) + fin_a;
       if (tot > kZeroMassTol) {
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
           const float q1 = q[v] - fminf(p[v], q[v]);
-          r[v] = (v == hub ? fin_a : q1 - fminf(rest > 0.0f ? pa * p[v] / rest : 0.0f, q1)) / tot;
+          r[v] = (v == hub ? fin_a : q1 - fminf(pair(p[v]), q1)) / tot;
         }
       }
       __syncthreads();
       float den0, num0, den1, num1;
       if (x0 == hub) {  // pair type (a, i): the non-hub token (slot 1) is tested first
         const int64_t i = cand[1];
-        den1 = rest > 0.0f ? pa * p[i] / rest : 0.0f;
+        den1 = pair(p[i]);
         num1 = q[i] - fminf(p[i], q[i]);
         den0 = s_ai;
         num0 = qa;

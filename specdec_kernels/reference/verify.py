@@ -47,13 +47,13 @@ def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> int:
 
 
 def hub_rest(p: torch.Tensor, a: int) -> torch.Tensor:
-    """Sum of the non-hub draft probabilities, accumulated in float64 and rounded once to p's dtype (spec §4.5).
+    """Sum of the non-hub draft probabilities, accumulated in float64 (spec §4.5).
 
     The sampler draws the second draft of a pair (a, i) from p restricted to i != a, so this sum, not 1 - p(a), is
     the normaliser of Q(a, i) = p(a) p(i) / rest: a row sums to 1 only within its rounding, and 1 - p(a) loses every
     digit of the difference once p(a) is within a few ulps of 1.
     """
-    return torch.cat([p[:a], p[a + 1 :]]).double().sum().to(p.dtype)
+    return torch.cat([p[:a], p[a + 1 :]]).double().sum()
 
 
 KSEQ_EQUAL_TOL = 1e-12  # sum_v min(p, q) within this of the larger row mass: gamma* = 1 (spec §4.4, p = q)
@@ -145,7 +145,8 @@ def node_chain(
         a1 = torch.where(not_a, torch.minimum(p, q), zero)
         q1 = torch.where(not_a, q - a1, zero)
         r1 = torch.where(not_a, p - a1, zero)
-        qai = torch.where(not_a, pa * p / rest, zero) if rest > 0 else zero
+        # one rounding: Q(a, i) weighs every non-hub token when p(a) ~ 1, so its relative error is the law's
+        qai = torch.where(not_a, (pa.double() * p.double() / rest).to(p.dtype), zero) if rest > 0 else zero
         a2 = torch.minimum(qai, q1)
         q2 = q1 - a2
         r2 = qai - a2

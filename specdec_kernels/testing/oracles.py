@@ -126,7 +126,8 @@ def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int, iters: int = 200) -> tuple[
     def h(g: float) -> float:
         return float(np.minimum(g * p, q).sum()) - 1.0 + (1.0 - beta(g)) ** k
 
-    if k <= 1 or beta(1.0) >= 1.0 - 1e-12 or h(1.0) >= 0.0:  # p = q up to round-off (reference KSEQ_EQUAL_TOL)
+    # p = q: beta(1) is the rows' common mass (which an fp32 row only approximates by 1), so gamma = 1
+    if k <= 1 or beta(1.0) >= max(p.sum(), q.sum()) - 1e-12 or h(1.0) >= 0.0:
         return 1.0, beta(1.0)
     lo, hi = 1.0, float(k)
     for _ in range(iters):

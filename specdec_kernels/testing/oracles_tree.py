@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .oracles import spechub_parts
+
 ZERO_MASS = 1e-12  # spec §2.4 fp64 oracle tolerance
 
 Tests = list[tuple[int, float, float]]
@@ -72,7 +74,8 @@ def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float]:
     def h(g: float) -> float:
         return float(np.minimum(g * p, q).sum()) - 1.0 + (1.0 - beta(g)) ** k
 
-    if k <= 1 or h(1.0) >= 0.0:
+    # p = q: beta(1) is the rows' common mass (which an fp32 row only approximates by 1), so gamma = 1
+    if k <= 1 or beta(1.0) >= max(p.sum(), q.sum()) - 1e-12 or h(1.0) >= 0.0:
         return 1.0, beta(1.0)
     lo, hi = 1.0, float(k)
     for _ in range(40):
@@ -96,31 +99,19 @@ def rule_kseq(
 
 
 def rule_spechub(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> tuple[Tests, np.ndarray]:
-    """Spec §4.5 verification of a hub pair; one candidate is plain SD (spec §4.5 scope)."""
+    """Spec §4.5 verification of a hub pair, on the pair law the sampler draws (oracles.spechub_parts); one
+    candidate is plain SD (spec §4.5 scope)."""
     if len(cand) == 1:
         return [(0, float(p[cand[0]]), float(q[cand[0]]))], residual(q, p)
     if hub is None:
         raise ValueError("spechub needs the hub token")
-    a = hub
-    others = np.arange(p.size) != a
-    pa = p[a]
-    a1 = np.where(others, np.minimum(p, q), 0.0)
-    q1 = np.where(others, q - a1, 0.0)
-    r1 = np.where(others, p - a1, 0.0)
-    qai = np.where(others, pa * p / (1.0 - pa), 0.0)
-    a2 = np.minimum(qai, q1)
-    q2 = q1 - a2
-    s_ai, s_ia = float((qai - a2).sum()), float(r1.sum())
-    a3 = min(float(q[a]), s_ai)
-    a4 = min(float(q[a]) - a3, s_ia)
-    fin = q2.copy()
-    fin[a] = max(float(q[a]) - a3 - a4, 0.0)
-    fin = q if fin.sum() <= ZERO_MASS else fin / fin.sum()
+    hp = spechub_parts(p, q, hub)
+    a = hp.hub
     if cand[0] == a:  # pair (a, i): the non-hub token (slot 1) is tested first
         i = cand[1]
-        return [(1, float(qai[i]), float(q1[i])), (0, s_ai, float(q[a]))], fin
+        return [(1, float(hp.qai[i]), float(q[i] - hp.a1[i])), (0, hp.s_ai, float(q[a]))], hp.final
     i = cand[0]
-    return [(0, float(p[i]), float(q[i])), (1, s_ia, float(q[a]) - a3)], fin
+    return [(0, float(p[i]), float(q[i])), (1, hp.s_ia, float(q[a]) - hp.a3)], hp.final
 
 
 RULES: dict[str, NodeRule] = {

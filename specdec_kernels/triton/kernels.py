@@ -614,6 +614,12 @@ def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
+def _hub_pair(pa64, p, rest, scale):
+    """SpecHub's Q(a, i) = p(a) p(i) / rest in fp64, rounded once to fp32 (scale = 0 when no pair exists)."""
+    return (scale * (pa64 * p.to(tl.float64) / rest)).to(tl.float32)
+
+
+@triton.jit
 def _verify_node_row(
     cand_ptr,  # [K] int64 candidate tokens by slot
     cvalid_ptr,  # [K] int8
@@ -720,9 +726,10 @@ def _verify_node_row(
                 offs = start + tl.arange(0, BLOCK_V)
                 m = (offs < V) & (offs != hub)
                 rest_d += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
-            rest = rest_d.to(tl.float32)
-            scale = tl.where(rest > 0.0, 1.0, 0.0)  # rest = 0: no (a, i) pair exists
-            rest = tl.where(rest > 0.0, rest, 1.0)
+            # Q(a, i) in fp64, rounded once: when p(a) ~ 1 it carries nearly all of the pair law
+            scale = tl.where(rest_d > 0.0, 1.0, 0.0).to(tl.float64)  # rest = 0: no (a, i) pair exists
+            rest = tl.where(rest_d > 0.0, rest_d, 1.0)
+            pa64 = pa.to(tl.float64)
             s_ai = tl.zeros((), tl.float32)
             s_ia = tl.zeros((), tl.float32)
             for start in range(0, V, BLOCK_V):
@@ -731,7 +738,7 @@ def _verify_node_row(
                 p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 a1 = tl.minimum(p, q)
-                qai = scale * (pa * p / rest)
+                qai = _hub_pair(pa64, p, rest, scale)
                 s_ia += tl.sum(p - a1, axis=0)
                 s_ai += tl.sum(qai - tl.minimum(qai, q - a1), axis=0)
             a3 = tl.minimum(qa, s_ai)
@@ -744,7 +751,7 @@ def _verify_node_row(
                 p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                 q1 = q - tl.minimum(p, q)
-                tot += tl.sum(q1 - tl.minimum(scale * (pa * p / rest), q1), axis=0)
+                tot += tl.sum(q1 - tl.minimum(_hub_pair(pa64, p, rest, scale), q1), axis=0)
             if tot > ZERO_MASS_TOL:
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
@@ -752,13 +759,13 @@ def _verify_node_row(
                     p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
                     q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
                     q1 = q - tl.minimum(p, q)
-                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(scale * (pa * p / rest), q1))
+                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(_hub_pair(pa64, p, rest, scale), q1))
                     tl.store(r_ptr + offs, fin / tot, mask=m)
             if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
                 i = tl.load(cand_ptr + 1)
                 p_i = tl.load(p_ptr + i).to(tl.float32)
                 q_i = tl.load(q_ptr + i).to(tl.float32)
-                den1 = scale * (pa * p_i / rest)
+                den1 = _hub_pair(pa64, p_i, rest, scale)
                 num1 = q_i - tl.minimum(p_i, q_i)
                 den0 = s_ai
                 num0 = qa

@@ -308,14 +308,21 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
 }
 
 // SpecHub's normaliser of Q(a, i) = p(a) p(i) / rest (spec §4.5): the sum of the non-hub probabilities, from
-// which the sampler draws the second draft, accumulated in double and rounded once (as the reference). 1 - p(a)
+// which the sampler draws the second draft, accumulated in double (as the reference). 1 - p(a)
 // differs from it by the row's rounding, which is the whole of it once p(a) is within a few ulps of 1.
 template <typename S>
-S hub_rest(const S* p, int64_t a, int64_t vocab) {
+double hub_rest(const S* p, int64_t a, int64_t vocab) {
   double rest = 0.0;
 #pragma omp simd reduction(+ : rest)
   for (int64_t v = 0; v < vocab; ++v) rest += v != a ? static_cast<double>(p[v]) : 0.0;
-  return static_cast<S>(rest);
+  return rest;
+}
+
+// Q(a, i) = p(a) p(i) / rest in double, rounded once: when p(a) ~ 1 it carries nearly all of the pair law, so its
+// relative error becomes the output law's.
+template <typename S>
+S hub_pair(S pa, S pi, double rest) {
+  return rest > 0.0 ? static_cast<S>(static_cast<double>(pa) * static_cast<double>(pi) / rest) : S(0);
 }
 
 // Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
@@ -395,7 +402,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       }
       const int64_t a = hub;
       const S pa = p[a];
-      const S rest = hub_rest(p, a, vocab);
+      const double rest = hub_rest(p, a, vocab);
       S* q1 = w.a.data();
       S* qai = w.b.data();
       S* fin = w.c.data();  // q2, then the final residual
@@ -406,7 +413,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         const S a1 = p[v] < q[v] ? p[v] : q[v];
         const S q1v = not_a ? q[v] - a1 : S(0);
         const S r1 = not_a ? p[v] - a1 : S(0);
-        const S qaiv = not_a && rest > S(0) ? pa * p[v] / rest : S(0);
+        const S qaiv = not_a ? hub_pair(pa, p[v], rest) : S(0);
         const S a2 = qaiv < q1v ? qaiv : q1v;
         q1[v] = q1v;
         qai[v] = qaiv;
@@ -551,8 +558,7 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
         const int64_t slot = hub_first ? 1 : 0;
         if (slot >= ku) return -2;
         if (hub_first) {
-          const S rest = hub_rest(p, a, vocab);
-          const S qai = i != a && rest > S(0) ? p[a] * p[i] / rest : S(0);
+          const S qai = i != a ? hub_pair(p[a], p[i], hub_rest(p, a, vocab)) : S(0);
           const S a1 = p[i] < q[i] ? p[i] : q[i];
           const S q1 = i != a ? q[i] - a1 : S(0);
           if (pass(slot, qai, q1)) return slot;
