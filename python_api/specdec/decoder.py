@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 import specdec_kernels as sk
 
@@ -231,8 +232,9 @@ class SpeculativeDecoder:
         tokenizers; any 0/1 mask works) -> GenerationOutput (sequences [B, P + T]).
         Explicit arguments override ``generation_config`` (an HF GenerationConfig: do_sample, temperature, top_k,
         top_p, max_new_tokens, eos_token_id, pad_token_id), which overrides the defaults (temperature 1, no top-k,
-        no top-p, sampling when temperature > 0, 32 new tokens, no EOS). ``seed`` or ``generator`` make the run
-        reproducible. Rows stop at any token of ``eos_token_id`` (no bonus token after an accepted EOS).
+        no top-p, sampling when temperature > 0, 32 new tokens, no EOS). ``seed`` (an int in [0, 2**63)) or
+        ``generator`` make the run reproducible. ``pad_token_id`` must be a token id of the target's vocabulary.
+        Rows stop at any token of ``eos_token_id`` (no bonus token after an accepted EOS).
         """
         sampling = resolve_sampling(
             generation_config, temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample
@@ -251,11 +253,17 @@ class SpeculativeDecoder:
             pad_token_id = getattr(gc, "pad_token_id", None)
         if pad_token_id is None:
             pad_token_id = eos[0] if eos else 0
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or not 0 <= pad_token_id < vocab:
+            raise ValueError(
+                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), "
+                f"got {pad_token_id!r}"
+            )
         if generator is not None and seed is not None:
             raise ValueError("pass either seed= or generator=, not both")
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, int):
-                raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+            # the range the ops take for their seeds; manual_seed would silently wrap a negative one modulo 2**64
+            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
             generator = torch.Generator(device=self.target.device)
             generator.manual_seed(seed)
         prompts = _prompts(input_ids, attention_mask, vocab)
@@ -304,13 +312,15 @@ class SpeculativeDecoder:
             with stats.timer("prefill"):
                 done = state.n_cached.tolist()
                 pending = [c[n:-1] for c, n in zip(rows, done, strict=True)]
+                # the chain appended here (slots chain_at ..) is kept with the round's path (KVState.keep)
+                chain_at, chain_len = state.length, torch.zeros((len(active),), dtype=torch.long, device=dev)
                 if any(pending):
                     target.forward_chain(state, pending, last_logits=False)
                     stats.prefill_calls += 1
+                    chain_len = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
                     if feature_drafter is not None:
                         assert target.last_features is not None
-                        lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
-                        feature_drafter.observe_target(target.last_features, lens)
+                        feature_drafter.observe_target(target.last_features, chain_len)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
             room = max(max_new - len(new_tokens[r]) for r in active)
             with stats.timer("draft"):
@@ -322,7 +332,7 @@ class SpeculativeDecoder:
             with stats.timer("target"):
                 q_logits = target.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
                 stats.target_calls += 1
-            root_slot = torch.full((len(active),), state.length - tree.size, dtype=torch.long, device=dev)
+            root_slot = state.length - tree.size
             with stats.timer("verify"):
                 verdict = self._verify(tree, q_logits, sampling, eos, generator)
             with stats.timer("other"):
@@ -330,11 +340,13 @@ class SpeculativeDecoder:
                 finished = self._commit(
                     tree, acc_nodes, n_acc, next_tok, acc_rank, active, committed, new_tokens, max_new, eos_set, stats
                 )
-                target.keep_path(state, root_slot, acc_nodes, n_acc)
-                state.n_cached = state.n_cached + 1 + n_acc
+                # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when
+                # nothing was drafted (acc_nodes [B, 0])
+                idx = F.pad(acc_nodes.clamp_min(0), (1, 0))
+                # each row keeps them right after its committed tokens (spec §3.7)
+                state.keep(torch.full_like(chain_len, chain_at), chain_len, root_slot + idx, 1 + n_acc)
                 if feature_drafter is not None:
                     # target states of the root and the accepted nodes: the newly committed positions but the last
-                    idx = torch.cat([torch.zeros_like(acc_nodes[:, :1]), acc_nodes.clamp_min(0)], dim=1)
                     hid = target.last_features
                     assert hid is not None
                     feature_drafter.observe_target(

@@ -117,8 +117,9 @@ class ModelDrafter(Drafter):
         logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self.support is not None)
         assert logits is not None
         self.calls += 1
-        # Tree node n >= 1 will live in slot base + n - 1; the root stays where the chain put it.
-        self._root_slot = start + lens - 1
+        # The chain (ending with the root) sits in slots start .. start + lens - 1; tree node n >= 1 will live in
+        # slot base + n - 1.
+        self._chain = (torch.full_like(lens, start), lens)
         self._base = st.length
         self._next = 1  # first tree node id not yet in the cache
         self._round = True
@@ -143,12 +144,7 @@ class ModelDrafter(Drafter):
         used = cols < n_accepted[:, None]
         # Only nodes that went through the draft have KV; on a path they are a prefix (shallower levels first).
         cached = used & (accepted_nodes < self._next) & (accepted_nodes >= 1)
-        n_keep = cached.sum(dim=1)
-        offsets = torch.where(
-            cached, self._base + accepted_nodes - 1 - self._root_slot[:, None], torch.full_like(accepted_nodes, -1)
-        )
-        HFCausalLM.keep_path(st, self._root_slot, offsets, n_keep)
-        st.n_cached = st.n_cached + n_keep
+        st.keep(*self._chain, self._base + accepted_nodes - 1, cached.sum(dim=1))
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self._state().select_rows(rows)
@@ -268,7 +264,7 @@ class FeatureDrafter(ModelDrafter):
             last = torch.zeros((st.batch, self.lm.head.weight.shape[1]), dtype=self.lm.dtype, device=dev)
         self.pending = [torch.zeros((0, 0)) for _ in counts]
         self.calls += 1
-        self._root_slot = start + lens - 1
+        self._chain = (torch.full_like(lens, start), lens)
         self._base = st.length
         self._node_feat = last[:, None]  # the draft's prediction of each tree node's target feature
         self._round = True
@@ -301,8 +297,9 @@ class FeatureDrafter(ModelDrafter):
             return
         self._round = False
         st = self._state()
-        empty = torch.zeros((st.batch, 0), dtype=torch.long, device=self.lm.device)
-        HFCausalLM.keep_path(st, self._root_slot, empty, torch.zeros_like(self._root_slot))
+        run_start, run_len = self._chain
+        no_path = torch.zeros((st.batch, 0), dtype=torch.long, device=self.lm.device)
+        st.keep(run_start, run_len, no_path, torch.zeros_like(run_len))  # tree slots: re-read with target features
 
     def select_rows(self, rows: torch.Tensor) -> None:
         super().select_rows(rows)

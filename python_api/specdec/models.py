@@ -2,9 +2,11 @@
 
 Cache layout (one common length S for the whole batch, spec §3.7-§3.8): every row owns the same slots
 ``[0, S)`` of a ``DynamicCache``; ``KVState.valid[b, s]`` says whether slot s holds one of row b's committed
-tokens. Rows accept different numbers of tokens per step, so after filtering a row may have stale slots
-(marked invalid and hidden by the mask) below the common length. Position ids come from the number of committed
-tokens of the row, never from the slot index, so the holes are invisible to the model.
+tokens. A forward appends every row's new tokens at the common end, so during a round a row has stale slots
+(invalid, hidden by the mask) between its committed tokens and the new ones. ``KVState.keep`` ends each round by
+moving every row's kept slots right after its committed ones: between rounds row b holds exactly the slots
+``[0, n_cached[b])`` and S is the longest row's count, so memory and attention cost follow the longest sequence.
+Position ids come from the number of committed tokens of the row, never from the slot index.
 
 Only architectures whose attention takes a 4-D additive float mask plus explicit ``position_ids`` are accepted
 (Llama/SmolLM, Mistral, Qwen2) with the ``sdpa`` or ``eager`` attention implementation; FlashAttention and
@@ -208,6 +210,62 @@ class KVState:
         if new_len < self.length:
             crop_cache(self.cache, self.length - new_len)
             self.valid = self.valid[:, :new_len]
+
+    def keep(self, run_start: torch.Tensor, run_len: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor) -> None:
+        """End a round (spec §3.7): row b keeps the run of slots ``run_start[b] .. run_start[b] + run_len[b] - 1``
+        (the chain ``forward_chain`` appended this round, already counted in ``n_cached``) followed by the slots
+        ``path[b, :path_len[b]]`` (e.g. the tree's root and accepted nodes, increasing, after the run); they move
+        to the slots right after the row's earlier committed tokens, so row b holds exactly ``[0, n_cached[b])``
+        afterwards, with ``n_cached`` grown by ``path_len``. Every other slot is dropped and the cache is cropped to
+        the longest row.
+
+        Shape: run_start, run_len [B] int64; path [B, M] int64 slot ids (entries past path_len are ignored);
+        path_len [B] int64. Only the slots that change place are copied (specdec_kernels.filter_kv).
+        """
+        ends = self.n_cached + path_len
+        kv = self.layer_tensors() if self.length else []
+        dst0 = (self.n_cached - run_len).tolist()
+        r_start, r_len, p_len = run_start.tolist(), run_len.tolist(), path_len.tolist()
+        paths = path.tolist() if max(p_len, default=0) > 0 else [[] for _ in p_len]
+        prefix: list[int] = []
+        moves: list[list[int]] = []
+        for b, dst in enumerate(dst0):
+            src: list[int] = []
+            if r_len[b] and r_start[b] != dst:  # a run either stays where it is or moves whole
+                src = list(range(r_start[b], r_start[b] + r_len[b]))
+            else:
+                dst += r_len[b]
+            rest = paths[b][: p_len[b]]
+            if not src:  # nodes that already sit at their destination stay (batch 1: the whole path, for a chain)
+                k = 0
+                while k < len(rest) and rest[k] == dst + k:
+                    k += 1
+                dst, rest = dst + k, rest[k:]
+            src += rest
+            if src and dst == 0:  # filter_kv's prefix_len must be >= 1: a row with nothing cached gets slot 0 here
+                for t in kv:
+                    t[b, :, 0] = t[b, :, src[0]]
+                dst, src = 1, src[1:]
+            prefix.append(max(dst, 1))
+            moves.append(src)
+        width = max((len(m) for m in moves), default=0)
+        if width:
+            dev = self.n_cached.device
+            # filter_kv moves slot P - 1 + node[j] to slot P + j
+            nodes = [[s - p + 1 for s in m] + [-1] * (width - len(m)) for m, p in zip(moves, prefix, strict=True)]
+            sk.filter_kv(
+                kv,
+                torch.tensor(prefix, dtype=torch.long, device=dev),
+                torch.tensor(nodes, dtype=torch.long, device=dev),
+                torch.tensor([len(m) for m in moves], dtype=torch.long, device=dev),
+                validate=False,
+            )
+        self.n_cached = ends
+        length = self.length
+        top = min(int(ends.max()), length) if ends.numel() else 0
+        self.valid = torch.arange(top, device=ends.device)[None, :] < ends[:, None]
+        if top < length:
+            crop_cache(self.cache, length - top)
 
     def layer_tensors(self) -> list[torch.Tensor]:
         """Every layer's keys and values, [B, H, S, D] each (the tensors filter_kv edits in place)."""
@@ -499,25 +557,3 @@ class HFCausalLM:
         )
         assert logits is not None
         return logits
-
-    @staticmethod
-    def keep_path(state: KVState, root_slot: torch.Tensor, offsets: torch.Tensor, n_keep: torch.Tensor) -> None:
-        """Keep an accepted path after the root and forget the rest of the tree (spec §3.7).
-
-        Shape: root_slot [B] slot of each row's root, offsets [B, L] slot of the j-th accepted node minus
-        root_slot (-1 padded), n_keep [B]. The path moves to slots root_slot+1 .. root_slot+n_keep in place
-        (specdec_kernels.filter_kv, only the moved slots are copied); later slots become invalid and the cache is
-        cropped to the longest row. ``n_cached`` is left to the caller.
-        """
-        if offsets.shape[1] and int(n_keep.max()) > 0:
-            sk.filter_kv(state.layer_tensors(), root_slot + 1, offsets, n_keep, validate=False)
-        new_len = root_slot + 1 + n_keep
-        # every row's last valid slot is new_len - 1 (its root or its last kept node), so the longest row's is the
-        # last one any row uses: crop to it directly instead of searching the validity mask (_trim)
-        length = state.length
-        top = min(int(new_len.max()), length) if new_len.numel() else 0
-        slots = torch.arange(top, device=root_slot.device)[None, :]
-        keep_old = slots <= root_slot[:, None]
-        state.valid = torch.where(keep_old, state.valid[:, :top], slots < new_len[:, None])
-        if top < length:
-            crop_cache(state.cache, length - top)

@@ -58,11 +58,33 @@ def test_bad_prompts(pair, ids, mask, match) -> None:
         ({"top_k": -2}, "top_k must be an int >= 0"),
         ({"eos_token_id": 16}, r"eos_token_id must hold token ids in \[0, 16\)"),
         ({"seed": 1, "generator": torch.Generator()}, "pass either seed= or generator="),
+        ({"seed": -5}, r"seed must be an int in \[0, 2\*\*63\), got -5"),
+        ({"seed": 2**63}, r"seed must be an int in \[0, 2\*\*63\), got 9223372036854775808"),
+        ({"seed": 1.5}, r"seed must be an int in \[0, 2\*\*63\), got 1.5"),
+        ({"seed": "7"}, r"seed must be an int in \[0, 2\*\*63\), got '7'"),
+        ({"seed": True}, r"seed must be an int in \[0, 2\*\*63\), got True"),
+        ({"pad_token_id": 16}, r"pad_token_id must be a token id in \[0, 16\) .*got 16"),
+        ({"pad_token_id": -1}, r"pad_token_id must be a token id in \[0, 16\) .*got -1"),
+        ({"pad_token_id": 2.0}, r"pad_token_id must be a token id in \[0, 16\) .*got 2.0"),
     ],
 )
 def test_bad_generation_arguments(pair, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         specdec.generate(pair[0], pair[1], PROMPT, method="sd", **kwargs)
+
+
+def test_pad_token_id_from_generation_config_is_checked(pair) -> None:
+    transformers = pytest.importorskip("transformers")
+    gc = transformers.GenerationConfig(pad_token_id=40)
+    with pytest.raises(ValueError, match=r"pad_token_id must be a token id in \[0, 16\) .*got 40"):
+        specdec.generate(pair[0], pair[1], PROMPT, method="sd", generation_config=gc)
+
+
+def test_seed_zero_and_an_in_range_pad_token_are_accepted(pair) -> None:
+    out = specdec.generate(
+        pair[0], pair[1], torch.tensor([[1, 2, 3], [4, 5, 6]]), method="sd", max_new_tokens=3, seed=0, pad_token_id=15
+    )
+    assert [len(t) for t in out.new_tokens] == [3, 3] and out.sequences.shape == (2, 6)
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,10 @@ def test_level_forwards_equal_path_forwards(attn: str) -> None:
     assert worst <= 1e-4, f"level forwards differ from path forwards by {worst:.2e} ({attn})"
 
 
-def test_keep_path_equals_from_scratch_run() -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_keep_path_equals_from_scratch_run(split: bool) -> None:
+    """KVState.keep after a tree forward; ``split``: an earlier round committed 2 / 0 tokens, so this round's chain
+    moves to the rows' own ends (row 1, with nothing cached, into slot 0) before the path does."""
     model = tiny_llama(2)
     lm = HFCausalLM(model)
     tree = _trees(2)
@@ -83,13 +86,26 @@ def test_keep_path_equals_from_scratch_run() -> None:
     accepted = torch.tensor([[1, 4, 9, 13], [2, 6, -1, -1]])
     n_acc = torch.tensor([4, 2])
     nxt = [7, 19]
+    zeros = torch.zeros(2, dtype=torch.long)
     with torch.inference_mode():
         state = lm.new_state(2)
-        lm.forward_chain(state, [p[:-1] for p in PROMPTS], last_logits=False)
+        chains = [p[:-1] for p in PROMPTS]
+        if split:
+            first = [chains[0][:2], []]
+            lm.forward_chain(state, first, last_logits=False)
+            state.keep(zeros, torch.tensor([len(c) for c in first]), torch.zeros((2, 0), dtype=torch.long), zeros)
+            assert state.length == 2 and state.n_cached.tolist() == [2, 0]
+            chains = [chains[0][2:], chains[1]]
+        chain_at = state.length
+        lm.forward_chain(state, chains, last_logits=False)
         lm.forward_tree(state, tokens, tree.parent, tree.valid, tree.depth)
-        root_slot = torch.full((2,), state.length - tokens.shape[1])
-        HFCausalLM.keep_path(state, root_slot, accepted, n_acc)
-        state.n_cached = state.n_cached + 1 + n_acc
+        root_slot = state.length - tokens.shape[1]
+        path = root_slot + torch.nn.functional.pad(accepted, (1, 0))  # slots of [root, accepted nodes]
+        state.keep(zeros + chain_at, torch.tensor([len(c) for c in chains]), path, 1 + n_acc)
+        # each row is left-packed: slots [0, n_cached) and nothing past the longest row
+        want = [len(p) + int(m) for p, m in zip(PROMPTS, n_acc, strict=True)]
+        assert state.n_cached.tolist() == want and state.length == max(want)
+        assert torch.equal(state.valid, torch.arange(max(want))[None, :] < torch.tensor(want)[:, None])
         after = lm.forward_chain(state, [[t] for t in nxt], last_logits=True)
         # The same sequences from scratch, one row at a time, with a plain HF cache.
         for b in range(2):
