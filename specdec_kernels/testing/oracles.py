@@ -163,20 +163,19 @@ class HubParts:
 
 
 def spechub_parts(p: np.ndarray, q: np.ndarray, hub: int | None = None) -> HubParts:
-    """The transport plan of spec §4.5 built on the pair law the sampler actually draws (Gumbel-top-2 of p, as in
-    :func:`draft_law`): Q(i, a) and Q(a, i) are read off the enumerated draft process, not from a closed form, so a
-    verifier that normalises Q(a, i) differently from the sampler disagrees with this plan."""
+    """The transport plan of spec §4.5 built on the pair law of the sampler's two draws (Gumbel-top-2 of p, as in
+    :func:`draft_law`): Q(i, a) = P(y1 = i) and Q(a, i) = P(y1 = a) P(y2 = i | y1 = a), each draw normalised by the
+    mass it was drawn from, so a verifier that normalises Q(a, i) otherwise disagrees with this plan."""
     a = hub_of(p) if hub is None else hub
-    q_ia = np.zeros_like(p)  # Q(i, a): i drafted first
-    q_ai = np.zeros_like(p)  # Q(a, i): i drafted second
-    # a node with two candidates had a second draw, whatever side of the cut-off p(a) lies on here
-    for ys, w in _swor(as_law(p), 2, cutoff=False).items():
-        if len(ys) == 2 and ys[0] == a:
-            q_ai[ys[1]] += w
-        elif ys[0] != a:
-            q_ia[ys[0]] += w
+    # The two draws of the sampler, each over what is left, with its own normaliser (the sum of what is left); a node
+    # with two candidates had a second draw, whatever side of the cut-off p(a) lies on here.
     off = np.ones_like(p, dtype=bool)
     off[a] = False
+    w = as_law(p)
+    first = w / w.sum()  # law of y1
+    left_after_hub = w[off].sum()  # what the second draw of a pair (a, i) is normalised by
+    q_ia = np.where(off, first, 0.0)  # Q(i, a) = P(y1 = i)
+    q_ai = np.where(off, first[a] * w / left_after_hub, 0.0) if left_after_hub > 0 else np.zeros_like(w)
     a1 = np.where(off, np.minimum(q_ia, q), 0.0)
     q1 = np.where(off, q - a1, 0.0)
     a2 = np.minimum(q_ai, q1)
@@ -232,7 +231,7 @@ def _weights(logp: np.ndarray) -> np.ndarray:
     return np.exp(np.asarray(logp, dtype=np.float64))
 
 
-def _swor(w: np.ndarray, k: int, cutoff: bool = True) -> dict[tuple[int, ...], float]:
+def _swor(w: np.ndarray, k: int) -> dict[tuple[int, ...], float]:
     """Sequential draws without replacement as Gumbel-top-k makes them (spec §2.2): the next item is x with
     probability w(x) / (sum w - sum of the items drawn so far); a slot exists only while the item has positive weight
     and 1 - (sum of the weights drawn so far) > 1e-7, the op's cut-off on its unnormalised weights."""
@@ -242,7 +241,7 @@ def _swor(w: np.ndarray, k: int, cutoff: bool = True) -> dict[tuple[int, ...], f
         used = np.zeros(len(w), dtype=bool)
         used[list(prefix)] = True
         left = float(w[~used].sum())
-        if len(prefix) == k or (cutoff and 1.0 - drawn <= SWOR_MASS_EPS) or not (w[~used] > 0).any():
+        if len(prefix) == k or 1.0 - drawn <= SWOR_MASS_EPS or not (w[~used] > 0).any():
             out[prefix] = out.get(prefix, 0.0) + prob
             return
         for x in np.flatnonzero((w > 0) & ~used):
@@ -586,10 +585,11 @@ class NodeTrials:
 
 
 def draft_candidates(
-    method: str, p: torch.Tensor, k: int, generator: torch.Generator
+    method: str, p: torch.Tensor, k: int, generator: torch.Generator, logp: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Draft K candidates per row with the public sampling ops (spec §4.2-§4.5): p [N, V] -> cand, valid, hub."""
-    logp = torch.log(p)
+    """Draft K candidates per row with the public sampling ops (spec §4.2-§4.5): p [N, V] -> cand, valid, hub.
+    ``logp``: the log-probs the ops draw from (default log p)."""
+    logp = torch.log(p) if logp is None else logp
     if method in ("sd", "rrs", "kseq"):
         cand = torch.stack([sample_categorical(logp, generator=generator) for _ in range(k)], dim=-1)
         return cand, torch.ones_like(cand, dtype=torch.bool), None
@@ -619,9 +619,12 @@ def node_trials(
     """``n`` independent node trials as the rows of one call: fresh drafts, fresh acceptance/final noise."""
     vocab = len(p)
     gen = torch.Generator().manual_seed(seed)
-    pt = torch.tensor(as_law(p), dtype=dtype).expand(n, vocab).contiguous()
+    # the decoders' pipeline, as in enumerate_node: draws from log-probs in ``dtype``, the verifier gets their softmax
+    logp_row = torch.log(torch.tensor(as_law(p), dtype=torch.float64)).to(dtype)
+    p_row = torch.tensor(as_law(p), dtype=dtype) if dtype == torch.float64 else torch.softmax(logp_row, dim=-1)
+    pt = p_row.expand(n, vocab).contiguous()
     qt = torch.tensor(as_law(q), dtype=dtype).expand(n, vocab).contiguous()
-    cand, valid, hub = draft_candidates(method, pt.double(), k, gen)
+    cand, valid, hub = draft_candidates(method, pt.double(), k, gen, logp=logp_row.expand(n, vocab).contiguous())
     out = verifier(method, cand, valid, pt, qt, hub=hub, generator=gen)
     tokens = out.token.numpy()
     slots = out.slot.numpy()
