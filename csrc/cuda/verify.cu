@@ -10,11 +10,29 @@ namespace specdec {
 namespace cuda {
 
 constexpr float kZeroMassTol = 1e-6f;  // spec §2.4, fp32 rule
+constexpr double kZeroMassTolF64 = 1e-12;  // spec §2.4, fp64 rule (SpecHub's double plan)
 enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3 };
 
 __device__ __forceinline__ float ratio_prob(float num, float den) {
   if (den > 0.0f) return fminf(fmaxf(num / den, 0.0f), 1.0f);
   return num > 0.0f ? 1.0f : 0.0f;
+}
+
+__device__ __forceinline__ double ratio_prob_d(double num, double den) {
+  if (den > 0.0) return fmin(fmax(num / den, 0.0), 1.0);
+  return num > 0.0 ? 1.0 : 0.0;
+}
+
+// One token's terms of SpecHub's transport plan (spec §4.5), in double.
+struct HubTerm {
+  double qai, q1, a2;
+};
+
+__device__ __forceinline__ HubTerm hub_term(double pa, float pv, float qv, double rest) {
+  const double p = pv, q = qv;
+  const double qai = rest > 0.0 ? pa * p / rest : 0.0;
+  const double q1 = q - fmin(p, q);
+  return {qai, q1, fmin(qai, q1)};
 }
 
 __device__ __forceinline__ bool passes(double u, float den, float num) {
@@ -168,45 +186,39 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       if (passes(u.at(0), den, num)) chosen = 0;
       residual_inplace(r, p, V);
     } else {
-      const float pa = p[hub], qa = q[hub];
-      // Q(a, i) = p(a) p(i) / rest with rest = the non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a)
-      double rest_d = 0.0;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest_d += v != hub ? static_cast<double>(p[v]) : 0.0;
-      const double rest = block_sum<double>(rest_d);
-      // Q(a, i) in double, rounded once: when p(a) ~ 1 it carries nearly all of the pair law
-      auto pair = [pa, rest](float pv) {
-        return rest > 0.0 ? static_cast<float>(static_cast<double>(pa) * static_cast<double>(pv) / rest) : 0.0f;
-      };
-      float s_ai = 0.0f, s_ia = 0.0f;
+      // The plan in double: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and float rounding
+      // of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the non-hub
+      // mass the sampler drew i from (spec §4.5), not 1 - p(a). Only the residual is stored in float.
+      const double pa = p[hub], qa = q[hub];
+      double rest = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest += v != hub ? static_cast<double>(p[v]) : 0.0;
+      rest = block_sum<double>(rest);
+      double s_ai = 0.0, s_ia = 0.0, tot = 0.0;
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
         if (v == hub) continue;
-        const float a1 = fminf(p[v], q[v]), qai = pair(p[v]);
-        s_ia += p[v] - a1;
-        s_ai += qai - fminf(qai, q[v] - a1);
+        const HubTerm t = hub_term(pa, p[v], q[v], rest);
+        s_ia += static_cast<double>(p[v]) - fmin(static_cast<double>(p[v]), static_cast<double>(q[v]));
+        s_ai += t.qai - t.a2;
+        tot += t.q1 - t.a2;
       }
-      s_ai = block_sum<float>(s_ai);
-      s_ia = block_sum<float>(s_ia);
-      const float a3 = fminf(qa, s_ai), a4 = fminf(qa - a3, s_ia);
-      const float fin_a = fmaxf(qa - a3 - a4, 0.0f);
-      float tot = 0.0f;
-      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-        if (v == hub) continue;
-        const float q1 = q[v] - fminf(p[v], q[v]);
-        tot += q1 - fminf(pair(p[v]), q1);
-      }
-      tot = block_sum<float>(tot) + fin_a;
-      if (tot > kZeroMassTol) {
+      s_ai = block_sum<double>(s_ai);
+      s_ia = block_sum<double>(s_ia);
+      const double a3 = fmin(qa, s_ai), a4 = fmin(qa - a3, s_ia);
+      const double fin_a = fmax(qa - a3 - a4, 0.0);
+      tot = block_sum<double>(tot) + fin_a;
+      if (tot > kZeroMassTolF64) {  // the double plan's leftover is real, not float round-off
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-          const float q1 = q[v] - fminf(p[v], q[v]);
-          r[v] = (v == hub ? fin_a : q1 - fminf(pair(p[v]), q1)) / tot;
+          const HubTerm t = hub_term(pa, p[v], q[v], rest);
+          r[v] = static_cast<float>((v == hub ? fin_a : t.q1 - t.a2) / tot);
         }
       }
       __syncthreads();
-      float den0, num0, den1, num1;
+      double den0, num0, den1, num1;
       if (x0 == hub) {  // pair type (a, i): the non-hub token (slot 1) is tested first
         const int64_t i = cand[1];
-        den1 = pair(p[i]);
-        num1 = q[i] - fminf(p[i], q[i]);
+        const HubTerm t = hub_term(pa, p[i], q[i], rest);
+        den1 = t.qai;
+        num1 = t.q1;
         den0 = s_ai;
         num0 = qa;
       } else {
@@ -216,10 +228,10 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
         num1 = qa - a3;
       }
       if (analytic && threadIdx.x == 0) {
-        ap[0] = ratio_prob(num0, den0);
-        ap[1] = ratio_prob(num1, den1);
+        ap[0] = static_cast<float>(ratio_prob_d(num0, den0));
+        ap[1] = static_cast<float>(ratio_prob_d(num1, den1));
       }
-      const bool ok0 = passes(u.at(0), den0, num0), ok1 = passes(u.at(1), den1, num1);
+      const bool ok0 = u.at(0) * den0 < num0, ok1 = u.at(1) * den1 < num1;
       chosen = x0 == hub ? (ok1 ? 1 : (ok0 ? 0 : -1)) : (ok0 ? 0 : (ok1 ? 1 : -1));
     }
   }

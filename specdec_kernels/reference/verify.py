@@ -31,10 +31,11 @@ def residual(r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 def ratio_prob(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1)."""
+    """min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1), in float64 (the
+    caller stores it in its compute type)."""
     if den <= 0:
-        return torch.ones((), dtype=num.dtype) if num > 0 else torch.zeros((), dtype=num.dtype)
-    return torch.clamp(num / den, max=1.0).clamp_min(0.0)
+        return torch.ones((), dtype=torch.float64) if num > 0 else torch.zeros((), dtype=torch.float64)
+    return torch.clamp(num.double() / den.double(), max=1.0).clamp_min(0.0)
 
 
 def passes(u: torch.Tensor, den: torch.Tensor, num: torch.Tensor) -> bool:
@@ -136,32 +137,36 @@ def node_chain(
         if len(cand) == 1:
             return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
         assert hub is not None
+        # The plan in float64 whatever the rows' precision: when p(a) ~ 1 the pairs (a, .) carry nearly all of the
+        # draft mass, and float32 rounding of their terms (or a float32 zero-mass cut at 1e-6 of a leftover that is
+        # real) would become the output law's error. Only the final residual is returned in the rows' precision.
         a = hub
-        not_a = torch.ones_like(p, dtype=torch.bool)
+        p64, q64 = p.double(), q.double()
+        not_a = torch.ones_like(p64, dtype=torch.bool)
         not_a[a] = False
-        pa = p[a]
-        zero = torch.zeros_like(p)
+        zero = torch.zeros_like(p64)
         rest = hub_rest(p, a)
-        a1 = torch.where(not_a, torch.minimum(p, q), zero)
-        q1 = torch.where(not_a, q - a1, zero)
-        r1 = torch.where(not_a, p - a1, zero)
-        # one rounding: Q(a, i) weighs every non-hub token when p(a) ~ 1, so its relative error is the law's
-        qai = torch.where(not_a, (pa.double() * p.double() / rest).to(p.dtype), zero) if rest > 0 else zero
+        a1 = torch.where(not_a, torch.minimum(p64, q64), zero)
+        q1 = torch.where(not_a, q64 - a1, zero)
+        r1 = torch.where(not_a, p64 - a1, zero)
+        qai = torch.where(not_a, p64[a] * p64 / rest, zero) if rest > 0 else zero
         a2 = torch.minimum(qai, q1)
         q2 = q1 - a2
         r2 = qai - a2
         s_ai, s_ia = r2.sum(), r1.sum()
-        a3 = torch.minimum(q[a], s_ai)
-        a4 = torch.minimum(q[a] - a3, s_ia)
+        qa = q64[a]
+        a3 = torch.minimum(qa, s_ai)
+        a4 = torch.minimum(qa - a3, s_ia)
         fin = q2.clone()
-        fin[a] = (q[a] - a3 - a4).clamp_min(0.0)
+        fin[a] = (qa - a3 - a4).clamp_min(0.0)
         tot = fin.sum()
-        fin = q if tot <= zero_mass_tol(q.dtype) else fin / tot
+        # a float64 plan's leftover is the rows' own, not float32 round-off: the float64 zero-mass rule applies
+        fin = q if tot <= zero_mass_tol(torch.float64) else (fin / tot).to(q.dtype)
         if cand[0] == a:  # pair type (a, i): the non-hub token (slot 1) is tested first
             i = cand[1]
-            return [(1, qai[i], q1[i]), (0, s_ai, q[a])], fin
+            return [(1, qai[i], q1[i]), (0, s_ai, qa)], fin
         i = cand[0]  # pair type (i, a)
-        return [(0, p[i], q[i]), (1, s_ia, q[a] - a3)], fin
+        return [(0, p64[i], q64[i]), (1, s_ia, qa - a3)], fin
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -3,12 +3,14 @@
 Each node-level control is a :class:`~specdec_kernels.testing.oracles.ChainVerifier`: a callable with the interface
 of ``specdec_kernels.verify_node`` (analytic and sampling mode), so it can be pushed through exactly the same
 exact-enumeration and Monte Carlo checks as the real op. The tests must show that every control FAILS them.
-``sbs_step_untruncated`` has the interface of ``specdec_kernels.sbs_step``. Never use these outside tests.
+``sbs_step_untruncated`` has the interface of ``specdec_kernels.sbs_step``. ``TREE_CONTROLS`` are chains for the
+end-to-end law tests, put in place of the torch backend's node chain with :func:`torch_node_chain`. Never use these
+outside tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -105,3 +107,111 @@ def sbs_step_untruncated(
     tokens = (idx % vocab).masked_fill(~valid, -1)
     sig = torch.gather(phi.reshape(batch, -1), 1, idx).masked_fill(~valid, float("-inf"))
     return SBSStep(parent, tokens, sig, score, valid)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Controls for the end-to-end law tests: each one replaces the node chain of one decoder's verifier inside the torch
+# backend's tree walk (see :func:`torch_node_chain`), so the decoder still drafts, verifies and commits as usual.
+
+
+def _residual_q(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
+    """SD / RRS that never subtracts the draft: every candidate is tested against q and a rejection samples q."""
+    return [(j, p[x], q[x]) for j, x in enumerate(cand)], q
+
+
+def _rrs_no_renormalization(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
+    """RRS whose residual (r - p)^+ is not renormalised, so every later candidate is tested against too little mass
+    (sampling the final residual is scale-free: only the later tests are wrong)."""
+    tests = []
+    r = q
+    for j, x in enumerate(cand):
+        tests.append((j, p[x], r[x]))
+        r = np.maximum(r - p, 0.0)
+    return tests, (q if r.sum() <= 0 else r)
+
+
+def _spechub_chain(
+    cand: Sequence[int],
+    p: np.ndarray,
+    q: np.ndarray,
+    hub: int | None,
+    pair_law: Callable[[np.ndarray, int], np.ndarray],
+) -> Chain:
+    """The SpecHub chain of spec §4.5 in the dtype of ``p``, with Q(a, i) = ``pair_law(p, a)``."""
+    if len(cand) == 1:
+        return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
+    assert hub is not None
+    a = hub
+    qai = pair_law(p, a)
+    off = np.arange(len(p)) != a
+    zero = np.zeros_like(p)
+    a1 = np.where(off, np.minimum(p, q), zero)
+    q1 = np.where(off, q - a1, zero)
+    r1 = np.where(off, p - a1, zero)
+    qai = np.where(off, qai, zero)
+    a2 = np.minimum(qai, q1)
+    q2 = q1 - a2
+    s_ai, s_ia = (qai - a2).sum(), r1.sum()
+    a3 = min(q[a], s_ai)
+    a4 = min(q[a] - a3, s_ia)
+    fin = q2.copy()
+    fin[a] = max(q[a] - a3 - a4, 0)
+    fin = q if fin.sum() <= 0 else fin
+    if cand[0] == a:
+        i = cand[1]
+        return [(1, qai[i], q1[i]), (0, s_ai, q[a])], fin
+    i = cand[0]
+    return [(0, p[i], q[i]), (1, s_ia, q[a] - a3)], fin
+
+
+def _spechub_qai_unnormalized(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
+    """SpecHub with Q(a, i) = p(a) p(i), the 1 / (1 - p(a)) factor dropped."""
+    return _spechub_chain(cand, p, q, hub, lambda p, a: p[a] * p)
+
+
+def _spechub_fp32_one_minus_pa(
+    method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None
+) -> Chain:
+    """SpecHub with Q(a, i) = p(a) p(i) / (1 - p(a)) and the whole chain in float32: once 1 - p(a) is a few ulps of
+    1, the subtraction has lost the digits of the non-hub mass the sampler drew the second draft from."""
+    p32, q32 = p.astype(np.float32), q.astype(np.float32)
+    return _spechub_chain(cand, p32, q32, hub, lambda p, a: p[a] * p / (np.float32(1) - p[a]))
+
+
+residual_q = ChainVerifier(_residual_q, "residual_q", methods=("sd", "rrs"))
+rrs_no_renormalization = ChainVerifier(_rrs_no_renormalization, "rrs_no_renormalization", methods=("rrs",))
+spechub_qai_unnormalized = ChainVerifier(_spechub_qai_unnormalized, "spechub_qai_unnormalized", methods=("spechub",))
+spechub_fp32_one_minus_pa = ChainVerifier(_spechub_fp32_one_minus_pa, "spechub_fp32_one_minus_pa", methods=("spechub",))
+
+TREE_CONTROLS = {
+    v.name: v
+    for v in (
+        residual_q,
+        rrs_no_renormalization,
+        rrs_skip_duplicates,
+        rrsw_unrenormalized,
+        rrsw_next_residual,
+        kseq_gamma_one,
+        spechub_qai_unnormalized,
+        spechub_fp32_one_minus_pa,
+    )
+}
+
+
+def torch_node_chain(
+    control: ChainVerifier,
+) -> Callable[..., tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]]:
+    """``control``'s chain with the signature of ``specdec_kernels.reference.verify.node_chain`` (torch vectors in,
+    float64 tensors out), to stand in for it in the torch backend's ``verify_tree``."""
+
+    def node_chain(
+        method: str, cand: list[int], p: torch.Tensor, q: torch.Tensor, hub: int | None
+    ) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]:
+        if control.methods is not None and method not in control.methods:
+            raise ValueError(f"{control.name} is defined for methods {control.methods}, got {method!r}")
+        tests, fin = control.chain_fn(method, cand, p.double().numpy(), q.double().numpy(), hub)
+        f64 = torch.float64
+        out = [(j, torch.tensor(float(den), dtype=f64), torch.tensor(float(num), dtype=f64)) for j, den, num in tests]
+        return out, torch.from_numpy(np.clip(np.asarray(fin, dtype=np.float64), 0.0, None))
+
+    return node_chain

@@ -18,6 +18,7 @@ from .. import _rng
 
 BLOCK = 1024
 ZERO_MASS_TOL = tl.constexpr(1e-6)  # spec §2.4 fp32 rule, same as the reference for fp32 inputs
+ZERO_MASS_TOL_F64 = tl.constexpr(1e-12)  # spec §2.4 fp64 rule: SpecHub's plan is fp64
 SWOR_MASS_EPS = tl.constexpr(1e-7)  # spec §2.2
 
 
@@ -614,9 +615,11 @@ def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _hub_pair(pa64, p, rest, scale):
-    """SpecHub's Q(a, i) = p(a) p(i) / rest in fp64, rounded once to fp32 (scale = 0 when no pair exists)."""
-    return (scale * (pa64 * p.to(tl.float64) / rest)).to(tl.float32)
+def _hub_terms(pa, p, q, rest):
+    """SpecHub's Q(a, i) = p(a) p(i) / rest, q1 = q - min(p, q) and A2 = min(Q(a, i), q1), all fp64 (spec §4.5)."""
+    qai = tl.where(rest > 0.0, pa * p / tl.where(rest > 0.0, rest, 1.0), 0.0)
+    q1 = q - tl.minimum(p, q)
+    return qai, q1, tl.minimum(qai, q1)
 
 
 @triton.jit
@@ -718,69 +721,60 @@ def _verify_node_row(
                 chosen = tl.zeros((), tl.int64)
             _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
         else:
-            pa = tl.load(p_ptr + hub).to(tl.float32)
-            qa = tl.load(q_ptr + hub).to(tl.float32)
-            # Q(a, i) = p(a) p(i) / rest, rest = the non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a)
-            rest_d = tl.zeros((), tl.float64)
+            # The plan in fp64: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and fp32 rounding
+            # of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the
+            # non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a). Only the residual is stored in fp32.
+            pa = tl.load(p_ptr + hub).to(tl.float64)
+            qa = tl.load(q_ptr + hub).to(tl.float64)
+            rest = tl.zeros((), tl.float64)
             for start in range(0, V, BLOCK_V):
                 offs = start + tl.arange(0, BLOCK_V)
                 m = (offs < V) & (offs != hub)
-                rest_d += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
-            # Q(a, i) in fp64, rounded once: when p(a) ~ 1 it carries nearly all of the pair law
-            scale = tl.where(rest_d > 0.0, 1.0, 0.0).to(tl.float64)  # rest = 0: no (a, i) pair exists
-            rest = tl.where(rest_d > 0.0, rest_d, 1.0)
-            pa64 = pa.to(tl.float64)
-            s_ai = tl.zeros((), tl.float32)
-            s_ia = tl.zeros((), tl.float32)
+                rest += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+            s_ai = tl.zeros((), tl.float64)
+            s_ia = tl.zeros((), tl.float64)
+            tot = tl.zeros((), tl.float64)
             for start in range(0, V, BLOCK_V):
                 offs = start + tl.arange(0, BLOCK_V)
                 m = (offs < V) & (offs != hub)
-                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                a1 = tl.minimum(p, q)
-                qai = _hub_pair(pa64, p, rest, scale)
-                s_ia += tl.sum(p - a1, axis=0)
-                s_ai += tl.sum(qai - tl.minimum(qai, q - a1), axis=0)
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
+                qai, q1, a2 = _hub_terms(pa, p, q, rest)
+                s_ia += tl.sum(p - tl.minimum(p, q), axis=0)
+                s_ai += tl.sum(qai - a2, axis=0)
+                tot += tl.sum(q1 - a2, axis=0)
             a3 = tl.minimum(qa, s_ai)
             a4 = tl.minimum(qa - a3, s_ia)
             fin_a = tl.maximum(qa - a3 - a4, 0.0)
-            tot = fin_a
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                m = (offs < V) & (offs != hub)
-                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                q1 = q - tl.minimum(p, q)
-                tot += tl.sum(q1 - tl.minimum(_hub_pair(pa64, p, rest, scale), q1), axis=0)
-            if tot > ZERO_MASS_TOL:
+            tot += fin_a
+            if tot > ZERO_MASS_TOL_F64:
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
                     m = offs < V
-                    p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                    q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                    q1 = q - tl.minimum(p, q)
-                    fin = tl.where(offs == hub, fin_a, q1 - tl.minimum(_hub_pair(pa64, p, rest, scale), q1))
-                    tl.store(r_ptr + offs, fin / tot, mask=m)
+                    p = tl.load(p_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                    q = tl.load(q_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                    _, q1, a2 = _hub_terms(pa, p, q, rest)
+                    fin = tl.where(offs == hub, fin_a, q1 - a2)
+                    tl.store(r_ptr + offs, (fin / tot).to(tl.float32), mask=m)
             if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
                 i = tl.load(cand_ptr + 1)
-                p_i = tl.load(p_ptr + i).to(tl.float32)
-                q_i = tl.load(q_ptr + i).to(tl.float32)
-                den1 = _hub_pair(pa64, p_i, rest, scale)
-                num1 = q_i - tl.minimum(p_i, q_i)
+                p_i = tl.load(p_ptr + i).to(tl.float64)
+                q_i = tl.load(q_ptr + i).to(tl.float64)
+                den1, num1, _ = _hub_terms(pa, p_i, q_i, rest)
                 den0 = s_ai
                 num0 = qa
             else:
-                den0 = tl.load(p_ptr + x0).to(tl.float32)
-                num0 = tl.load(q_ptr + x0).to(tl.float32)
+                den0 = tl.load(p_ptr + x0).to(tl.float64)
+                num0 = tl.load(q_ptr + x0).to(tl.float64)
                 den1 = s_ia
                 num1 = qa - a3
             if ANALYTIC:
-                tl.store(ap_ptr, _ratio_prob(num0, den0))
-                tl.store(ap_ptr + 1, _ratio_prob(num1, den1))
+                tl.store(ap_ptr, _ratio_prob(num0, den0).to(tl.float32))
+                tl.store(ap_ptr + 1, _ratio_prob(num1, den1).to(tl.float32))
             u0 = _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG)
             u1 = _noise_at(u_ptr, 1, u_row, seed_lo, seed_hi, ACCEPT, RNG)
-            ok0 = u0 * den0.to(tl.float64) < num0.to(tl.float64)
-            ok1 = u1 * den1.to(tl.float64) < num1.to(tl.float64)
+            ok0 = u0 * den0 < num0
+            ok1 = u1 * den1 < num1
             if x0 == hub:
                 chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
             else:

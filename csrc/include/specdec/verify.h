@@ -137,7 +137,7 @@ inline bool parse_method(const std::string& name, Method* out) {
 template <typename S>
 struct NodeTest {
   int64_t slot;
-  S den, num;
+  double den, num;  // S values, or SpecHub's double plan
 };
 
 // Per-thread buffers of one node chain (each [V]).
@@ -318,12 +318,25 @@ double hub_rest(const S* p, int64_t a, int64_t vocab) {
   return rest;
 }
 
-// Q(a, i) = p(a) p(i) / rest in double, rounded once: when p(a) ~ 1 it carries nearly all of the pair law, so its
-// relative error becomes the output law's.
+// One token's terms of the SpecHub transport plan (spec §4.5), in double.
+struct HubTerm {
+  double qai, q1, r1, a2, q2;
+};
+
 template <typename S>
-S hub_pair(S pa, S pi, double rest) {
-  return rest > 0.0 ? static_cast<S>(static_cast<double>(pa) * static_cast<double>(pi) / rest) : S(0);
-}
+struct HubPlan {
+  double pa, rest;
+  HubPlan(const S* p, const S* q, int64_t a, int64_t vocab) : pa(p[a]), rest(hub_rest(p, a, vocab)) {}
+  // not_a = false (the hub) gives zeros
+  HubTerm term(S pv, S qv, bool not_a) const {
+    const double p_ = not_a ? static_cast<double>(pv) : 0.0, q_ = not_a ? static_cast<double>(qv) : 0.0;
+    const double a1 = p_ < q_ ? p_ : q_;
+    const double qai = rest > 0.0 ? pa * p_ / rest : 0.0;
+    const double q1 = q_ - a1;
+    const double a2 = qai < q1 ? qai : q1;
+    return {qai, q1, p_ - a1, a2, q1 - a2};
+  }
+};
 
 // Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
 template <typename S>
@@ -400,50 +413,45 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         residual_row(q, p, vocab, bufs[0]);
         return bufs[0];
       }
+      // The plan in double whatever S is: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and S
+      // rounding of their terms would become the output law's error. Only the final residual is stored in S.
       const int64_t a = hub;
-      const S pa = p[a];
-      const double rest = hub_rest(p, a, vocab);
-      S* q1 = w.a.data();
-      S* qai = w.b.data();
-      S* fin = w.c.data();  // q2, then the final residual
-      double s_ai = 0.0, s_ia = 0.0;
-#pragma omp simd reduction(+ : s_ai, s_ia)
+      const HubPlan plan(p, q, a, vocab);
+      double s_ai = 0.0, s_ia = 0.0, tot_q2 = 0.0;
+#pragma omp simd reduction(+ : s_ai, s_ia, tot_q2)
       for (int64_t v = 0; v < vocab; ++v) {
-        const bool not_a = v != a;
-        const S a1 = p[v] < q[v] ? p[v] : q[v];
-        const S q1v = not_a ? q[v] - a1 : S(0);
-        const S r1 = not_a ? p[v] - a1 : S(0);
-        const S qaiv = not_a ? hub_pair(pa, p[v], rest) : S(0);
-        const S a2 = qaiv < q1v ? qaiv : q1v;
-        q1[v] = q1v;
-        qai[v] = qaiv;
-        fin[v] = q1v - a2;
-        s_ai += static_cast<double>(qaiv - a2);
-        s_ia += static_cast<double>(r1);
+        const HubTerm t = plan.term(p[v], q[v], v != a);
+        s_ai += t.qai - t.a2;
+        s_ia += t.r1;
+        tot_q2 += t.q2;
       }
-      const S sai = static_cast<S>(s_ai), sia = static_cast<S>(s_ia);
-      const S a3 = q[a] < sai ? q[a] : sai;
-      const S qa_left = q[a] - a3;
-      const S a4 = qa_left < sia ? qa_left : sia;
-      const S left = q[a] - a3 - a4;
-      fin[a] = left > S(0) ? left : S(0);
+      const double qa = q[a];
+      const double a3 = qa < s_ai ? qa : s_ai;
+      const double qa_left = qa - a3;
+      const double a4 = qa_left < s_ia ? qa_left : s_ia;
+      const double left = qa - a3 - a4;
+      const double fin_a = left > 0.0 ? left : 0.0;
+      const double tot = tot_q2 + fin_a;
       if (cand[0] == a) {  // pair type (a, i): the non-hub token (slot 1) is tested first
-        const int64_t i = cand[1];
-        w.tests.push_back({1, qai[i], q1[i]});
-        w.tests.push_back({0, sai, q[a]});
+        const HubTerm t = plan.term(p[cand[1]], q[cand[1]], true);
+        w.tests.push_back({1, t.qai, t.q1});
+        w.tests.push_back({0, s_ai, qa});
       } else {  // pair type (i, a)
         const int64_t i = cand[0];
-        w.tests.push_back({0, p[i], q[i]});
-        w.tests.push_back({1, sia, qa_left});
+        w.tests.push_back({0, static_cast<double>(p[i]), static_cast<double>(q[i])});
+        w.tests.push_back({1, s_ia, qa_left});
       }
-      normalize_or(fin, q, vocab);
+      if (tot <= zero_mass_tol<double>()) return q;  // the double plan's leftover is real, not S round-off
+      S* fin = w.c.data();
+      for (int64_t v = 0; v < vocab; ++v)
+        fin[v] = static_cast<S>((v == a ? fin_a : plan.term(p[v], q[v], true).q2) / tot);
       return fin;
     }
   }
   return q;
 }
 
-// min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1) (compute type).
+// min(1, num/den) as the probability of the division-free test U * den < num, U ~ U[0, 1).
 template <typename S>
 S ratio_prob(S num, S den) {
   if (den <= S(0)) return num > S(0) ? S(1) : S(0);
@@ -480,8 +488,8 @@ void verify_node_row(Method method,
   int64_t chosen = -1;
   for (const NodeTest<S>& t : w.tests) {
     const int64_t real = slots[t.slot];
-    accept_prob[real] = ratio_prob(t.num, t.den);
-    if (chosen < 0 && accept_u[real] * static_cast<double>(t.den) < static_cast<double>(t.num)) chosen = real;
+    accept_prob[real] = static_cast<S>(ratio_prob(t.num, t.den));
+    if (chosen < 0 && accept_u[real] * t.den < t.num) chosen = real;
   }
   *slot_out = chosen;
   *token_out = chosen >= 0 ? cand[chosen] : sample_probs(fin, fin_noise, vocab);
@@ -496,7 +504,7 @@ void verify_node_row(Method method,
 template <typename S>
 int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p, const S* q, int64_t hub,
                   int64_t vocab, const double* u, int64_t ku, NodeWork<S>& w, const S** fin) {
-  auto pass = [u](int64_t slot, S den, S num) { return u[slot] * static_cast<double>(den) < static_cast<double>(num); };
+  auto pass = [u](int64_t slot, double den, double num) { return u[slot] * den < num; };
   S* bufs[2] = {w.a.data(), w.b.data()};
   int cur = 0;
   switch (method) {
@@ -558,10 +566,8 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
         const int64_t slot = hub_first ? 1 : 0;
         if (slot >= ku) return -2;
         if (hub_first) {
-          const S qai = i != a ? hub_pair(p[a], p[i], hub_rest(p, a, vocab)) : S(0);
-          const S a1 = p[i] < q[i] ? p[i] : q[i];
-          const S q1 = i != a ? q[i] - a1 : S(0);
-          if (pass(slot, qai, q1)) return slot;
+          const HubTerm t = HubPlan<S>(p, q, a, vocab).term(p[i], q[i], i != a);
+          if (pass(slot, t.qai, t.q1)) return slot;
         } else if (pass(slot, p[i], q[i])) {
           return slot;
         }
