@@ -220,12 +220,12 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
         den1 = t.qai;
         num1 = t.q1;
         den0 = s_ai;
-        num0 = qa;
+        num0 = s_ai > 0.0 ? qa : 0.0;  // a hub test with no leftover is never reached
       } else {
         den0 = p[x0];
         num0 = q[x0];
         den1 = s_ia;
-        num1 = qa - a3;
+        num1 = s_ia > 0.0 ? qa - a3 : 0.0;
       }
       if (analytic && threadIdx.x == 0) {
         ap[0] = static_cast<float>(ratio_prob_d(num0, den0));

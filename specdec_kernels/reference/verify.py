@@ -162,11 +162,14 @@ def node_chain(
         tot = fin.sum()
         # a float64 plan's leftover is the rows' own, not float32 round-off: the float64 zero-mass rule applies
         fin = q if tot <= zero_mass_tol(torch.float64) else (fin / tot).to(q.dtype)
+        # A hub test whose leftover mass (S_ai or S_ia) is 0 is never reached (every first test accepts surely): its
+        # numerator is set to 0 so that its reported probability does not hang on the last bit of a float64 sum.
+        zero64 = torch.zeros((), dtype=torch.float64)
         if cand[0] == a:  # pair type (a, i): the non-hub token (slot 1) is tested first
             i = cand[1]
-            return [(1, qai[i], q1[i]), (0, s_ai, qa)], fin
+            return [(1, qai[i], q1[i]), (0, s_ai, qa if s_ai > 0 else zero64)], fin
         i = cand[0]  # pair type (i, a)
-        return [(0, p64[i], q64[i]), (1, s_ia, qa - a3)], fin
+        return [(0, p64[i], q64[i]), (1, s_ia, qa - a3 if s_ia > 0 else zero64)], fin
     raise ValueError(f"unknown method {method!r}")
 
 

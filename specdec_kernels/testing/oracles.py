@@ -395,11 +395,12 @@ def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, h
             return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
         hp = spechub_parts(p, q, hub)
         a = hp.hub
+        # a hub test with no leftover mass is never reached; its numerator is 0 (the ops' convention)
         if cand[0] == a:  # pair (a, i): the non-hub token in slot 1 is tested first
             i = cand[1]
-            return [(1, hp.qai[i], q[i] - hp.a1[i]), (0, hp.s_ai, q[a])], hp.final
+            return [(1, hp.qai[i], q[i] - hp.a1[i]), (0, hp.s_ai, q[a] if hp.s_ai > 0 else 0.0)], hp.final
         i = cand[0]
-        return [(0, p[i], q[i]), (1, hp.s_ia, q[a] - hp.a3)], hp.final
+        return [(0, p[i], q[i]), (1, hp.s_ia, q[a] - hp.a3 if hp.s_ia > 0 else 0.0)], hp.final
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -107,11 +107,15 @@ def rule_spechub(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None 
         raise ValueError("spechub needs the hub token")
     hp = spechub_parts(p, q, hub)
     a = hp.hub
+    # a hub test with no leftover mass is never reached; its numerator is 0 (the ops' convention)
     if cand[0] == a:  # pair (a, i): the non-hub token (slot 1) is tested first
         i = cand[1]
-        return [(1, float(hp.qai[i]), float(q[i] - hp.a1[i])), (0, hp.s_ai, float(q[a]))], hp.final
+        return [
+            (1, float(hp.qai[i]), float(q[i] - hp.a1[i])),
+            (0, hp.s_ai, float(q[a]) if hp.s_ai > 0 else 0.0),
+        ], hp.final
     i = cand[0]
-    return [(0, float(p[i]), float(q[i])), (1, hp.s_ia, float(q[a]) - hp.a3)], hp.final
+    return [(0, float(p[i]), float(q[i])), (1, hp.s_ia, float(q[a]) - hp.a3 if hp.s_ia > 0 else 0.0)], hp.final
 
 
 RULES: dict[str, NodeRule] = {

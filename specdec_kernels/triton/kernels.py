@@ -762,12 +762,12 @@ def _verify_node_row(
                 q_i = tl.load(q_ptr + i).to(tl.float64)
                 den1, num1, _ = _hub_terms(pa, p_i, q_i, rest)
                 den0 = s_ai
-                num0 = qa
+                num0 = tl.where(s_ai > 0.0, qa, 0.0)  # a hub test with no leftover is never reached
             else:
                 den0 = tl.load(p_ptr + x0).to(tl.float64)
                 num0 = tl.load(q_ptr + x0).to(tl.float64)
                 den1 = s_ia
-                num1 = qa - a3
+                num1 = tl.where(s_ia > 0.0, qa - a3, 0.0)
             if ANALYTIC:
                 tl.store(ap_ptr, _ratio_prob(num0, den0).to(tl.float32))
                 tl.store(ap_ptr + 1, _ratio_prob(num1, den1).to(tl.float32))

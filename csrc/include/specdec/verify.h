@@ -432,14 +432,15 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       const double left = qa - a3 - a4;
       const double fin_a = left > 0.0 ? left : 0.0;
       const double tot = tot_q2 + fin_a;
+      // a hub test whose leftover mass is 0 is never reached: numerator 0 (as the reference)
       if (cand[0] == a) {  // pair type (a, i): the non-hub token (slot 1) is tested first
         const HubTerm t = plan.term(p[cand[1]], q[cand[1]], true);
         w.tests.push_back({1, t.qai, t.q1});
-        w.tests.push_back({0, s_ai, qa});
+        w.tests.push_back({0, s_ai, s_ai > 0.0 ? qa : 0.0});
       } else {  // pair type (i, a)
         const int64_t i = cand[0];
         w.tests.push_back({0, static_cast<double>(p[i]), static_cast<double>(q[i])});
-        w.tests.push_back({1, s_ia, qa_left});
+        w.tests.push_back({1, s_ia, s_ia > 0.0 ? qa_left : 0.0});
       }
       if (tot <= zero_mass_tol<double>()) return q;  // the double plan's leftover is real, not S round-off
       S* fin = w.c.data();
