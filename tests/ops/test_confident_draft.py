@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec_kernels import available_backends, kseq_gamma, verify_node
+from specdec_kernels import available_backends, kseq_gamma, spechub_sample, verify_node, verify_tree
 from specdec_kernels.testing import oracles as O
 from specdec_kernels.testing import wrong as W
 from specdec_kernels.testing.stats import law_check
@@ -106,3 +106,42 @@ def test_kseq_gamma_is_one_when_p_equals_q_in_float32(backend, k):
     gamma, beta = kseq_gamma(rows, rows.clone(), ks, backend=backend)
     assert torch.equal(gamma, torch.ones_like(gamma)), gamma
     torch.testing.assert_close(beta, masses, atol=1e-12, rtol=0)
+
+
+def _tree_first_tokens(backend: str, n: int) -> np.ndarray:
+    """First emitted token of n roots, each with SpecHub's two children drafted at 1 - p(a) = 1e-6."""
+    logp = torch.log(torch.tensor(confident(1e-6))).float()
+    d = spechub_sample(logp.expand(n, 4).contiguous(), seed=21, backend="cpu" if "cpu" in BACKENDS else "torch")
+    tokens = torch.cat([torch.zeros((n, 1), dtype=torch.long), d.tokens.clamp_min(0)], dim=1)
+    parent = torch.tensor([[-1, 0, 0]]).expand(n, 3).contiguous()
+    valid = torch.cat([torch.ones((n, 1), dtype=torch.bool), d.valid], dim=1)
+    p_rows = torch.zeros((n, 3, 4))
+    p_rows[:, 0] = torch.softmax(logp, dim=-1)
+    q_rows = torch.tensor(Q, dtype=torch.float32).expand(n, 3, 4).contiguous()
+    hub = torch.zeros((n, 3), dtype=torch.long)
+    hub[:, 0] = d.hub
+    out = verify_tree(tokens, parent, p_rows, q_rows, method="spechub", valid=valid, hub=hub, seed=3, backend=backend)
+    child = tokens.gather(1, out.accepted_nodes[:, :1].clamp_min(0))[:, 0]
+    return torch.where(out.n_accepted > 0, child, out.next_token).numpy()
+
+
+TREE_ROWS = {"cpu": 100_000, "torch": 30_000}
+
+
+@pytest.mark.parametrize("backend", available_backends("verify_tree"))
+def test_spechub_tree_walk_at_one_minus_pa_1e6(backend):
+    """The tree walk (its lazy first test and the full plan) at 1 - p(a) = 1e-6: the first token follows q."""
+    n = TREE_ROWS.get(backend, 600)  # the Triton interpreter: a smaller check of the same walk
+    first = _tree_first_tokens(backend, n)
+    check = law_check(np.bincount(first, minlength=4), Q, max_tv=O.tv_bound(n, 4))
+    assert check.ok, str(check)
+
+
+def test_tree_walk_check_has_power(monkeypatch):
+    """The torch walk with the float32 1 - p(a) chain in place of its own fails the same check."""
+    import specdec_kernels.reference.verify as reference_verify
+
+    monkeypatch.setattr(reference_verify, "node_chain", W.torch_node_chain(W.spechub_fp32_one_minus_pa))
+    n = TREE_ROWS["torch"]
+    check = law_check(np.bincount(_tree_first_tokens("torch", n), minlength=4), Q, max_tv=O.tv_bound(n, 4))
+    assert not check.ok, str(check)
