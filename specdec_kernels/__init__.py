@@ -8,6 +8,7 @@ from . import native as _native  # noqa: F401  (registers cpu/cuda when the exte
 from . import reference as _reference  # noqa: F401  (registers the torch backend)
 from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
 from ._registry import BACKENDS, BackendUnavailableError, available_backends
+from ._version import __version__
 from .ops import (
     ChainVerdict,
     GumbelTopK,
@@ -41,9 +42,8 @@ from .trees import (
     parents_tensor,
 )
 
-__version__ = "0.1.0"
-
 __all__ = [
+    "__version__",
     "BACKENDS",
     "BackendUnavailableError",
     "ChainVerdict",

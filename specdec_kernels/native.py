@@ -8,6 +8,7 @@ the same name (``specdec_kernels.reference``) and only adapts dtypes/layout; the
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +22,14 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the build
     HAVE_CPU = False
     mark_missing("cpu", f"C++ extension not built: {exc}; run `pip install --no-build-isolation -e .`")
+    # once per process (a module body runs once): without the extension every op runs on the torch reference
+    warnings.warn(
+        f"specdec_kernels: the C++ extension is not available ({exc}); every op falls back to the torch reference "
+        "backend, tens to hundreds of times slower. Reinstall with torch present: "
+        "`pip install --no-build-isolation .`",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 try:
     from . import _C_cuda  # noqa: F401  (TORCH_LIBRARY_IMPL(specdec, CUDA): built only with a CUDA torch)
 

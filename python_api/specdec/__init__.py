@@ -13,6 +13,8 @@ Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``
 target's hidden states (EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``).
 """
 
+from specdec_kernels import __version__
+
 from .config import METHODS, MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpeculativeDecoder, generate
 from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
@@ -21,6 +23,7 @@ from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVSt
 from .tree import DraftTree
 
 __all__ = [
+    "__version__",
     "METHODS",
     "SUPPORTED_ATTENTION",
     "SUPPORTED_MODEL_TYPES",
