@@ -10,13 +10,19 @@ listed as an isolated build requirement (an isolated build would compile against
 * A CUDA extension is built only when torch has CUDA (``torch.version.cuda is not None``), nvcc exists and there
   are CUDA sources; ``SPECDEC_BUILD_CUDA=0/1`` overrides the detection. CPU-only torch forces CUDA_HOME to None
   inside cpp_extension, so asking for CUDA there would fail at setup time.
-* ``SPECDEC_NO_NATIVE=1`` drops ``-march=native`` (portable binaries, e.g. wheels built for other machines).
+* On x86-64 the CPU extension is compiled once per instruction set, side by side: ``_C`` (baseline x86-64),
+  ``_C_avx2`` (AVX2 + FMA), ``_C_avx512`` (AVX-512 F/BW/DQ/VL) and ``_C_avx512bf16`` (plus the bf16 dot products);
+  at import ``specdec_kernels.native`` loads the best one the CPU runs (``SPECDEC_CPU_ISA`` forces one). No
+  ``-march=native``: a wheel built on one CPU runs on any x86-64 CPU. ``SPECDEC_CPU_ISAS=avx2,avx512`` (a
+  comma-separated subset) limits the variants built, e.g. for a quicker development build; the baseline is always
+  built.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import platform
 import shutil
 import sys
 
@@ -43,6 +49,27 @@ def _want_cuda(torch_cuda: str | None) -> bool:
     return torch_cuda is not None and shutil.which("nvcc") is not None
 
 
+# Instruction-set variants of the CPU extension: (module, compiler flags). The kernels' fast paths are chosen by the
+# compiler macros these flags define (__AVX2__, __AVX512F__, __AVX512BF16__).
+_AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+_AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
+CPU_VARIANTS = {"avx2": ("_C_avx2", _AVX2), "avx512": ("_C_avx512", _AVX512)}
+CPU_VARIANTS["avx512bf16"] = ("_C_avx512bf16", [*_AVX512, "-mavx512bf16"])
+
+
+def _cpu_variants() -> list[tuple[str, list[str]]]:
+    out = [("_C", [])]
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return out
+    wanted = os.environ.get("SPECDEC_CPU_ISAS", "").strip()
+    names = [n.strip() for n in wanted.split(",") if n.strip()] if wanted else list(CPU_VARIANTS)
+    for name in names:
+        if name not in CPU_VARIANTS:
+            raise RuntimeError(f"SPECDEC_CPU_ISAS: unknown instruction set {name!r}; known: {sorted(CPU_VARIANTS)}")
+        out.append(CPU_VARIANTS[name])
+    return out
+
+
 def _extensions() -> tuple[list, dict]:
     if _flag("SPECDEC_NO_EXTENSION"):
         print("specdec setup: SPECDEC_NO_EXTENSION=1, building without the C++ extension", file=sys.stderr)
@@ -63,18 +90,17 @@ def _extensions() -> tuple[list, dict]:
     # and backends make identical decisions on identical noise. -fno-trapping-math changes no result (we never
     # read FP exception flags) but lets GCC vectorise float selects such as max(x, 0).
     cxx = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-trapping-math"]
-    if not _flag("SPECDEC_NO_NATIVE"):
-        cxx.append("-march=native")
     headers = _rel("csrc/include/specdec/*.h") + _rel("csrc/cpu/*.h")
     exts = [
         CppExtension(
-            name="specdec_kernels._C",
+            name=f"specdec_kernels.{module}",
             sources=["csrc/torch_bindings.cpp", *_rel("csrc/cpu/*.cpp")],
             include_dirs=include,
             depends=headers,
-            extra_compile_args={"cxx": cxx},
+            extra_compile_args={"cxx": [*cxx, *isa_flags, f"-DSPECDEC_MODULE={module}"]},
             extra_link_args=["-fopenmp"],
         )
+        for module, isa_flags in _cpu_variants()
     ]
     cuda_sources = ["csrc/cuda_module.cpp", *_rel("csrc/cuda/*.cu"), *_rel("csrc/cuda/*.cpp")]
     if _want_cuda(torch.version.cuda):

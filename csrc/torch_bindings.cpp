@@ -5,11 +5,21 @@
 
 #include "cpu/ops.h"
 
-// `from specdec_kernels import _C` loads this shared object, which runs the TORCH_LIBRARY static initialisers
-// below; the module itself has no Python methods (the ops live under torch.ops.specdec).
-extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "specdec C++ ops (see torch.ops.specdec)", -1,
-                                   nullptr};
+// Importing the module (specdec_kernels._C, or one of its instruction-set variants _C_avx2, _C_avx512,
+// _C_avx512bf16: the same sources compiled with other -m flags, SPECDEC_MODULE names it) runs the TORCH_LIBRARY
+// static initialisers below; the module itself has no Python methods (the ops live under torch.ops.specdec). One
+// process loads one variant: specdec_kernels.native picks it from the CPU's features.
+#ifndef SPECDEC_MODULE
+#define SPECDEC_MODULE _C
+#endif
+#define SPECDEC_STR2(x) #x
+#define SPECDEC_STR(x) SPECDEC_STR2(x)
+#define SPECDEC_PYINIT2(x) PyInit_##x
+#define SPECDEC_PYINIT(x) SPECDEC_PYINIT2(x)
+
+extern "C" PyObject* SPECDEC_PYINIT(SPECDEC_MODULE)(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, SPECDEC_STR(SPECDEC_MODULE),
+                                   "specdec C++ ops (see torch.ops.specdec)", -1, nullptr};
   return PyModule_Create(&module_def);
 }
 

@@ -8,6 +8,8 @@ the same name (``specdec_kernels.reference``) and only adapts dtypes/layout; the
 
 from __future__ import annotations
 
+import importlib
+import os
 import warnings
 from collections.abc import Sequence
 
@@ -15,21 +17,75 @@ import torch
 
 from ._registry import mark_missing, register
 
-try:
-    from . import _C  # noqa: F401  (loads TORCH_LIBRARY(specdec) registrations; must follow `import torch`)
+#: instruction-set variants of the CPU extension, worst to best, and the module each one is built as (setup.py)
+CPU_ISAS = ("baseline", "avx2", "avx512", "avx512bf16")
+_MODULES = {"baseline": "_C", "avx2": "_C_avx2", "avx512": "_C_avx512", "avx512bf16": "_C_avx512bf16"}
+_AVX2 = {"avx2", "fma", "f16c"}
+_AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+_NEEDS = {"baseline": set(), "avx2": _AVX2, "avx512": _AVX512, "avx512bf16": _AVX512 | {"avx512_bf16"}}
 
-    HAVE_CPU = True
-except ImportError as exc:  # pragma: no cover - depends on the build
-    HAVE_CPU = False
-    mark_missing("cpu", f"C++ extension not built: {exc}; run `pip install --no-build-isolation -e .`")
+
+def cpu_flags() -> set[str] | None:
+    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo), or None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def runnable_isas() -> list[str]:
+    """The variants this CPU can run, worst to best. Without readable flags, torch's own CPU capability decides
+    (it does not report bf16 dot products, so the avx512bf16 variant is then not chosen)."""
+    flags = cpu_flags()
+    if flags is None:
+        cap = torch.backends.cpu.get_cpu_capability()
+        return ["baseline", "avx2", "avx512"][: {"AVX2": 2, "AVX512": 3}.get(cap, 1)]
+    return [isa for isa in CPU_ISAS if _NEEDS[isa] <= flags]
+
+
+def _load_cpu() -> str | None:
+    """Import the best variant of the CPU extension (or the one SPECDEC_CPU_ISA names); its ISA, or None."""
+    forced = os.environ.get("SPECDEC_CPU_ISA", "auto").strip() or "auto"
+    if forced != "auto":
+        if forced not in CPU_ISAS:
+            raise ValueError(f"SPECDEC_CPU_ISA must be 'auto' or one of {CPU_ISAS}, got {forced!r}")
+        if forced not in runnable_isas():
+            missing = sorted(_NEEDS[forced] - (cpu_flags() or set()))
+            raise RuntimeError(f"SPECDEC_CPU_ISA={forced}: this CPU cannot run that variant (lacks {missing})")
+        importlib.import_module(f".{_MODULES[forced]}", __package__)  # an error here names the missing module
+        return forced
+    errors = []
+    for isa in reversed(runnable_isas()):
+        try:
+            importlib.import_module(f".{_MODULES[isa]}", __package__)
+            return isa
+        except ImportError as exc:  # a variant not built on this platform: try the next one
+            errors.append(f"{_MODULES[isa]}: {exc}")
+    mark_missing("cpu", f"C++ extension not built ({'; '.join(errors)}); run `pip install --no-build-isolation -e .`")
     # once per process (a module body runs once): without the extension every op runs on the torch reference
     warnings.warn(
-        f"specdec_kernels: the C++ extension is not available ({exc}); every op falls back to the torch reference "
-        "backend, tens to hundreds of times slower. Reinstall with torch present: "
+        f"specdec_kernels: the C++ extension is not available ({errors[-1] if errors else 'no variant'}); every op "
+        "falls back to the torch reference backend, tens to hundreds of times slower. Reinstall with torch present: "
         "`pip install --no-build-isolation .`",
         RuntimeWarning,
-        stacklevel=2,
+        stacklevel=3,
     )
+    return None
+
+
+CPU_ISA = _load_cpu()  # loads TORCH_LIBRARY(specdec) registrations; must follow `import torch`
+HAVE_CPU = CPU_ISA is not None
+
+
+def cpu_isa() -> str:
+    """The instruction-set variant of the CPU extension this process runs: one of CPU_ISAS, or "none"."""
+    return CPU_ISA or "none"
+
+
 try:
     from . import _C_cuda  # noqa: F401  (TORCH_LIBRARY_IMPL(specdec, CUDA): built only with a CUDA torch)
 
@@ -40,7 +96,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 
 
 def skinny_linear_isa() -> str:
-    """The bf16 path the ``cpu`` skinny_linear was compiled with (``-march=native`` picks it): ``"avx512bf16"``
+    """The bf16 path of the loaded CPU variant's skinny_linear (see :func:`cpu_isa`): ``"avx512bf16"``
     (bf16 dot-product instructions), ``"avx2"`` (AVX2 + FMA tiles), ``"portable"``; ``"none"`` without the
     extension."""
     return str(torch.ops.specdec.skinny_linear_isa()) if HAVE_CPU else "none"
