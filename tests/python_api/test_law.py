@@ -1,34 +1,64 @@
 """End-to-end exactness: the joint law of the first two generated tokens equals the target's exact law
-(spec §10.8), for every sampling method, with two prompts of different lengths mixed in one left-padded batch.
+(spec §10.8), for every sampling method, with two prompts of different lengths mixed in one left-padded batch; and
+every method's verifier swapped for a deliberately wrong variant of itself must FAIL the same test (spec §10.10).
 
-Setup: target and draft are two differently seeded tiny Llamas with vocabulary 8 (64 outcomes), temperature 1.7
-so the laws are neither flat nor peaked (draft/target overlap ~0.77). The exact law q(y1) q(y2 | y1) comes from
-enumerating the target with the same processing function. Every generation is one batch row; rows generate
-``depth + 1`` tokens so that the first round drafts a full-depth tree (a row with fewer tokens left gets a
-shallower tree), and only the first two are counted.
+Models (tiny Llamas, vocabulary 8, 64 outcomes; ``test_model_pairs_are_in_their_regimes`` asserts the numbers):
+* main pair, temperature 1.7: target seed 0; draft seed 1 with its lm_head scaled x2, sharper than the target and far
+  from it (sum min(p, q) at both prompts' roots between 0.4 and 0.65): the wrong variants move the law a lot, where
+  a draft close to the target would hide them;
+* confident pair, temperature 1: the same target; the seed-1 draft with its lm_head scaled so that
+  1 - p(top) at the second prompt's root lies between 1e-7 and 2e-7 (two or three fp32 ulps of 1, just above the
+  1e-7 single-draft cut-off of spec §2.2), and is below 1e-4 at a third or more of the two roots and their children.
+  Here a verifier that forms SpecHub's Q(a, i) with 1 - p(a) in fp32, instead of the non-hub mass the sampler drew
+  the second draft from, is biased.
+The exact law q(y1) q(y2 | y1) comes from enumerating the target with the same processing function. Every
+generation is one batch row; rows generate ``depth + 1`` tokens so that the first round drafts a full-depth tree,
+and only the first two are counted. ``specdec_pp`` runs with a random acceptance head (as in
+test_train_specdec_pp.py).
+
+Negative controls: the decoder's ``sk.verify_tree`` is routed to the torch backend (token for token the default
+route, ``test_torch_route_gives_the_same_tokens``) and the torch backend's node chain is replaced by a chain of
+``specdec_kernels.testing.wrong.TREE_CONTROLS``; nothing else changes. Default suite, with the models, prompts and N
+of the passing tests: sd and specdec_pp: residual = q (no subtraction); rrs: residual not renormalised; rrsw, rsd_c,
+rsd_s: the original p kept after removing a candidate; spectr: K-SEQ with gamma = 1; spechub: Q(a, i) without its
+1 / (1 - p(a)) factor; spechub on the confident pair: Q(a, i) = p(a) p(i) / (1 - p(a)) in fp32. Slow (N = 20000 per
+prompt): rrs with residual = q and with duplicate candidates skipped, rrsw / rsd_c / rsd_s subtracting the next
+candidate's law. A control must reach chi-square p < 1e-4 on at least one prompt.
 
 Statistics (specdec_kernels.testing.stats.law_check): Pearson chi-square with merged bins must have p >= 1e-4
-(false-alarm rate 1e-4 per check; this module makes 2 checks per method, 18 in all, so a spurious failure has
-probability below 2e-3 per run; seeds are fixed, so a run is reproducible) and the empirical TV must stay below
-a bound far above its sampling noise (default N = 5000 per prompt: noise ~0.04, bound 0.08; slow N = 1e5: noise
-~0.009, bound 0.02). The negative control (drafting at half the temperature the verifier assumes) has exact TV
-~0.15 and fails with p < 1e-50.
+and the empirical TV must stay below a bound far above its sampling noise (default N = 5000 per prompt: noise
+~0.04, bound 0.08; slow N = 1e5: noise ~0.009, bound 0.02). False-alarm rate: 1e-4 per check; the default suite
+makes 36 checks of a correct law (2 prompts x (8 methods x 2 pairs + top-k/top-p + ar)), so a spurious failure has
+probability below 4e-3 per run; the slow tests add 16 (below 2e-3). Seeds are fixed, so a run is reproducible.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import specdec
+import specdec.decoder
 import torch
 from specdec.config import SamplingConfig
-from tiny_models import tiny_llama
+from test_train_specdec_pp import random_head
+from tiny_models import left_pad, tiny_llama
 
+import specdec_kernels as sk
+import specdec_kernels.reference.verify as reference_verify
+from specdec_kernels.testing import wrong
 from specdec_kernels.testing.stats import law_check
 
 VOCAB = 8
-TEMPERATURE = 1.7
+TEMPERATURE = 1.7  # main pair
+CONFIDENT_TEMPERATURE = 1.0
+CONFIDENT_MISS = 1.5e-7  # 1 - p(top) of the confident draft at PROMPTS[1]'s root, before fp32 processing
 PROMPTS = [[3, 1], [5, 2, 7, 4]]
+N = 5000  # generations per prompt, default suite
+N_SLOW = 100_000
+N_SLOW_CONTROL = 20_000
+ALPHA = 1e-4  # a control must reach chi-square p below this on some prompt
 
 CASES = {
     "sd": {"draft_length": 3},
@@ -38,12 +68,65 @@ CASES = {
     "rsd_s": {"beam_width": 3, "draft_length": 3},
     "spectr": {"num_chains": 3, "draft_length": 2},
     "spechub": {"branching": (2, 2)},
+    "specdec_pp": {"draft_length": 3},
 }
+
+# each method's verifier, made wrong in a way the default-suite test must catch
+CONTROLS = {
+    "sd": "residual_q",
+    "rrs": "rrs_no_renormalization",
+    "rrsw": "rrsw_unrenormalized",
+    "rsd_c": "rrsw_unrenormalized",
+    "rsd_s": "rrsw_unrenormalized",
+    "spectr": "kseq_gamma_one",
+    "spechub": "spechub_qai_unnormalized",
+    "specdec_pp": "residual_q",
+}
+SLOW_CONTROLS = [
+    ("rrs", "residual_q"),
+    ("rrs", "rrs_skip_duplicates"),
+    ("rrsw", "rrsw_next_residual"),
+    ("rsd_c", "rrsw_next_residual"),
+    ("rsd_s", "rrsw_next_residual"),
+]
+
+
+def sharpened(model, factor: float):
+    """``model`` with its lm_head weight scaled by ``factor`` in place: its laws at T are those at T / factor."""
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)
+    return model
+
+
+@torch.no_grad()
+def miss_of_top(model, prompt: list[int], temperature: float) -> float:
+    """1 - p(top) at the end of ``prompt``, from the processed log-probs the sampler draws from."""
+    logp = SamplingConfig(temperature=temperature).process(model(torch.tensor([prompt])).logits[0, -1])
+    return float(-torch.expm1(logp.max().double()))
+
+
+@torch.no_grad()
+def confident_draft(seed: int, prompt: list[int], miss: float):
+    """The seed's draft with its lm_head scaled so that 1 - p(top) at T = 1 is ``miss`` at ``prompt``'s root (the
+    logits are linear in the scale: bisect on the unscaled logits, then scale once)."""
+    draft = tiny_llama(seed, vocab=VOCAB, hidden=32, std=0.3)
+    logits = draft(torch.tensor([prompt])).logits[0, -1].double()
+    lo, hi = 1.0, 1000.0
+    for _ in range(100):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if float(-torch.expm1(torch.log_softmax(mid * logits, -1).max())) > miss else (lo, mid)
+    return sharpened(draft, hi)
 
 
 @pytest.fixture(scope="module")
 def models():
-    return tiny_llama(0, vocab=VOCAB, hidden=32, std=0.3), tiny_llama(1, vocab=VOCAB, hidden=32, std=0.3)
+    target = tiny_llama(0, vocab=VOCAB, hidden=32, std=0.3)
+    return target, sharpened(tiny_llama(1, vocab=VOCAB, hidden=32, std=0.3), 2.0)
+
+
+@pytest.fixture(scope="module")
+def confident(models):
+    return models[0], confident_draft(1, PROMPTS[1], CONFIDENT_MISS)
 
 
 @torch.no_grad()
@@ -56,46 +139,107 @@ def exact_law(target, prompt: list[int], sampling: SamplingConfig) -> np.ndarray
     return (law / law.sum()).numpy()
 
 
-def run_law(models, method: str, params: dict, n_per_prompt: int, *, seed: int = 1, **sampling) -> list:
+def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: float, **sampling) -> list:
+    """New tokens of ``n_per_prompt`` rows per prompt (rows alternate over PROMPTS)."""
     target, draft = models
-    decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params)
-    rows = [PROMPTS[i % 2] for i in range(2 * n_per_prompt)]
-    width = max(len(p) for p in PROMPTS)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, p in enumerate(rows):
-        ids[b, width - len(p) :] = torch.tensor(p)
-        mask[b, width - len(p) :] = 1
+    params = CASES.get(method, {})
+    head = {"head": random_head(32, 2), "threshold": 0.5} if method == "specdec_pp" else {}
+    decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params, **head)
+    ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n_per_prompt)])
     out = decoder.generate(
-        ids, mask, max_new_tokens=max(decoder.config.depth + 1, 2), temperature=TEMPERATURE, seed=seed, **sampling
+        ids, mask, max_new_tokens=max(decoder.config.depth + 1, 2), temperature=temperature, seed=seed, **sampling
     )
-    first_two = np.array([t[:2] for t in out.new_tokens])
-    resolved = SamplingConfig(temperature=TEMPERATURE, **sampling)
+    return out.new_tokens
+
+
+def run_law(
+    models, method: str, n_per_prompt: int, *, seed: int = 1, temperature: float = TEMPERATURE, **sampling
+) -> list:
+    first_two = np.array(
+        [t[:2] for t in generate(models, method, n_per_prompt, seed=seed, temperature=temperature, **sampling)]
+    )
+    resolved = SamplingConfig(temperature=temperature, **sampling)
     checks = []
     for i, prompt in enumerate(PROMPTS):
         counts = np.zeros((VOCAB, VOCAB))
         np.add.at(counts, (first_two[i::2, 0], first_two[i::2, 1]), 1)
         max_tv = 0.08 if n_per_prompt < 50_000 else 0.02
-        checks.append(law_check(counts, exact_law(target, prompt, resolved), max_tv=max_tv))
+        checks.append(law_check(counts, exact_law(models[0], prompt, resolved), max_tv=max_tv))
     return checks
+
+
+def route_to_torch(monkeypatch, control: str | None = None) -> None:
+    """The decoder's verify_tree runs on the torch backend, with ``control``'s node chain when given."""
+    monkeypatch.setattr(specdec.decoder.sk, "verify_tree", functools.partial(sk.verify_tree, backend="torch"))
+    if control is not None:
+        monkeypatch.setattr(reference_verify, "node_chain", wrong.torch_node_chain(wrong.TREE_CONTROLS[control]))
+
+
+def assert_caught(checks: list, what: str) -> None:
+    assert not all(c.ok for c in checks), f"{what} was not detected: {[str(c) for c in checks]}"
+    assert min(c.p_value for c in checks) < ALPHA, f"{what}: {[str(c) for c in checks]}"
+
+
+@torch.no_grad()
+def test_model_pairs_are_in_their_regimes(models, confident) -> None:
+    """The facts the module docstring states about the two pairs, which the controls' power depends on."""
+    target, draft = models
+    for prompt in PROMPTS:
+        sampling = SamplingConfig(temperature=TEMPERATURE)
+        p = sampling.process(draft(torch.tensor([prompt])).logits[0, -1], log=False).double()
+        q = sampling.process(target(torch.tensor([prompt])).logits[0, -1], log=False).double()
+        assert 0.4 < float(torch.minimum(p, q).sum()) < 0.65
+    sharp = confident[1]
+    assert 1e-7 < miss_of_top(sharp, PROMPTS[1], CONFIDENT_TEMPERATURE) < 2e-7
+    contexts = [c for prompt in PROMPTS for c in [prompt] + [prompt + [y] for y in range(VOCAB)]]
+    misses = [miss_of_top(sharp, c, CONFIDENT_TEMPERATURE) for c in contexts]
+    assert sum(m < 1e-4 for m in misses) >= len(contexts) / 3
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_torch_route_gives_the_same_tokens(models, method: str, monkeypatch) -> None:
+    """The negative controls' route (torch backend, real node chain) is the default route token for token, so a
+    control's failure comes from its chain alone."""
+    expected = generate(models, method, 200, seed=5, temperature=TEMPERATURE)
+    route_to_torch(monkeypatch)
+    assert generate(models, method, 200, seed=5, temperature=TEMPERATURE) == expected
 
 
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_first_two_tokens_follow_the_target_law(models, method: str) -> None:
-    checks = run_law(models, method, CASES[method], 5000)
+    checks = run_law(models, method, N)
     for prompt, check in zip(PROMPTS, checks, strict=True):
         assert check.ok, f"{method} prompt {prompt}: {check}"
 
 
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_wrong_verifier_fails(models, method: str, monkeypatch) -> None:
+    route_to_torch(monkeypatch, CONTROLS[method])
+    assert_caught(run_law(models, method, N), f"{method} with {CONTROLS[method]}")
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_confident_draft_keeps_the_target_law(confident, method: str) -> None:
+    checks = run_law(confident, method, N, temperature=CONFIDENT_TEMPERATURE)
+    for prompt, check in zip(PROMPTS, checks, strict=True):
+        assert check.ok, f"{method} confident draft, prompt {prompt}: {check}"
+
+
+def test_confident_draft_catches_spechub_fp32_normaliser(confident, monkeypatch) -> None:
+    route_to_torch(monkeypatch, "spechub_fp32_one_minus_pa")
+    checks = run_law(confident, "spechub", N, temperature=CONFIDENT_TEMPERATURE)
+    assert_caught(checks, "spechub with Q(a, i) normalised by 1 - p(a) in fp32")
+
+
 def test_law_with_top_k_and_top_p(models) -> None:
     """The filters go through the same processing for draft and target; the output law is the filtered target's."""
-    checks = run_law(models, "rsd_c", {"branching": (2, 2)}, 5000, top_k=5, top_p=0.9)
+    checks = run_law(models, "rsd_c", N, top_k=5, top_p=0.9)
     for prompt, check in zip(PROMPTS, checks, strict=True):
         assert check.ok, f"rsd_c top-k/top-p prompt {prompt}: {check}"
 
 
 def test_ar_follows_the_target_law(models) -> None:
-    checks = run_law(models, "ar", {}, 5000)
+    checks = run_law(models, "ar", N)
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -106,7 +250,7 @@ def test_negative_control_wrong_draft_law_fails(models, monkeypatch) -> None:
 
     real = base.sample_categorical
     monkeypatch.setattr(base, "sample_categorical", lambda logp, **kw: real(2.0 * logp, **kw))
-    checks = run_law(models, "sd", CASES["sd"], 5000)
+    checks = run_law(models, "sd", N)
     for check in checks:
         assert not check.ok and check.p_value < 1e-20, f"the wrong variant was not detected: {check}"
 
@@ -114,6 +258,13 @@ def test_negative_control_wrong_draft_law_fails(models, monkeypatch) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_first_two_tokens_follow_the_target_law_big(models, method: str) -> None:
-    checks = run_law(models, method, CASES[method], 100_000, seed=2)
+    checks = run_law(models, method, N_SLOW, seed=2)
     for prompt, check in zip(PROMPTS, checks, strict=True):
         assert check.ok, f"{method} prompt {prompt}: {check}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("method", "control"), SLOW_CONTROLS)
+def test_more_wrong_verifiers_fail(models, method: str, control: str, monkeypatch) -> None:
+    route_to_torch(monkeypatch, control)
+    assert_caught(run_law(models, method, N_SLOW_CONTROL), f"{method} with {control}")
