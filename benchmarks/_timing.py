@@ -3,7 +3,7 @@
 Each benchmark checks the backend against the reference first, then times both in the same process: median and
 10/90 % quantiles over repeated calls, GB/s from the bytes the op must move, and the GB/s of a plain memory copy of
 the same number of bytes (the roofline to compare with). Rows are appended to benchmarks/results/<op>.csv with
-the machine, torch version and git revision.
+the machine, its vector-instruction flags, the torch version and the git revision.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ FIELDS = [
     "machine",
     "torch",
     "git_rev",
+    "cpu_flags",
     "op",
     "case",
     "backend",
@@ -86,6 +87,20 @@ def machine() -> str:
     return f"{platform.machine()} {model} ({os.cpu_count()} cores)"
 
 
+#: the CPU flags that decide which kernel variant runs (specdec_kernels.native loads the best one the CPU allows)
+ISA_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> str:
+    """The vector-instruction flags of this CPU among ISA_FLAGS, space-separated ("unknown" where unreadable)."""
+    from specdec_kernels.native import cpu_flags as read_flags
+
+    flags = read_flags()
+    if flags is None:
+        return "unknown"
+    return " ".join(f for f in ISA_FLAGS if f in flags) or "none"
+
+
 def git_rev() -> str:
     try:
         rev = subprocess.run(
@@ -134,7 +149,7 @@ class Recorder:
         self.op, self.args = op, args
         self.rows: list[dict[str, Any]] = []
         self.stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        self.meta = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev()}
+        self.meta = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev(), "cpu_flags": cpu_flags()}
 
     def case(self, name: str, fns: dict[str, Callable[[], Any]], nbytes: int, bytes_kind: str = "read") -> None:
         roof = copy_gbps(nbytes, self.args.budget)
@@ -178,6 +193,16 @@ class Recorder:
         os.makedirs(RESULTS, exist_ok=True)
         path = os.path.join(RESULTS, f"{self.op}.csv")
         new = not os.path.exists(path)
+        if not new:
+            with open(path, newline="") as fh:
+                header = next(csv.reader(fh), [])
+            if header != FIELDS:  # a file from an older harness: rewrite it with the current columns, blanks filled
+                with open(path, newline="") as fh:
+                    old = list(csv.DictReader(fh))
+                with open(path, "w", newline="") as fh:
+                    writer = csv.DictWriter(fh, fieldnames=FIELDS, restval="", extrasaction="ignore")
+                    writer.writeheader()
+                    writer.writerows(old)
         with open(path, "a", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=FIELDS)
             if new:

@@ -1,0 +1,565 @@
+"""Render every measured figure of the documentation from the recorded data.
+
+The figures in README.md and docs/*.md are never typed by hand: each sits in a generated block
+
+    <!-- report:begin NAME -->
+    ...
+    <!-- report:end -->
+
+that this script rewrites from benchmarks/results/*.csv (and, for the shipped drafts, the manifests in
+python_api/specdec/assets/*.json). Every table names the machine, CPU flags, torch version and commit of the rows
+it shows, or says which of those columns the CSV does not record. It also renders the PNGs next to the CSVs
+(benchmarks/plot.py).
+
+Run:  python benchmarks/report.py            # rewrite the blocks and the PNGs
+      python benchmarks/report.py --no-png   # the blocks only
+      python benchmarks/report.py --check    # exit 1 if a committed block differs from its rendering
+
+tests/test_docs_rendered.py runs the check in memory, so a figure edited by hand, or a CSV changed without
+re-rendering, fails the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+ASSETS = ROOT / "python_api" / "specdec" / "assets"
+#: the files that hold generated blocks
+DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md")
+
+BLOCK = re.compile(r"(<!-- report:begin ([a-z0-9_-]+) -->\n)(.*?)(<!-- report:end -->)", re.S)
+
+#: kernel microbenchmarks shown in the README, in this order (first case of the newest run of each)
+HEADLINE_OPS = (
+    "verify_tree",
+    "verify_chain",
+    "gumbel_topk",
+    "sbs_step",
+    "spechub_sample",
+    "process_logits",
+    "skinny_linear",
+    "decode_attention",
+)
+#: the kernel microbenchmark CSVs (written by benchmarks/_timing.py), in the order docs/benchmarks.md lists them
+KERNEL_OPS = (
+    "process_logits",
+    "sample_categorical",
+    "gumbel_topk",
+    "sbs_step",
+    "spechub_sample",
+    "kseq_gamma",
+    "verify_node",
+    "verify_chain",
+    "verify_tree",
+    "tree_mask",
+    "tree_positions",
+    "filter_kv",
+    "skinny_linear",
+    "decode_attention",
+    "target_step",
+)
+#: a speed-up over AR larger than the block efficiency (tokens per target call) times this is not physical: a
+#: verification pass costs at least one target step, so such a row measured machine load, not the decoder
+PLAUSIBLE_SLACK = 1.05
+
+Rows = list[dict[str, str]]
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def read_csv(results: Path, name: str) -> Rows:
+    path = results / f"{name}.csv"
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def newest_run(rows: Rows, keys: tuple[str, ...]) -> Rows:
+    """The rows of the last run in the file: those whose ``keys`` equal the last row's (a run appends a block)."""
+    if not rows:
+        return []
+    last = tuple(rows[-1].get(k, "") for k in keys)
+    if "timestamp" in keys or "time" in keys:  # timestamps order runs even when files were merged out of order
+        k = "timestamp" if "timestamp" in keys else "time"
+        stamp = max(r[k] for r in rows)
+        return [r for r in rows if r[k] == stamp]
+    return [r for r in rows if tuple(r.get(k, "") for k in keys) == last]
+
+
+def implausible(row: dict[str, str], speed: str, eff: str) -> bool:
+    """True when the row's speed-up over AR exceeds its block efficiency (see PLAUSIBLE_SLACK)."""
+    try:
+        s, e = float(row[speed]), float(row[eff])
+    except (KeyError, ValueError):
+        return False
+    return not math.isnan(s) and not math.isnan(e) and s > e * PLAUSIBLE_SLACK
+
+
+# --------------------------------------------------------------------------------------------------- formatting
+
+
+def num(value: str | float, digits: int = 3) -> str:
+    """``digits`` significant digits, no exponent for the ranges these tables hold."""
+    try:
+        x = float(value)
+    except ValueError:
+        return str(value)
+    if math.isnan(x):
+        return "-"
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - mag)
+    return f"{x:.{decimals}f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def provenance(
+    rows: Rows, *, machine: str, torch: str | None, commit: str | None, extra: str = "", short: bool = False
+) -> str:
+    """One line naming where the rows come from; columns the CSV lacks are named as not recorded. ``short`` (the
+    README's headline tables) leaves the commit to the full tables of docs/benchmarks.md."""
+    if short:
+        commit = None
+    if not rows:
+        return ""
+
+    def values(col: str | None) -> str | None:
+        if col is None or col not in rows[0]:
+            return None
+        found = ", ".join(dict.fromkeys(r[col] for r in rows if r[col]))
+        return found or None  # a column added later is blank in older rows
+
+    parts, missing = [], []
+    for label, col in (("machine", machine), ("torch", torch), ("commit", commit)):
+        v = values(col)
+        if v is None:
+            if not (short and label == "commit"):
+                missing.append(label)
+        else:
+            parts.append(f"{label} {v}" if label != "machine" else v)
+    flags = values("cpu_flags")
+    if flags is None:
+        missing.append("CPU flags")
+    else:
+        parts.append(f"CPU flags {flags}")
+    line = "Measured on " + "; ".join(parts)
+    if extra:
+        line += "; " + extra
+    line += "."
+    if missing:
+        line += f" Not recorded in the CSV: {', '.join(missing)}."
+    return line
+
+
+def kernel_rows(rows: Rows, backends: tuple[str, ...] = ("cpu", "torch")) -> list[list[str]]:
+    out = []
+    for r in rows:
+        if r["backend"] not in backends:
+            continue
+        speed = r["speedup_vs_torch"]
+        out.append(
+            [
+                r["case"],
+                r["backend"],
+                num(r["median_ms"]),
+                f"{num(r['p10_ms'])}-{num(r['p90_ms'])}",
+                num(r["gbps"]),
+                num(r["copy_gbps"]),
+                f"{num(speed)}x" if speed else "",
+            ]
+        )
+    return out
+
+
+def kernel_provenance(rows: Rows, short: bool = False) -> str:
+    threads = ", ".join(dict.fromkeys(r["threads"] for r in rows))
+    clock = ", ".join(dict.fromkeys(r["clock"] for r in rows))
+    extra = f"{threads} thread(s), clock: {clock}"
+    return provenance(rows, machine="machine", torch="torch", commit="git_rev", extra=extra, short=short)
+
+
+# --------------------------------------------------------------------------------------------------- blocks
+
+
+def block_kernel_headline(results: Path) -> str:
+    lines, used = [], []
+    for op in HEADLINE_OPS:
+        run = newest_run(read_csv(results, op), ("timestamp",))
+        cpu = [r for r in run if r["backend"] == "cpu"]
+        if not cpu:
+            continue
+        r = cpu[0]
+        torch_row = next((t for t in run if t["backend"] == "torch" and t["case"] == r["case"]), None)
+        used.append(r)
+        lines.append(
+            [
+                f"`{op}`",
+                r["case"],
+                num(r["median_ms"]),
+                num(torch_row["median_ms"]) if torch_row else "-",
+                f"{num(r['speedup_vs_torch'])}x" if r["speedup_vs_torch"] else "-",
+                f"{num(r['gbps'])} ({num(r['copy_gbps'])})",
+            ]
+        )
+    if not lines:
+        return "No kernel microbenchmark is recorded in benchmarks/results.\n"
+    head = ["op", "case", "cpu ms", "torch ms", "speed-up", "cpu GB/s (memcpy GB/s)"]
+    return table(head, lines) + "\n\n" + kernel_provenance(used, short=True) + "\n"
+
+
+def block_kernel_tables(results: Path) -> str:
+    parts = []
+    for op in KERNEL_OPS:
+        rows = read_csv(results, op)
+        run = newest_run(rows, ("timestamp",))
+        if not run:
+            parts.append(f"### `{op}`\n\nNo run recorded.\n")
+            continue
+        head = ["case", "backend", "median ms", "p10-p90 ms", "GB/s", "memcpy GB/s", "speed-up vs torch"]
+        n_runs = len({r["timestamp"] for r in rows})
+        parts.append(
+            f"### `{op}`\n\n{table(head, kernel_rows(run))}\n\n{kernel_provenance(run)} "
+            f"Newest of {n_runs} recorded run(s) in `benchmarks/results/{op}.csv`.\n"
+        )
+    return "\n".join(parts)
+
+
+def block_step_overhead(results: Path, *, brief: bool = False) -> str:
+    rows = read_csv(results, "step_overhead")
+    run = newest_run(rows, ("timestamp",))
+    if not run:
+        return "No run recorded in `benchmarks/results/step_overhead.csv`.\n"
+    by = {(r["method"], r["backend"]): r for r in run}
+    methods = list(dict.fromkeys(r["method"] for r in run))
+    if brief:
+        methods = [m for m in methods if m == "all"] or methods
+
+    def pct(r: dict[str, str] | None, col: str) -> str:
+        return "-" if r is None else f"{100 * float(r[col]):.1f} %"
+
+    lines = []
+    for m in methods:
+        d, t = by.get((m, "default")), by.get((m, "torch"))
+        if brief:
+            lines.append([m, pct(d, "outside_share_cpu"), pct(t, "outside_share_cpu")])
+        else:
+            lines.append(
+                [
+                    m,
+                    pct(d, "outside_share_cpu"),
+                    pct(d, "ops_share_cpu"),
+                    pct(d, "op_calls_share_cpu"),
+                    pct(t, "outside_share_cpu"),
+                    num(d["block_efficiency"]) if d else "-",
+                ]
+            )
+    r0 = run[0]
+    extra = (
+        f"{r0['model']} {r0['dtype']}, draft {r0['draft']}, {r0['prompts']} prompts, {r0['threads']} thread(s), "
+        "process CPU time"
+    )
+    if brief:
+        label = ", ".join(m for m in dict.fromkeys(r["method"] for r in run) if m != "all")
+        lines = [[label if row[0] == "all" else row[0], *row[1:]] for row in lines]
+        head = ["methods", "outside the forwards, default backend", "same, torch reference backend"]
+    else:
+        head = ["method", "outside, default", "kernels", "all op calls", "outside, torch backend", "block eff."]
+    prov = provenance(run, machine="machine", torch="torch", commit="git_rev", extra=extra, short=brief)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def _shipped(draft: str) -> bool:
+    return (ASSETS / f"{draft}.safetensors").is_file()
+
+
+#: names of the prompt sets of benchmarks/bench_draft_alpha.py
+SET_NAMES = {
+    "vicuna_1_40": "Vicuna-bench questions 1-40",
+    "vicuna_41_80": "Vicuna-bench questions 41-80",
+    "magpie": "40 instructions the target wrote itself, not trained on",
+    "humaneval": "HumanEval problems 1-40 (code)",
+}
+
+
+def block_draft_alpha(results: Path, short: bool = False) -> str:
+    rows = [r for r in read_csv(results, "draft_alpha") if _shipped(r["draft"])]
+    if not rows:
+        return "No run of a shipped draft is recorded in `benchmarks/results/draft_alpha.csv`.\n"
+    newest: dict[tuple[str, str], dict[str, str]] = {}
+    for r in rows:
+        key = (r["draft"], r["set"])
+        if key not in newest or r["date"] >= newest[key]["date"]:
+            newest[key] = r
+    picked = list(newest.values())
+    lines = [
+        [
+            f"`{r['draft']}`",
+            SET_NAMES.get(r["set"], r["set"]),
+            r["positions"],
+            num(r["alpha"]),
+            num(r["alpha_depth2"]),
+            num(r["greedy_agreement"]),
+            num(r["head_coverage"]),
+        ]
+        for r in picked
+    ]
+    head = ["draft", "prompt set", "positions", "alpha", "alpha, depth 2", "greedy agreement", "head coverage"]
+    extra = f"{', '.join(dict.fromkeys(r['threads'] for r in picked))} thread(s), T = 1 target answers"
+    prov = provenance(picked, machine="machine", torch=None, commit="git_rev", extra=extra, short=short)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def block_shipped_drafts(results: Path) -> str:
+    lines = []
+    for path in sorted(ASSETS.glob("*.json")):
+        man = json.loads(path.read_text(encoding="utf-8"))
+        ev = man.get("eval", {}).get("metrics")
+        if not ev:
+            continue
+        dist = man.get("distill", {})
+        cfg = dist.get("config", {}).get("draft", {})
+        kind = "feature (EAGLE-style)" if "extra_layers" in cfg else "plain LM"
+        lines.append(
+            [
+                f"`{path.stem}`",
+                kind,
+                f"{cfg.get('num_layers', '?')} x {cfg.get('hidden_size', 576)}",
+                str(cfg.get("head_vocab", "?")),
+                str(dist.get("steps", "?")),
+                str(dist.get("train_positions", "?")),
+                num(ev["alpha"]),
+                num(ev.get("alpha_depth2", float("nan"))),
+                num(ev["greedy_agreement"]),
+                num(ev["head_coverage"]),
+                f"{100 * ev['cost_ratio']:.1f} %",
+            ]
+        )
+    head = [
+        "draft",
+        "kind",
+        "layers x width",
+        "head tokens",
+        "steps",
+        "training positions",
+        "alpha",
+        "alpha, depth 2",
+        "greedy agreement",
+        "head coverage",
+        "draft step / target step",
+    ]
+    note = (
+        "From the `eval` and `distill` sections of `python_api/specdec/assets/<draft>.json` (written by the "
+        "pipeline that trained the draft): held-out Vicuna-bench questions 1-40, target answers at T = 1, both "
+        "models in bf16. Not recorded in the manifests: machine, CPU flags, torch, commit."
+    )
+    return table(head, lines) + "\n\n" + note + "\n"
+
+
+def block_end_to_end(results: Path) -> str:
+    rows = read_csv(results, "end_to_end")
+    bad = [r for r in rows if implausible(r, "ratio_vs_ar", "block_eff")]
+    run = [r for r in newest_run(rows, ("time",)) if r not in bad]
+    if not run:
+        return "No run recorded in `benchmarks/results/end_to_end.csv`.\n"
+    lines = [
+        [
+            r["method"],
+            r["batch"],
+            num(r["tok_s"]),
+            f"{num(r['ratio_vs_ar'])}x",
+            num(r["block_eff"]),
+        ]
+        for r in run
+    ]
+    r0 = run[0]
+    extra = (
+        f"draft {r0['draft']}, T = {r0['temperature']}, {r0['prompts']} prompts x {r0['tokens']} tokens, "
+        f"{r0['threads']} thread(s)"
+    )
+    head = ["method", "batch", "tok/s", "vs AR", "block eff."]
+    prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def block_specdec_pp(results: Path) -> str:
+    rows = read_csv(results, "specdec_pp")
+    run = [
+        r
+        for r in newest_run(rows, ("machine", "torch", "git_rev", "prompts", "new_tokens"))
+        if not implausible(r, "speedup_vs_ar", "block_efficiency")
+    ]
+    if not run:
+        return "No run recorded in `benchmarks/results/specdec_pp.csv`.\n"
+    lines = [
+        [
+            r["config"],
+            num(r["discard_rate"]),
+            num(r["verification_rate"]),
+            num(r["block_efficiency"]),
+            num(r["tok_per_s"]),
+            f"{num(r['speedup_vs_ar'])}x",
+        ]
+        for r in run
+    ]
+    r0 = run[0]
+    extra = f"{r0['prompts']} prompts x {r0['new_tokens']} tokens, draft smollm2-distill with its acceptance head"
+    head = ["config", "discard rate", "verification rate", "block eff.", "tok/s", "vs AR"]
+    prov = provenance(run, machine="machine", torch="torch", commit="git_rev", extra=extra)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def block_draft_e2e(results: Path) -> str:
+    rows = read_csv(results, "bench_draft_e2e")
+    good = [r for r in rows if not implausible(r, "speedup", "block_efficiency")]
+    if not good:
+        return "No plausible run recorded in `benchmarks/results/bench_draft_e2e.csv` (pending re-measurement).\n"
+    lines = [[r["method"], num(r["tok_per_s"]), f"{num(r['speedup'])}x", num(r["block_efficiency"])] for r in good]
+    prov = provenance(good, machine="machine", torch="torch", commit="git")
+    return table(["method", "tok/s", "vs AR", "block eff."], lines) + "\n\n" + prov + "\n"
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "kernel-headline": block_kernel_headline,
+    "kernel-tables": block_kernel_tables,
+    "step-overhead-headline": lambda results: block_step_overhead(results, brief=True),
+    "step-overhead": block_step_overhead,
+    "draft-alpha": block_draft_alpha,
+    "draft-alpha-headline": lambda results: block_draft_alpha(results, short=True),
+    "shipped-drafts": block_shipped_drafts,
+    "end-to-end": block_end_to_end,
+    "specdec-pp": block_specdec_pp,
+    "draft-e2e": block_draft_e2e,
+}
+
+
+# --------------------------------------------------------------------------------------------------- rendering
+
+
+def render_text(text: str, results: Path = RESULTS) -> str:
+    """``text`` with every generated block replaced by its rendering (unknown block names raise KeyError)."""
+    cache: dict[str, str] = {}
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(2)
+        if name not in BLOCKS:
+            raise KeyError(f"unknown report block {name!r}; known: {', '.join(BLOCKS)}")
+        if name not in cache:
+            cache[name] = BLOCKS[name](results)
+        return m.group(1) + cache[name] + m.group(4)
+
+    return BLOCK.sub(sub, text)
+
+
+def render_all(root: Path = ROOT, results: Path = RESULTS) -> dict[str, tuple[str, str]]:
+    """{doc path: (committed text, rendered text)} for every file in DOCS."""
+    out = {}
+    for rel in DOCS:
+        text = (root / rel).read_text(encoding="utf-8")
+        out[rel] = (text, render_text(text, results))
+    return out
+
+
+def render_pngs(results: Path) -> list[str]:
+    """The PNGs of benchmarks/plot.py (kernel microbenchmarks, summary, step overhead), from the same CSVs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plot
+
+    written = []
+    all_rows = {}
+    for op in KERNEL_OPS:
+        rows = read_csv(results, op)
+        if rows:
+            all_rows[op] = plot.newest_run(rows)
+            written.append(plot.plot_op(op, all_rows[op], str(results)))
+    summary = plot.plot_summary(all_rows, str(results))
+    if summary:
+        written.append(summary)
+    overhead = read_csv(results, "step_overhead")
+    if overhead:
+        written.append(plot.plot_step_overhead(overhead, str(results)))
+    e2e = plot_end_to_end(results)
+    if e2e:
+        written.append(e2e)
+    pp = [r for r in newest_run(read_csv(results, "specdec_pp"), ("machine", "torch", "git_rev", "prompts"))]
+    if pp:
+        import bench_specdec_pp
+
+        floats = ("param", "discard_rate", "verification_rate")
+        pts = [{**r, **{k: float(r[k]) if r.get(k) else 0.0 for k in floats}} for r in pp]
+        written.append(str(bench_specdec_pp.plot(pts)))
+    return written
+
+
+def plot_end_to_end(results: Path) -> str | None:
+    """Bar plot of the newest end-to-end run (batch 1): tokens/s of each method relative to AR."""
+    run = [r for r in newest_run(read_csv(results, "end_to_end"), ("time",)) if r["batch"] == "1"]
+    run = [r for r in run if not r["method"].startswith("sweep") and not implausible(r, "ratio_vs_ar", "block_eff")]
+    if not run:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [float(r["ratio_vs_ar"]) for r in run]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.bar([r["method"] for r in run], ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("tokens/s vs specdec AR")
+    r0 = run[0]
+    ax.set_title(
+        f"SmolLM2-135M, draft {r0['draft']}, T={r0['temperature']}: {r0['machine']}, torch {r0['torch']}, "
+        f"commit {r0['git']}",
+        fontsize=9,
+    )
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    path = results / "end_to_end.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="compare only; exit 1 when a committed block is stale")
+    ap.add_argument("--no-png", action="store_true", help="do not render the PNGs")
+    args = ap.parse_args()
+    stale = []
+    for rel, (old, new) in render_all().items():
+        if old == new:
+            continue
+        stale.append(rel)
+        if not args.check:
+            (ROOT / rel).write_text(new, encoding="utf-8")
+            print("rewrote", rel)
+    if args.check:
+        for rel in stale:
+            print(f"{rel}: generated blocks differ from benchmarks/results; run python benchmarks/report.py")
+        return 1 if stale else 0
+    if not args.no_png:
+        for path in render_pngs(RESULTS):
+            print("wrote", os.path.relpath(path, ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
