@@ -250,7 +250,7 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         print(
             "note: in bf16, greedy outputs can differ from AR at near-ties of the top-2 logits (checked: a gap of "
             "one bf16 step) where tree and single-token forwards round differently: the adapter's routed kernels "
-            "make them equal on CPU sdpa models for trees of up to 8 nodes (README, Ops and backends), HF's "
+            "make them equal on CPU sdpa models for trees of up to 8 nodes (docs/kernels.md), HF's "
             "attention does not; use --dtype fp32 to compare token for token"
         )
     if args.show:
@@ -304,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads",
         type=int,
         default=1,
-        help="torch threads (default 1: on a shared, oversubscribed CPU two threads ran 8x slower than one; "
+        help="torch threads (default 1: on a shared, oversubscribed CPU more threads mostly wait for each other; "
         "raise it on a dedicated machine)",
     )
     demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")

@@ -237,8 +237,8 @@ class SamplingConfig:
     def probs(logp: torch.Tensor) -> torch.Tensor:
         """The law of processed log-probs: softmax(logp) = exp(logp) up to fp32 rounding (rows sum to 1).
         Shape: logp [..., V] (at least one finite entry per row) -> p [..., V] float32. softmax, not exp: torch's
-        vectorised exp takes a slow path on -inf (121 vs 30 us for a full-vocabulary reduced-head row, mostly -inf)
-        and measured slower on dense rows too (205 vs 141 us for 5 x 49152). The target's law comes from
+        vectorised exp takes a slow path on -inf, which fills most of a reduced-head draft row, and softmax is not
+        slower on dense rows (benchmarks/bench_process_logits.py, "law" cases). The target's law comes from
         ``process(..., log=False)`` instead, in the same op call."""
         return torch.softmax(logp, dim=-1)
 

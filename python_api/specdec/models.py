@@ -33,12 +33,12 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 # Up to this many rows, inference linears run specdec_kernels.skinny_linear, which reads each weight once for all
 # rows: a decode step reads its weights from DRAM, and BLAS's small-batch paths read them at a fraction of copy
-# speed (benchmarks/bench_skinny_linear.py; on an AVX2 CPU a 3-token target pass cost 2x a 1-token step with
-# F.linear, benchmarks/bench_target_step.py). Beyond 8 rows PyTorch's linear won on an AVX512-BF16 CPU.
+# speed, so a verification pass of a few tree nodes would cost several one-token steps (benchmarks/
+# bench_skinny_linear.py, bench_target_step.py). With bf16 dot products PyTorch's linear wins beyond about 8 rows.
 DECODE_ROWS = 8
 # bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
-# runs ~7x slower than its fp32 one; the tiles then win at every row count measured (prefill included), so all
-# rows go to skinny_linear.
+# is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so all rows
+# go to skinny_linear.
 BF16_ROWS = 1 << 40 if skinny_linear_isa() == "avx2" else DECODE_ROWS
 _skinny = threading.local()
 _NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention would be the slow fp32 reference

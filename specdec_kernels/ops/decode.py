@@ -17,10 +17,10 @@ def skinny_linear(
 
     Shape: x [..., in], weight [out, in], one floating dtype -> [..., out] in that dtype, accumulated in fp32
     (fp64 for double). The ``cpu`` backend reads ``weight`` once for all rows at close to memory-copy speed (on
-    one row PyTorch's bf16 linear reaches about 40 % of it); its cost grows with the rows and, on a CPU with bf16
+    one row PyTorch's bf16 linear reaches a fraction of it); its cost grows with the rows and, on a CPU with bf16
     dot products, PyTorch is faster from about 16 rows (benchmarks/bench_skinny_linear.py), so use ``F.linear`` for
     batches and prefill there. Where the kernel runs its AVX2 path (:func:`specdec_kernels.native.skinny_linear_isa`)
-    it beat PyTorch's bf16 linear at every row count measured (1-256). No
+    it beats PyTorch's bf16 linear at every row count. No
     autograd: inference only. On GPU the ``torch`` backend (cuBLAS) serves it. ``validate=False`` skips the argument
     checks for a caller that guarantees them (a model's own layers: the checks cost about as much as a small layer).
     """

@@ -213,9 +213,9 @@ def test_deterministic_and_row_independent():
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_p_equal_q_gives_gamma_one_whatever_the_rounding_of_the_sum(backend: str) -> None:
-    """p = q: h(1) = 0 exactly, so gamma* = 1. A law whose float64 sum lands one ulp below 1 used to send the cpu
-    bisection to 1 + ulp^(1/K) ~ 1 + 5e-6 (K = 3) while the reference summed to 1.0, so the two accepted differently
-    for U within 5e-6 of 1; sums within 1e-12 of 1 now count as p = q everywhere (spec §4.4 round-off)."""
+    """p = q: h(1) = 0 exactly, so gamma* = 1. A law whose float64 sum lands one ulp below 1 would send a
+    bisection to 1 + ulp^(1/K) ~ 1 + 5e-6 (K = 3) while another summation order gives 1.0, so backends would accept
+    differently for U within 5e-6 of 1; sums within 1e-12 of 1 count as p = q everywhere (spec §4.4 round-off)."""
     p = torch.tensor([[0.76597418688330909, 0.19054701905637911, 0.0, 0.0, 0.04347879406031179]], dtype=F64)
     for k in (2, 3, 4):
         gamma, beta = kseq_gamma(p, p.clone(), torch.tensor([k]), backend=backend)

@@ -351,8 +351,8 @@ def test_negative_control_rejects_other_methods():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2f. Monte Carlo in sampling mode (spec §10.6). The reference loops over rows in Python (about 40-170 us per
-# row, 900 us for kseq), so the default suite uses 2k-20k rows; the slow grid below runs spec's 1e5.
+# 2f. Monte Carlo in sampling mode (spec §10.6). The reference loops over rows in Python, so the
+# default suite uses 2k-20k rows; the slow grid below runs spec's 1e5.
 
 
 def _mc_check(tr: O.NodeTrials, method: str, p: np.ndarray, q: np.ndarray, k: int) -> tuple[LawCheck, list[str]]:
@@ -439,7 +439,7 @@ def _slow_grid() -> list[tuple[str, int, int]]:
 @pytest.mark.parametrize("method,k,v", _slow_grid())
 def test_sampling_mode_statistics_full_grid(backend, method, k, v):
     """Spec §10.6 grid: a random instance, zeros in p, zeros in q per (method, K, V); 1e5 rows. The torch reference
-    loops over rows in Python (about 26 s per case at 1e5), so it gets 3e4 rows (kseq 1e4); the negative controls
+    loops over rows in Python, so it gets 3e4 rows (kseq 1e4); the negative controls
     are already detected at 1e4 rows (TV >= 0.026)."""
     n = 100000 if backend != "torch" else 10000 if method == "kseq" else 30000
     rng = np.random.default_rng(1000 * v + k)

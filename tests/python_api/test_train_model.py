@@ -114,7 +114,7 @@ def test_shipped_feature_draft_speculates_exactly(feature_models):
 def test_bf16_greedy_speculation_equals_ar_token_for_token(feature_models):
     """In bf16 too, and for tree methods with siblings: the adapter's routed linears and attention compute every
     node of a verification pass as a one-token step computes it (tests/python_api/test_models.py), so no bf16
-    near-tie can split the outputs. Power (checked by hand, eleventh session): with HF's sdpa attention instead
+    near-tie can split the outputs. Power (checked by hand): with HF's sdpa attention instead
     (``models._NATIVE_ATTENTION = False``) sd and rsd_c differ from AR on this prompt."""
     import specdec
     import specdec.models as models

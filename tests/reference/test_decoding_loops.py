@@ -8,9 +8,9 @@ about 2e-3 for the whole file. Seeds are fixed, so a run is deterministic. Negat
 wrong drafting or verification step into the same loop and must fail the same check.
 
 Loops use the default backend (the compiled CPU backend where it is built); a parity test pins the torch reference
-and requires the same tokens for the same seed. Cost: the reference verifies rows in a Python loop (about 0.2-0.9 ms
-of CPU per generation, 0.05-0.2 ms with the CPU backend), so the default run uses 5k-20k generations per test;
-``slow`` reruns at the spec's N = 200k (§10.6; about 3 min with the CPU backend, over 30 min with the reference).
+and requires the same tokens for the same seed. Cost: the reference verifies rows in a Python loop, so the default
+run uses 5k-20k generations per test; ``slow`` reruns at the spec's N = 200k (§10.6), which needs the CPU backend to
+finish in minutes.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from .common import (
 
 @dataclass
 class DataConfig:
-    """How much data to build. Defaults fit the ~100 minute budget of a 2-core CPU (see train/README)."""
+    """How much data to build. The defaults keep the whole pipeline short enough for a small CPU machine."""
 
     seed: int = 0
     n_magpie: int = 128

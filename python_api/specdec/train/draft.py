@@ -26,7 +26,7 @@ PROBE_ROWS = (0, 1, 2, 100, 1000, 10000, 30000, 49151)  # embedding rows stored 
 
 @dataclass
 class DraftConfig:
-    """Shape of the draft. Defaults: ~2.6M trained body parameters + 2.1M head (see train/README for costs)."""
+    """Shape of the draft. Defaults: ~2.6M trained body parameters + 2.1M head (see docs/drafts.md)."""
 
     hidden_size: int = 256
     num_layers: int = 2

@@ -32,7 +32,7 @@ from .data import DataConfig, _magpie_prompts, gsm8k_splits, sample_responses
 
 @dataclass
 class FeatureDataConfig:
-    """How much data to build (defaults: ~90 minutes on a quiet 2-core CPU, see train/README)."""
+    """How much data to build (the defaults are the shipped draft's data, see docs/drafts.md)."""
 
     seed: int = 0
     n_magpie: int = 6144  # instruction attempts; ~70 % end within max_instruction_tokens and are kept
