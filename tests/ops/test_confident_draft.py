@@ -34,7 +34,7 @@ FP32_LAW = 1e-7
 BACKENDS = available_backends("verify_node")
 Q = np.array([0.25, 0.25, 0.3, 0.2])
 # 1 - p(a): four decades, then just above and just below the sampler's cut-off 1 - p(a) <= 1e-7 (one draft only)
-CONFIDENCE = [1e-4, 1e-5, 1e-6, 1e-7 * 1.2, 1e-7 * 0.8]
+CONFIDENCE = [1e-4, 1e-5, 1e-6, 1e-7, 1e-7 * 1.2, 1e-7 * 0.8]
 METHOD_K = [("sd", 1), ("rrs", 2), ("rrsw", 2), ("rrsw", 3), ("kseq", 2), ("kseq", 3), ("spechub", 2)]
 
 
