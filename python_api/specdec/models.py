@@ -62,9 +62,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 @contextmanager
 def skinny_linears() -> Iterator[None]:
-    """While active (in this thread), the routed linears of a model (:func:`route_linears`) run
-    `decode_linear` and its routed attention layers (:func:`route_attention`) `specdec_kernels.decode_attention`; the
-    adapter's forwards are run inside it."""
+    """While active (in this thread), the linears of a model inside its adapter's forwards (:class:`Routing`) run
+    `decode_linear` and its attention layers `specdec_kernels.decode_attention` (for the calls they take)."""
     before = getattr(_skinny, "on", False)
     _skinny.on = True
     try:
@@ -77,17 +76,49 @@ def _routed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return decode_linear(x, module.weight) if getattr(_skinny, "on", False) else F.linear(x, module.weight)
 
 
-def route_linears(model: torch.nn.Module) -> int:
-    """Give every bias-free ``nn.Linear`` of ``model`` a forward that is :func:`decode_linear` inside
-    :func:`skinny_linears` and F.linear elsewhere, so the model behaves as before outside the adapter. Returns the
-    number of layers routed (idempotent)."""
-    n = 0
-    for mod in model.modules():
-        if type(mod) is torch.nn.Linear and mod.bias is None:
-            if not isinstance(mod.__dict__.get("forward"), partial):
-                mod.forward = partial(_routed_linear, mod)
-            n += 1
-    return n
+#: the attention implementation name of the adapter's own forwards: HF's sdpa with decode_attention for the calls it
+#: takes (registered once, beside HF's own entries; "sdpa" itself is never replaced)
+SPECDEC_ATTENTION = "specdec_sdpa"
+
+
+class Routing:
+    """The fast CPU path of one model, switched on for the adapter's own forwards only (:meth:`active`).
+
+    Inside: every bias-free ``nn.Linear`` of the model runs :func:`decode_linear` and, for a model loaded with
+    ``attn_implementation="sdpa"``, its attention runs under :data:`SPECDEC_ATTENTION`. On exit the model is as it
+    was: no instance ``forward`` is left on a module and the config names its own attention again, so calls of the
+    user's model outside specdec (and its outputs) are those of an untouched copy. Modules that already carry an
+    instance ``forward`` (hooks such as accelerate's) are left alone."""
+
+    def __init__(self, model: Any) -> None:
+        self.linears = [
+            m for m in model.modules() if type(m) is torch.nn.Linear and m.bias is None and "forward" not in m.__dict__
+        ]
+        self.forwards = [partial(_routed_linear, m) for m in self.linears]
+        self.config = model.config if getattr(model.config, "_attn_implementation", None) == "sdpa" else None
+        self.depth = 0
+        if self.config is not None:
+            _register_attention()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        if self.depth:  # nested (the head after the base model): already on
+            yield
+            return
+        self.depth = 1
+        for m, f in zip(self.linears, self.forwards, strict=True):
+            m.__dict__["forward"] = f  # the instance attribute shadows nn.Linear.forward
+        if self.config is not None:
+            self.config._attn_implementation = SPECDEC_ATTENTION
+        try:
+            with skinny_linears():
+                yield
+        finally:
+            for m in self.linears:
+                m.__dict__.pop("forward", None)
+            if self.config is not None:
+                self.config._attn_implementation = "sdpa"
+            self.depth = 0
 
 
 def _kernel_attention(
@@ -125,8 +156,7 @@ def _kernel_attention(
     return out.transpose(1, 2).contiguous()
 
 
-def _routed_attention(
-    original: Any,
+def _specdec_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -136,10 +166,11 @@ def _routed_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, Any]:
+    """:data:`SPECDEC_ATTENTION`: decode_attention for the calls :func:`_kernel_attention` takes, HF's sdpa else."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     if (
-        getattr(_skinny, "on", False)
-        and getattr(module, "_specdec_attention", False)
-        and not dropout
+        not dropout
         and kwargs.get("sliding_window") is None
         and kwargs.get("softcap") is None
         and kwargs.get("s_aux") is None
@@ -148,29 +179,19 @@ def _routed_attention(
         out = _kernel_attention(query, key, value, attention_mask, scaling)
         if out is not None:
             return out, None
-    return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def route_attention(model: Any) -> int:
-    """Mark the self-attention layers of a model loaded with ``attn_implementation="sdpa"`` so that, inside
-    `skinny_linears`, their calls on few query rows run `specdec_kernels.decode_attention`; elsewhere (and for other
-    models) HF's sdpa attention runs as before. HF looks the attention function up by name on every call, so the
-    global "sdpa" entry is wrapped once; the wrapper hands every call it does not take to the original. Returns the
-    number of layers marked (idempotent; 0 for eager attention, whose bf16 matmuls would round differently)."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
-        return 0
+def _register_attention() -> None:
+    """Register :data:`SPECDEC_ATTENTION` (and sdpa's mask function under the same name) once per process."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    current = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    if not (isinstance(current, partial) and current.func is _routed_attention):
-        AttentionInterface.register("sdpa", partial(_routed_attention, current))
-    n = 0
-    for layer in getattr(model.get_decoder(), "layers", ()):
-        attn = getattr(layer, "self_attn", None)
-        if isinstance(attn, torch.nn.Module):
-            attn._specdec_attention = True
-            n += 1
-    return n
+    if SPECDEC_ATTENTION not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(SPECDEC_ATTENTION, _specdec_attention)
+    if SPECDEC_ATTENTION not in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(SPECDEC_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
 
 
 @dataclass
@@ -358,8 +379,7 @@ class HFCausalLM:
             raise ValueError(f"{name} has no output embedding (lm_head); pass a *ForCausalLM model")
         self.model = model
         self.name = name
-        route_linears(model)
-        route_attention(model)
+        self.routing = Routing(model)
         self.base = model.get_decoder()
         self.head = head
         self.vocab_size = int(head.weight.shape[0])
@@ -414,7 +434,7 @@ class HFCausalLM:
         extra: dict[str, Any] = {} if features is None else {"features": features}
         if self.feature_layers:
             extra["output_hidden_states"] = True
-        with skinny_linears():
+        with self.routing.active():
             out = self.base(
                 input_ids=tokens,
                 attention_mask=mask,
@@ -444,7 +464,7 @@ class HFCausalLM:
         """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
         (only for a head with a support, see ``support``; called through the module so that forward hooks see it)."""
         if not reduced:
-            with skinny_linears():
+            with self.routing.active():
                 return self.head(hidden)
         if self.support is None:
             raise ValueError(

@@ -264,12 +264,12 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
     monkeypatch.setattr(sk, "skinny_linear", counted)
     lm = HFCausalLM(model)
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
-    assert models.route_linears(model) == n_linear > 0  # idempotent: already routed by the adapter
+    assert len(lm.routing.linears) == n_linear > 0  # every bias-free linear, routed only inside the adapter
     proj = model.model.layers[0].self_attn.q_proj
     with torch.no_grad():
         # outside the adapter's forwards: F.linear, the model as it was
         assert torch.equal(model(torch.tensor([[3, 4, 5]])).logits, before) and not calls
-        with models.skinny_linears():
+        with lm.routing.active():
             assert torch.equal(proj(x), real(x, proj.weight))  # 5 rows: skinny_linear
             assert calls == [5]
             big = torch.randn(models.DECODE_ROWS + 1, 16)
@@ -283,9 +283,9 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
         models.decode_linear(torch.randn(models.DECODE_ROWS + 1, 16).bfloat16(), proj.weight.bfloat16())
     assert (len(calls) > n) == (native.skinny_linear_isa() == "avx2")
     n = len(calls)
-    with torch.no_grad(), models.skinny_linears(), torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.no_grad(), lm.routing.active(), torch.autocast("cpu", dtype=torch.bfloat16):
         assert proj(x).dtype == torch.bfloat16 and len(calls) == n  # autocast keeps F.linear (and its dtype)
-    with models.skinny_linears():  # training (autograd) keeps F.linear
+    with lm.routing.active():  # training (autograd) keeps F.linear
         n = len(calls)
         proj(x).sum().backward()
         assert len(calls) == n and proj.weight.grad is not None
@@ -353,7 +353,7 @@ def test_routed_attention_only_inside_the_adapter_and_only_for_sdpa(monkeypatch)
 
     monkeypatch.setattr(sk, "decode_attention", counted)
     lm = HFCausalLM(model)
-    assert models.route_attention(model) == 2  # idempotent: the adapter marked both layers already
+    assert lm.routing.config is model.config and model.config._attn_implementation == "sdpa"
     with torch.no_grad():
         assert torch.equal(model(ids).logits, before) and not calls  # the model outside the adapter: untouched
         state = lm.new_state(1)
@@ -361,4 +361,33 @@ def test_routed_attention_only_inside_the_adapter_and_only_for_sdpa(monkeypatch)
         assert calls == [(1, 4, 3, 16)] * 2  # both layers, 3 query rows
         lm.forward_chain(state, [list(range(models.DECODE_ROWS + 1))], last_logits=True)
         assert len(calls) == 2  # more rows than DECODE_ROWS (a prefill): HF's sdpa
-    assert models.route_attention(tiny_llama(1, vocab=32, hidden=64, attn="eager")) == 0
+    assert HFCausalLM(tiny_llama(1, vocab=32, hidden=64, attn="eager")).routing.config is None
+
+
+def test_generate_leaves_the_users_model_untouched() -> None:
+    """After the adapter's forwards (target and draft), the user's models carry no instance forward, name their own
+    attention, HF's attention registry holds the same "sdpa" function, and their outputs are bitwise those of a
+    fresh copy."""
+    import copy
+
+    import specdec
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    target = tiny_llama(1, vocab=32, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    draft = tiny_llama(2, vocab=32, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    fresh = copy.deepcopy(target)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    specdec.generate(target, draft, ids, method="sd", draft_length=3, max_new_tokens=12, temperature=0)
+    for model in (target, draft):
+        assert not any("forward" in m.__dict__ for m in model.modules())
+        assert model.config._attn_implementation == "sdpa"
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+    longer = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 1, 2]])
+    with torch.no_grad():
+        for x in (ids, longer):
+            assert torch.equal(target(x).logits, fresh(x).logits)
+        assert torch.equal(
+            target.generate(longer, max_new_tokens=6, do_sample=False),
+            fresh.generate(longer, max_new_tokens=6, do_sample=False),
+        )
