@@ -264,7 +264,9 @@ class SpeculativeDecoder:
             # the range the ops take for their seeds; manual_seed would silently wrap a negative one modulo 2**64
             if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
                 raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-            generator = torch.Generator(device=self.target.device)
+            # the run's generator only draws the ops' integer seeds (host side, whatever the model's device); each op
+            # draws its noise from its own Philox stream on the tensors' device
+            generator = torch.Generator()
             generator.manual_seed(seed)
         prompts = _prompts(input_ids, attention_mask, vocab)
         with torch.inference_mode(), seed_block(generator):

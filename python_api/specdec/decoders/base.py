@@ -170,10 +170,12 @@ def op_seed(generator: torch.Generator | None) -> int:
     """A fresh seed for one stochastic op call, drawn from the run's generator: the op's backend then draws its
     noise itself from that Philox stream (spec §1.4), instead of the driver materialising float64 noise tensors."""
     block = _SEED_BLOCK.get()
+    device = generator.device if generator is not None else None  # a user's CUDA generator draws on its device
     if block is None or block[0] is not generator:
-        return int(torch.randint(0, 2**63 - 1, (), generator=generator))
+        return int(torch.randint(0, 2**63 - 1, (), generator=generator, device=device))
     if not block[1]:
-        block[1].extend(reversed(torch.randint(0, 2**63 - 1, (SEED_BLOCK,), generator=generator).tolist()))
+        seeds = torch.randint(0, 2**63 - 1, (SEED_BLOCK,), generator=generator, device=device)
+        block[1].extend(reversed(seeds.tolist()))
     return block[1].pop()
 
 
