@@ -1,8 +1,8 @@
-"""Decoding configuration: the method with its tree parameters, and the sampling controls (spec §1.3, §5).
+"""Decoding configuration: the method with its tree parameters, and the sampling controls (docs/methods.md).
 
 Sampling controls are resolved once per ``generate`` call into a :class:`SamplingConfig`, whose
 :meth:`SamplingConfig.process` is the ONE function that turns draft and target logits into laws. Drafting and
-verification both use its output, so the ``p`` that verifies is exactly the ``p`` that drafted (spec §1.3).
+verification both use its output, so the ``p`` that verifies is exactly the ``p`` that drafted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import specdec_kernels as sk
 
 METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
 
-# Which node verifier of specdec_kernels.verify_tree each decoder uses (spec §5).
+# Which node verifier of specdec_kernels.verify_tree each decoder uses (the table of docs/methods.md).
 VERIFIER = {
     "sd": "sd",
     "rrs": "rrs",
@@ -27,7 +27,7 @@ VERIFIER = {
     "rsd_s": "rrsw",
     "spectr": "kseq",
     "spechub": "spechub",
-    "specdec_pp": "sd",  # SD chains of adaptive length (spec §7)
+    "specdec_pp": "sd",  # SD chains of adaptive length (SpecDec++)
 }
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -39,7 +39,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "rsd_s": {"beam_width": 2, "draft_length": 3},
     "spectr": {"num_chains": 2, "draft_length": 3},
     "spechub": {"branching": (2, 2)},
-    "specdec_pp": {"draft_length": 20},  # the hard cap of the paper's runs (spec §7.4)
+    "specdec_pp": {"draft_length": 20},  # the hard cap of the paper's runs
 }
 _ALLOWED = {
     "ar": set(),
@@ -64,8 +64,8 @@ def _positive_int(name: str, value: object) -> int:
 class MethodConfig:
     """A decoding method and its draft-tree parameters (validated by :func:`make_method`).
 
-    ``parents`` is the static tree (level order, node 0 = root, spec §3.1) for every method except ``ar`` and
-    ``rsd_s`` (whose tree is grown by stochastic beam search: ``beam_width`` W, ``draft_length`` L).
+    ``parents`` is the static tree (level order, node 0 = root, as in docs/kernels.md) for every method except
+    ``ar`` and ``rsd_s`` (whose tree is grown by stochastic beam search: ``beam_width`` W, ``draft_length`` L).
     """
 
     method: str
@@ -203,10 +203,10 @@ def make_method(
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Resolved sampling controls, HF order: temperature, then top-k, then top-p (spec §1.3).
+    """Resolved sampling controls, HF order: temperature, then top-k, then top-p.
 
     ``greedy`` is true when ``do_sample`` is false or ``temperature < 1e-5``; every decoder then returns exactly the
-    target's greedy decoding (spec §8).
+    target's greedy decoding.
     """
 
     temperature: float = 1.0

@@ -1,13 +1,13 @@
 """The decoding loop shared by every method: draft a tree, run the target once over it, verify, commit, filter
-the KV caches, repeat (spec §5). Batch rows keep their own lengths and finish independently.
+the KV caches, repeat (docs/methods.md). Batch rows keep their own lengths and finish independently.
 
 One round for the active rows:
 1. catch up the target on committed tokens it has not seen yet, except each row's last one (the root);
 2. the tree builder drafts the round's trees (nothing for ``ar``);
-3. one target forward over [root, draft nodes] per row (spec §3.5);
-4. target logits -> q with the same processing as the draft; verify_tree walks the trees (spec §3.6);
+3. one target forward over [root, draft nodes] per row;
+4. target logits -> q with the same processing as the draft; verify_tree walks the trees;
 5. append accepted tokens + the correction/bonus token (none after an accepted EOS), truncate at
-   ``max_new_tokens``; keep only the accepted path in both KV caches (spec §3.7); drop finished rows.
+   ``max_new_tokens``; keep only the accepted path in both KV caches (filter_kv); drop finished rows.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ class SpeculativeDecoder:
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. Method parameters: see
     :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
     ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default 0.7) make the draft
-    depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++ spec §7; with a tree method it stops
+    depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
     growing the tree once the best path's predicted rejection risk exceeds h). ``last_stats`` holds the statistics
     of the latest call.
     """
@@ -345,7 +345,7 @@ class SpeculativeDecoder:
                 # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when
                 # nothing was drafted (acc_nodes [B, 0])
                 idx = F.pad(acc_nodes.clamp_min(0), (1, 0))
-                # each row keeps them right after its committed tokens (spec §3.7)
+                # each row keeps them right after its committed tokens
                 state.keep(torch.full_like(chain_len, chain_at), chain_len, root_slot + idx, 1 + n_acc)
                 if feature_drafter is not None:
                     # target states of the root and the accepted nodes: the newly committed positions but the last

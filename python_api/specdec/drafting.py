@@ -1,10 +1,10 @@
 """Drafters: what proposes draft tokens. A neural drafter (an HF model with its own KV cache) and the Max-Gram
-prompt-lookup drafter (spec §6.5), behind one interface that the decoders drive level by level (spec §3.4).
+prompt-lookup drafter (docs/methods.md, Drafts), behind one interface that the decoders drive level by level.
 
 A drafter returns raw logits for the next token after each requested node; the decoder turns them into the draft
 law with the shared processing function (config.SamplingConfig.process) and samples the children itself. A
 deterministic drafter returns one-hot logits (0 at its proposal, -inf elsewhere), whose law is the point mass on
-the proposal; verification against it is exact (spec §6.4).
+the proposal; verification against it is exact (docs/methods.md, Drafts).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Drafter(ABC):
 
 class ModelDrafter(Drafter):
     """A neural draft model (HF causal LM, same vocabulary as the target) with a KV cache kept in sync with the
-    committed tokens: after each round only the accepted nodes that the draft processed are kept (spec §3.7)."""
+    committed tokens: after each round only the accepted nodes that the draft processed are kept."""
 
     def __init__(self, model: Any, *, name: str = "draft") -> None:
         self.lm = model if isinstance(model, HFCausalLM) else HFCausalLM(model, name=name)
@@ -151,7 +151,7 @@ class ModelDrafter(Drafter):
 
 
 def max_gram_proposal(seq: list[int] | np.ndarray, n: int, bigram: np.ndarray | None = None) -> list[int]:
-    """Max-Gram proposal of up to ``n`` tokens after ``seq`` (spec §6.5, decoder-only form).
+    """Max-Gram proposal of up to ``n`` tokens after ``seq`` (decoder-only form).
 
     The search text is ``seq`` without its last token (the prompt is part of ``seq``): find the longest suffix of
     ``seq`` that occurs in it, take its earliest occurrence and propose the tokens that follow; if fewer than ``n``
@@ -192,7 +192,7 @@ def _longest_match_continuation(seq: np.ndarray, n: int) -> list[int]:
 
 class HiddenStateDrafter(ModelDrafter):
     """A :class:`ModelDrafter` that exposes the final hidden state (after the final norm) of its latest forward,
-    ``last_hidden`` [B, n, H], for acceptance heads (SpecDec++, spec §7; adaptive tree depth)."""
+    ``last_hidden`` [B, n, H], for acceptance heads (SpecDec++; adaptive tree depth)."""
 
     @property
     def last_hidden(self) -> torch.Tensor | None:
@@ -307,12 +307,12 @@ class FeatureDrafter(ModelDrafter):
 
 
 class NGramDrafter(Drafter):
-    """Max-Gram prompt-lookup drafter (spec §6.5): proposes the continuation of the longest earlier match of the
-    sequence's suffix. Deterministic, so its proposal law is one-hot and verification stays exact; costs no model
-    forward (MBSU r = 0).
+    """Max-Gram prompt-lookup drafter (Chen et al. 2024, docs/methods.md [8]): proposes the continuation of the
+    longest earlier match of the sequence's suffix. Deterministic, so its proposal law is one-hot and verification
+    stays exact; costs no model forward (MBSU r = 0).
 
     ``max_tokens``: proposal length per round (the tree depth also caps it); ``bigram``: optional length-V greedy
-    bigram table used to fill short proposals (spec §6.5 step 5).
+    bigram table used to fill short proposals.
     """
 
     def __init__(self, vocab_size: int, *, max_tokens: int = 10, bigram: np.ndarray | None = None) -> None:

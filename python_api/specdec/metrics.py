@@ -1,4 +1,4 @@
-"""Per-call statistics of a generation (spec §11): calls, block efficiency, acceptance vectors, MBSU, wall time."""
+"""Per-call statistics of a generation: calls, block efficiency, acceptance vectors, MBSU, wall time."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class GenerationStats:
 
     @property
     def acceptance_by_rank(self) -> list[float]:
-        """[k] = fraction of verification steps that accepted the sibling of rank k (spec §11 acceptance vector)."""
+        """[k] = fraction of verification steps that accepted the sibling of rank k."""
         if not self.verify_steps:
             return []
         return [c / self.verify_steps for c in self.rank_accepts]
@@ -101,7 +101,7 @@ class GenerationStats:
 
     @property
     def mbsu(self) -> float:
-        """Memory-bound speed-up eta / (L r + 1), L = draft depth (spec §11)."""
+        """Memory-bound speed-up eta / (L r + 1), L = draft depth."""
         return self.block_efficiency / (self.draft_depth * self.draft_ratio + 1.0)
 
     @property

@@ -1,6 +1,6 @@
 """HuggingFace causal-LM adapter: tree forwards with a 4-D additive mask, per-row KV validity, KV filtering.
 
-Cache layout (one common length S for the whole batch, spec §3.7-§3.8): every row owns the same slots
+Cache layout (one common length S for the whole batch): every row owns the same slots
 ``[0, S)`` of a ``DynamicCache``; ``KVState.valid[b, s]`` says whether slot s holds one of row b's committed
 tokens. A forward appends every row's new tokens at the common end, so during a round a row has stale slots
 (invalid, hidden by the mask) between its committed tokens and the new ones. ``KVState.keep`` ends each round by
@@ -10,7 +10,7 @@ Position ids come from the number of committed tokens of the row, never from the
 
 Only architectures whose attention takes a 4-D additive float mask plus explicit ``position_ids`` are accepted
 (Llama/SmolLM, Mistral, Qwen2) with the ``sdpa`` or ``eager`` attention implementation; FlashAttention and
-flex-attention cannot take an arbitrary tree mask (DESIGN.md §8).
+flex-attention cannot take an arbitrary tree mask.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class KVState:
             self.valid = self.valid[:, :new_len]
 
     def keep(self, run_start: torch.Tensor, run_len: torch.Tensor, path: torch.Tensor, path_len: torch.Tensor) -> None:
-        """End a round (spec §3.7): row b keeps the run of slots ``run_start[b] .. run_start[b] + run_len[b] - 1``
+        """End a round: row b keeps the run of slots ``run_start[b] .. run_start[b] + run_len[b] - 1``
         (the chain ``forward_chain`` appended this round, already counted in ``n_cached``) followed by the slots
         ``path[b, :path_len[b]]`` (e.g. the tree's root and accepted nodes, increasing, after the run); they move
         to the slots right after the row's earlier committed tokens, so row b holds exactly ``[0, n_cached[b])``
@@ -523,7 +523,7 @@ class HFCausalLM:
         valid: torch.Tensor,
         depth: torch.Tensor,
     ) -> torch.Tensor:
-        """Target evaluation of a batch of draft trees whose root is NOT cached yet (spec §3.5).
+        """Target evaluation of a batch of draft trees whose root is NOT cached yet.
 
         Shape: tokens/parent/depth [B, N] (node 0 = root = each row's last committed token), valid [B, N] bool
         -> logits [B, N, V] in the head dtype (valid nodes; zero rows for padding). Node n lands in slot S + n
@@ -550,7 +550,7 @@ class HFCausalLM:
         features: torch.Tensor | None = None,
         reduced: bool = False,
     ) -> torch.Tensor:
-        """Level-synchronous drafting (spec §3.4): append tree nodes ``lo..hi-1`` of a tree whose root is cached.
+        """Level-synchronous drafting: append tree nodes ``lo..hi-1`` of a tree whose root is cached.
 
         Shape: tokens/parent/valid/depth [B, >= hi]; the root (node 0) is a committed cached token; nodes
         1..lo-1 sit in slots base .. base+lo-2 (``base`` = cache length right after the root's block) and node n

@@ -1,4 +1,4 @@
-"""A batch of draft trees grown level by level in the flattened layout of spec §3.1.
+"""A batch of draft trees grown level by level in the flattened level-order layout of docs/kernels.md (Ops).
 
 Each level is appended as one block of columns; rows with fewer nodes than the widest row at that level get
 padding nodes (``valid = False``) at the end of the block, so a row's valid nodes stay in level order and grouped

@@ -1,4 +1,4 @@
-"""Draft-tree builders, one module per method family (spec §5)."""
+"""Draft-tree builders, one module per method family (docs/methods.md)."""
 
 from __future__ import annotations
 

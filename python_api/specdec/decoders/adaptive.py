@@ -1,4 +1,4 @@
-"""Adaptive draft depth from an acceptance head: SpecDec++ (spec §7.3) and its extension to draft trees.
+"""Adaptive draft depth from an acceptance head: SpecDec++ (docs/methods.md) and its extension to draft trees.
 
 The head maps the draft's final hidden state of a drafted node to Phat = the predicted probability that the node
 is accepted given that its parent was. Each node carries the predicted probability that its whole path is accepted

@@ -1,8 +1,8 @@
-"""Level-synchronous growth of one round's draft trees (spec §3.4, §5), shared by every tree decoder.
+"""Level-synchronous growth of one round's draft trees, shared by every tree decoder.
 
 A builder asks the drafter for next-token logits level by level, turns them into the draft law with the shared
 processing function, samples children with its method's rule (``expand``) and records, per internal node, the
-exact law the children were drawn from. Greedy mode (spec §8) never samples: children are the top-K tokens of
+exact law the children were drawn from. Greedy mode never samples: children are the top-K tokens of
 the raw draft logits.
 """
 
@@ -132,7 +132,7 @@ def to_token_ids(kids: Children, support: torch.Tensor) -> Children:
 
 
 def greedy_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k tokens of raw logits, descending, lowest id first on ties (spec §8); -inf entries are invalid.
+    """Top-k tokens of raw logits, descending, lowest id first on ties; -inf entries are invalid.
 
     Shape: logits [..., V] -> tokens [..., k], valid [..., k].
     """
@@ -168,7 +168,8 @@ def seed_block(generator: torch.Generator | None) -> Iterator[None]:
 
 def op_seed(generator: torch.Generator | None) -> int:
     """A fresh seed for one stochastic op call, drawn from the run's generator: the op's backend then draws its
-    noise itself from that Philox stream (spec §1.4), instead of the driver materialising float64 noise tensors."""
+    noise itself from that Philox stream (docs/kernels.md, Randomness contract), instead of the driver materialising
+    float64 noise tensors."""
     block = _SEED_BLOCK.get()
     device = generator.device if generator is not None else None  # a user's CUDA generator draws on its device
     if block is None or block[0] is not generator:
@@ -183,7 +184,7 @@ def iid_children(
     logits: torch.Tensor, logp: torch.Tensor | None, k: int, greedy: bool, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``k`` i.i.d. draws per node (SD chains, SpecInfer RRS, SpecTr). Greedy: one copy of argmax, since the
-    other copies would be identical (spec §8).
+    other copies would be identical.
 
     Shape: logits/logp [B, n, V] -> tokens [B, n, k], valid [B, n, k] (None in sampling mode: every draw is valid).
     """

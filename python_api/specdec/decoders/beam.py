@@ -1,9 +1,9 @@
-"""RSD-S: draft trees grown by stochastic beam search with truncated Gumbels (spec §2.3, §5.5).
+"""RSD-S: draft trees grown by stochastic beam search with truncated Gumbels (docs/methods.md, RRSw and RSD).
 
 Each level keeps the W (parent, token) pairs with the largest truncated scores; the level is regrouped by parent
-(stable, so each parent's children stay in descending score = draft order, spec §3.1 invariant 2) and becomes the
-next beam. Verification is RRSw against each node's *conditional* draft law. Greedy mode runs a deterministic
-beam search over summed draft log-probs (spec §8).
+(stable, so each parent's children stay in descending score = draft order, the sibling order of docs/kernels.md)
+and becomes the next beam. Verification is RRSw against each node's *conditional* draft law. Greedy mode runs a
+deterministic beam search over summed draft log-probs.
 """
 
 from __future__ import annotations

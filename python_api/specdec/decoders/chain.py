@@ -1,4 +1,4 @@
-"""SD: a chain of L draft tokens, each drawn from the draft law after the previous one (spec §4.1, §5.1)."""
+"""SD: a chain of L draft tokens, each drawn from the draft law after the previous one (docs/methods.md, SD)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SpecDec++ (spec §7.3): SD chains whose length adapts per row with an acceptance-prediction head.
+"""SpecDec++ (docs/methods.md): SD chains whose length adapts per row with an acceptance-prediction head.
 
 ``SpeculativeDecoder(target, draft, method="specdec_pp", head=head, threshold=h, draft_length=cap)`` is the
 decoder; the stopping rule lives in :mod:`specdec.decoders.adaptive` (shared with adaptive-depth trees) and the
@@ -17,7 +17,7 @@ __all__ = ["HiddenStateDrafter", "SpecDecPPDecoder"]
 
 
 class SpecDecPPDecoder(SpeculativeDecoder):
-    """``method="specdec_pp"``: SD with per-row adaptive draft length (spec §7).
+    """``method="specdec_pp"``: SD with per-row adaptive draft length.
 
     ``draft``: HF draft model (same vocabulary as the target). ``head``: acceptance head (e.g.
     :func:`specdec.train.load_head`) or any callable hidden [..., H] -> Phat. ``threshold``: h (stop once the

@@ -1,6 +1,6 @@
-"""SpecHub on binary trees (spec §4.5, §5.6): a node with two children draws the hub pair through
+"""SpecHub on binary trees (docs/methods.md, SpecHub): a node with two children draws the hub pair through
 sk.spechub_sample and stores its hub for the verifier; a node with one child takes slot 0 of the pair, which is a
-plain draw from p (SD node). Greedy: the top-2 draft tokens (= RRSw with K = 2, spec §8)."""
+plain draw from p (SD node). Greedy: the top-2 draft tokens (= RRSw with K = 2)."""
 
 from __future__ import annotations
 
@@ -26,5 +26,5 @@ class SpecHubBuilder(StaticTreeBuilder):
             return tokens, valid, None
         assert logp is not None
         draw = sk.spechub_sample(logp, seed=op_seed(generator), validate=False)
-        # The hub is stored per node and reused by the verifier, never recomputed (spec §13.2 item 12).
+        # The hub is stored per node and reused by the verifier, never recomputed.
         return draw.tokens[..., :k], draw.valid[..., :k], draw.hub

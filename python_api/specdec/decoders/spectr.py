@@ -1,4 +1,4 @@
-"""SpecTr: K independent draft chains of length L verified with K-SEQ depth by depth (spec §4.4, §5.3).
+"""SpecTr: K independent draft chains of length L verified with K-SEQ depth by depth (docs/methods.md, SpecTr).
 
 The template is sk.kseq_chain_parents(K, L): the root has K i.i.d. children, every other node one child. The
 verifier (verify_tree method "kseq") keeps the chains that agree with the accepted prefix alive. In greedy mode

@@ -1,4 +1,4 @@
-"""Static draft trees (spec §5.2, §5.4): SpecInfer RRS with i.i.d. siblings, RRSw and RSD-C with siblings drawn
+"""Static draft trees (docs/methods.md): SpecInfer RRS with i.i.d. siblings, RRSw and RSD-C with siblings drawn
 without replacement (Gumbel-top-k, whose descending order is the draft order the verifier must consume)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .base import StaticTreeBuilder, greedy_topk, iid_children, op_seed
 
 class IIDTreeBuilder(StaticTreeBuilder):
     """rrs: every node's children are i.i.d. draws; duplicates stay separate nodes with their own subtrees (the
-    verifier applies one residual update per copy, spec §4.2)."""
+    verifier applies one residual update per copy)."""
 
     def sample(
         self,
@@ -29,7 +29,7 @@ class IIDTreeBuilder(StaticTreeBuilder):
 
 class SWORTreeBuilder(StaticTreeBuilder):
     """rrsw / rsd_c: Gumbel-top-k without replacement; a node gets fewer children when the draft law has fewer
-    tokens with mass (spec §9.4). Greedy: top-k of the raw draft logits."""
+    tokens with mass. Greedy: top-k of the raw draft logits."""
 
     def sample(
         self,

@@ -5,7 +5,7 @@ lm_head reads) and the embedding of the next token — mixed by a trained ``Line
 (:class:`PairEmbedding`). The output h_i at position i is trained two ways: as the next target feature
 f_{i+1} (smooth-L1 regression) and, through a reduced-vocabulary head initialised from the target's output
 embedding, as the target's law of token x_{i+2}. When drafting deeper than one token the draft feeds its own h
-back in place of the target feature it does not have yet (spec §3.4 levels; :class:`specdec.FeatureDrafter`).
+back in place of the target feature it does not have yet (one level at a time; :class:`specdec.FeatureDrafter`).
 
 Exactness does not depend on any of this: the draft law p is whatever the model outputs, a deterministic
 function of the committed prefix (the target's hidden states are themselves such a function), and every verifier

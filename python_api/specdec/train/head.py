@@ -1,11 +1,11 @@
-"""SpecDec++ acceptance-prediction head and its training (spec §7.2, §7.4). Stage ``head``.
+"""SpecDec++ acceptance-prediction head and its training (docs/drafts.md). Stage ``head``.
 
 Head: ``D`` residual blocks ``x <- x + SiLU(W_d x + b_d)`` then ``Linear(H, 2)`` on the draft's final hidden state
 (after the final norm, fp32); ``Phat = softmax(logits)[1]`` = predicted probability that the token whose hidden state
 it sees is accepted. Blocks have independent weights by default; ``tie_blocks=True`` reuses one block D times (the
 reference code's quirk, needed to load its released checkpoints).
 
-Data (spec §7.4): on target responses X, the draft samples Y_i ~ p(.|prompt, X_<i) (teacher forcing, raw T = 1
+Data: on target responses X, the draft samples Y_i ~ p(.|prompt, X_<i) (teacher forcing, raw T = 1
 softmax); label P_i = min(1, q(Y_i) / p(Y_i)); token mixing builds Z with Z_i = X_i w.p. r (0.15) else Y_i; the
 head sees e_i(prompt, Z_<i, Y_i) at positions with Z_i = Y_i. q(Y_i) comes from the stored top-k target
 log-probs; a Y_i outside the target's top-k gets q = 0 (its true q is below the k-th largest probability; with
@@ -64,7 +64,7 @@ class AcceptanceHead(nn.Module):
 
 
 def weighted_bce(logits: torch.Tensor, target: torch.Tensor, w_rej: float, w_acc: float = 1.0) -> torch.Tensor:
-    """Soft-label weighted BCE of spec §7.4 step 5 (2-class form, normalised by the total weight)."""
+    """Soft-label weighted BCE (2-class form, normalised by the total weight)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     num = -(w_acc * target * logp[..., 1] + w_rej * (1 - target) * logp[..., 0]).sum()
     return num / (w_rej * (1 - target) + w_acc * target).sum().clamp_min(1e-8)
@@ -82,7 +82,7 @@ class HeadConfig:
     depth: int = 3
     tie_blocks: bool = False
     w_rej: float = 6.0
-    threshold: float = 0.7  # default h for decoding (spec §7.4 step 7: robust pair w_rej = 6, h = 0.7)
+    threshold: float = 0.7  # default h for decoding (robust pair w_rej = 6, h = 0.7)
     mix_ratio: float = 0.15
     steps: int = 600
     batch_size: int = 256
@@ -95,7 +95,7 @@ class HeadConfig:
 def head_features(
     draft: Any, records: list[dict[str, Any]], cfg: HeadConfig, *, progress: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Hidden states e_i and labels P_i for the head (spec §7.4 steps 2-4), from the draft in its own dtype."""
+    """Hidden states e_i and labels P_i for the head, from the draft in its own dtype."""
     head_ids = draft.lm_head.head_ids
     g = torch.Generator().manual_seed(sub_seed(cfg.seed, "head_features"))
     feats, labels = [], []
