@@ -3,7 +3,7 @@
 Backends: ``torch`` (the reference, always present), ``cpu`` (C++/OpenMP extension), ``triton`` and ``cuda``.
 ``backend="auto"`` walks a preference list chosen by the device of the first tensor argument; an explicitly
 requested backend that cannot serve the call raises :class:`BackendUnavailableError` naming the op, the backend,
-the reason and the backends that would work (DESIGN.md §3).
+the reason and the backends that would work (docs/kernels.md, Backends and dispatch).
 """
 
 from __future__ import annotations

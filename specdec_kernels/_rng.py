@@ -1,4 +1,4 @@
-"""Counter-based noise (spec §1.4): Philox-4x32-10 keyed by the seed, counted by (purpose, row, index).
+"""Counter-based noise: Philox-4x32-10 keyed by the seed, counted by (purpose, row, index).
 
 Every backend can draw the noise of an op itself from a ``seed`` instead of reading a noise tensor. The stream is
 defined here, in plain integer torch code, and the C++ (``csrc/include/specdec/common.h``), CUDA and Triton
@@ -11,8 +11,8 @@ Layout: the noise an op would take in test mode has a shape ``[..., n]``; its el
     (a, b)  = words (0, 1) of Philox-4x32-10(counter, key) when i is even, words (2, 3) when i is odd
     U       = (2 * m + 1) * 2**-53,  m = (a >> 12) * 2**32 + b      (52 random bits, U in (0, 1) exactly)
 
-``purpose`` keeps the streams independent (spec §1.4): DRAFT for drafting noise, ACCEPT for acceptance uniforms,
-FINAL for the final (corrected/bonus) sample.
+``purpose`` keeps the streams independent, which exactness requires: DRAFT for drafting noise, ACCEPT for acceptance
+uniforms, FINAL for the final (corrected/bonus) sample. The ops' side: docs/kernels.md, Randomness contract.
 """
 
 from __future__ import annotations

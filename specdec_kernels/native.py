@@ -144,7 +144,7 @@ def _on_cpu(device: torch.device) -> bool:
 if HAVE_CPU:
     ops = torch.ops.specdec
 
-    # ---- tree layout (spec §3.2, §3.3, §3.7) ----
+    # ---- tree layout ----
 
     @register("tree_positions", "cpu", supports=_on_cpu)
     def tree_positions(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
@@ -205,7 +205,7 @@ if HAVE_CPU:
     ) -> torch.Tensor:
         return q.new_empty(q.shape)
 
-    # ---- sampling (spec §1.3, §2.1, §2.2) ----
+    # ---- sampling ----
 
     @register("process_logits", "cpu", supports=_on_cpu)
     def process_logits(
@@ -248,7 +248,7 @@ if HAVE_CPU:
             logp.new_empty(shape, dtype=torch.float64),
         )
 
-    # ---- tree drafting (spec §2.3 stochastic beam search, §4.5 SpecHub, §4.4 K-SEQ gamma) ----
+    # ---- tree drafting (stochastic beam search, SpecHub, K-SEQ gamma) ----
 
     @register("sbs_step", "cpu", supports=_on_cpu)
     def sbs_step(
@@ -307,7 +307,7 @@ if HAVE_CPU:
         batch = p.shape[0]
         return p.new_empty((batch,), dtype=torch.float64), p.new_empty((batch,), dtype=torch.float64)
 
-    # ---- verification (spec §4.1, §8) ----
+    # ---- verification (chain SD, greedy included) ----
 
     @register("verify_chain", "cpu", supports=_on_cpu)
     def verify_chain(
@@ -338,7 +338,7 @@ if HAVE_CPU:
         batch = draft.shape[0]
         return draft.new_empty((batch,), dtype=torch.long), draft.new_empty((batch,), dtype=torch.long)
 
-    # ---- node and tree verifiers (spec §3.6, §4) ----
+    # ---- node and tree verifiers ----
 
     @register("verify_node", "cpu", supports=_on_cpu)
     def verify_node(

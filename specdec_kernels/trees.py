@@ -1,4 +1,4 @@
-"""Static tree topologies in the flattened level-order layout of spec §3.1 (node 0 = root, parent[0] = -1)."""
+"""Static tree topologies in the flattened level-order layout of docs/kernels.md (node 0 = root, parent[0] = -1)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def kseq_chain_parents(k: int, length: int) -> list[int]:
 
 def check_parents(parents: Sequence[int]) -> list[int]:
     """Validate a level-order parent list: parent[0] = -1, parent[n] in [0, n), depth non-decreasing,
-    siblings contiguous with parents in increasing order (spec §3.1 invariants 1-2)."""
+    siblings contiguous with parents in increasing order."""
     par = [int(x) for x in parents]
     if not par or par[0] != -1:
         raise ValueError(f"parents[0] must be -1 (node 0 is the root), got {par[:1]}")

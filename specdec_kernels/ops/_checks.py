@@ -113,7 +113,7 @@ def check_uniform(name: str, t: torch.Tensor, shape: Sequence[int], *, open_low:
 
 
 class NoisePlan:
-    """Where an op's noise comes from (spec §1.4).
+    """Where an op's noise comes from (docs/kernels.md, Randomness contract).
 
     * explicit noise tensors (test mode) are validated and passed through;
     * ``generator=``: the op layer draws float64 uniforms with torch (53 bits);
@@ -147,7 +147,7 @@ class NoisePlan:
         if self.generator is None:
             return None
         u = torch.rand(tuple(shape), dtype=torch.float64, generator=self.generator, device=device)
-        # 53 random bits (spec §1.4 amendment); (0, 1) for Gumbel noise: 0 is nudged to 2**-60
+        # 53 random bits (docs/kernels.md, Randomness contract); (0, 1) for Gumbel noise: 0 is nudged to 2**-60
         return u.clamp_min_(2.0**-60) if open_low else u
 
 

@@ -1,4 +1,4 @@
-"""Public sampling ops: validate, draw noise when none is given, dispatch (spec §1.3, §2, §4.5)."""
+"""Public sampling ops: validate, draw noise when none is given, dispatch."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class SpecHubDraft(NamedTuple):
 
 
 def is_greedy(temperature: float) -> bool:
-    """True when ``temperature`` selects the greedy path (T < 1e-5, spec §1.3)."""
+    """True when ``temperature`` selects the greedy path (T < 1e-5)."""
     return temperature < GREEDY_TEMPERATURE
 
 
@@ -55,7 +55,7 @@ def process_logits(
     log: bool = True,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """Temperature, then top-k, then top-p, then fp32 log-softmax (spec §1.3).
+    """Temperature, then top-k, then top-p, then fp32 log-softmax (docs/methods.md, notation).
 
     Shape: logits [..., V] (any float dtype) -> logp [..., V] float32 with -inf for masked tokens.
     ``temperature < 1e-5`` is greedy mode: the result is the one-hot log-law of argmax (lowest id on ties).
@@ -92,10 +92,11 @@ def sample_categorical(
     backend: str | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """One Gumbel-max sample per row (spec §2.1).
+    """One Gumbel-max sample per row.
 
     Shape: logp [..., V] -> tokens [...] int64. ``noise`` [..., V]: uniforms in (0, 1) (float64 preferred).
-    ``seed=`` draws the noise inside the backend (Philox, spec §1.4), ``generator=`` in torch.
+    ``seed=`` draws the noise inside the backend (Philox; docs/kernels.md, Randomness contract), ``generator=`` in
+    torch.
     ``validate=False`` skips the O(V) value checks (NaN/inf/empty rows) for callers that pass the output of
     ``process_logits`` unchanged; shapes and types are still checked and the kernels still bounds-check.
     """
@@ -117,7 +118,7 @@ def gumbel_topk(
     backend: str | None = None,
     validate: bool = True,
 ) -> GumbelTopK:
-    """Gumbel-top-k: k draws without replacement, in draw order (spec §2.2).
+    """Gumbel-top-k: k draws without replacement, in draw order (RSD, docs/methods.md).
 
     Shape: logp [..., V] -> tokens/valid/score [..., k]. Candidates with p = 0 (score -inf) or drawn after the
     remaining mass fell below 1e-7 are invalid (token -1). ``noise`` [..., V] uniforms in (0, 1).
@@ -148,7 +149,7 @@ def sbs_step(
     backend: str | None = None,
     validate: bool = True,
 ) -> SBSStep:
-    """One stochastic-beam-search expansion with truncated Gumbels (spec §2.3).
+    """One stochastic-beam-search expansion with truncated Gumbels (RSD-S, docs/methods.md).
 
     Shape: logp [B, Win, V] conditional draft log-probs of the beam entries, sigma/gamma [B, Win] (root: 0, 0),
     beam_valid [B, Win] bool -> SBSStep fields [B, Wout], sorted by descending gamma. ``noise`` [B, Win, V].
@@ -187,7 +188,7 @@ def spechub_sample(
     backend: str | None = None,
     validate: bool = True,
 ) -> SpecHubDraft:
-    """SpecHub's two drafts through the hub a = argmax p (spec §4.5).
+    """SpecHub's two drafts through the hub a = argmax p (docs/methods.md, SpecHub).
 
     Shape: logp [..., V] -> tokens [..., 2], hub [...], valid [..., 2]. Store ``hub`` and pass it to the
     verifier; never recompute it. ``noise`` [..., V] uniforms in (0, 1).

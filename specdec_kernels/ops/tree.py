@@ -1,4 +1,4 @@
-"""Public tree-layout ops: attention mask, position ids, KV-cache filtering (spec §3.2, §3.3, §3.7)."""
+"""Public tree-layout ops: attention mask, position ids, KV-cache filtering."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def tree_mask(
     backend: str | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """4-D additive attention mask of a tree forward for HF models (spec §3.3).
+    """4-D additive attention mask of a tree forward for HF models.
 
     Shape: parent [B, N] (level order, node 0 = root), valid [B, N] bool, past_valid [B, past_len] bool
     (cache slots a row may attend; default all) -> mask [B, 1, N, past_len + N] in ``dtype``: 0 = attend,
@@ -79,7 +79,7 @@ def tree_positions(
     backend: str | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Position ids of tree nodes: P - 1 + depth (spec §3.2); siblings share a position.
+    """Position ids of tree nodes: P - 1 + depth; siblings share a position.
 
     Shape: depth [B, N] ints >= 0 (root depth 0), prefix_len int or [B] = P committed tokens incl. the root
     -> position_ids [B, N] int64. ``validate=False`` skips the value checks (depth >= 0, P >= 1) for a caller
@@ -102,7 +102,7 @@ def filter_kv(
     backend: str | None = None,
     validate: bool = True,
 ) -> torch.Tensor:
-    """Keep the accepted path in per-layer K/V tensors, in place (spec §3.7).
+    """Keep the accepted path in per-layer K/V tensors, in place.
 
     Shape: kv = tensors [B, H, S, D] (sequence on dim -2) holding the committed prefix at [0, P) (root at P-1)
     and draft node n at slot P-1+n; prefix_len int or [B] = P; accepted_nodes [B, L] node ids (-1 padded),

@@ -1,4 +1,4 @@
-"""Public verification ops: node verifiers, chains and ragged trees (spec §3.6, §4)."""
+"""Public verification ops: node verifiers, chains and ragged trees (docs/methods.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _check_pq(p: torch.Tensor, q: torch.Tensor, p_name: str = "p", q_name: str =
 def kseq_gamma(
     p: torch.Tensor, q: torch.Tensor, k: int | torch.Tensor, *, backend: str | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SpecTr K-SEQ parameter: the smallest valid gamma in [1, K] and beta(gamma) (spec §4.4).
+    """SpecTr K-SEQ parameter: the smallest valid gamma in [1, K] and beta(gamma) (docs/methods.md, SpecTr).
 
     Shape: p, q [B, V] probabilities; k int or [B] ints >= 1 -> gamma [B], beta [B] float64.
     """
@@ -82,7 +82,7 @@ def _check_candidates(cand: torch.Tensor, cand_valid: torch.Tensor, p: torch.Ten
     if bool((cand_valid & (drafted_p <= 0)).any()):
         raise ValueError(
             "a valid candidate has zero draft probability under p; p must be the exact distribution the "
-            "candidates were sampled from (spec §1.3)"
+            "candidates were sampled from"
         )
 
 
@@ -101,12 +101,12 @@ def verify_node(
     analytic: bool = False,
     backend: str | None = None,
 ) -> NodeVerdict:
-    """Verify the K candidates of one node per row with ``method`` in sd, rrs, rrsw, kseq, spechub (spec §4).
+    """Verify the K candidates of one node per row with ``method`` in sd, rrs, rrsw, kseq, spechub (docs/methods.md).
 
     Shape: cand [B, K] int64 in draft order, cand_valid [B, K] bool, p [B, V] draft law the candidates were drawn
     from, q [B, V] target law, hub [B] (spechub), accept_u [B, K] uniforms in [0, 1) (slot j uses
     accept_u[:, j]), final_noise [B, V] uniforms in (0, 1). ``analytic=True`` also returns each slot's acceptance
-    probability (given it is reached) and the final residual, for exact enumeration (spec §10.2).
+    probability (given it is reached) and the final residual, for exact enumeration (docs/exactness.md).
     sd needs K = 1; spechub needs K = 2 with the hub among the valid candidates; rrsw needs distinct candidates.
     """
     method = check_method(method)
@@ -145,7 +145,7 @@ def verify_node(
     elif hub is not None:
         raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
-    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed)
     u = plan.noise("accept_u", accept_u, (batch, k), p.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), p.device, open_low=True)
@@ -177,7 +177,7 @@ def verify_chain(
     seed: int | None = None,
     backend: str | None = None,
 ) -> ChainVerdict:
-    """Standard speculative sampling of a draft chain (spec §4.1; greedy §8).
+    """Standard speculative sampling of a draft chain (docs/methods.md, SD; greedy: accept iff x == argmax q).
 
     Shape: draft [B, L] int64, p [B, L, V] draft laws the tokens were sampled from (unused and may be None when
     ``greedy``), q [B, L+1, V] target laws (logits are fine when greedy), lengths [B] (default L) for ragged
@@ -223,7 +223,7 @@ def verify_chain(
         check_probs("q (rows in use)", q, rows=q_use)
         _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
-    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed)
     u = plan.noise("accept_u", accept_u, (batch, length), q.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q.device, open_low=True)
@@ -260,7 +260,7 @@ def _check_tree(parent: torch.Tensor, valid: torch.Tensor) -> None:
     masked = torch.where(live, par, torch.full_like(par, -1))
     running = torch.cummax(masked, dim=1).values
     if bool((live & (par < running)).any()):
-        raise ValueError("valid nodes must be in level order and grouped by parent (parents non-decreasing, spec §3.1)")
+        raise ValueError("valid nodes must be in level order and grouped by parent (parents non-decreasing)")
 
 
 def verify_tree(
@@ -282,7 +282,7 @@ def verify_tree(
     validate: bool = True,
     depth: torch.Tensor | None = None,
 ) -> TreeVerdict:
-    """Walk a batch of ragged draft trees and verify each visited node with ``method`` (spec §3.6).
+    """Walk a batch of ragged draft trees and verify each visited node with ``method``.
 
     Shape: tokens [B, N] (node 0 = root), parent [B, N] (parent[:, 0] = -1, level order, siblings in draft
     order), valid [B, N] bool (default all), p_rows [B, N, V] draft law at each internal node (None when
@@ -290,12 +290,12 @@ def verify_tree(
     the node's candidates uses accept_u[:, node, j]; for kseq Kmax >= number of chains), final_noise [B, V].
     Returns accepted_nodes [B, L], n_accepted [B], next_token [B], accepted_rank [B, L] with L = max depth.
     ``kseq`` treats the tree as SpecTr chains: after accepting token t, the candidates are the children of all
-    alive chain nodes carrying t (spec §5.3). ``validate=False`` skips the O(N V) value checks (laws sum to 1,
-    drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for callers that built
-    the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and types are still checked
-    and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths when the caller already has them
-    (the driver's trees carry them); they only size the outputs (L), are checked against ``parent`` when
-    ``validate`` is true, and default to ``depth_from_parents(parent)``.
+    alive chain nodes carrying t (docs/methods.md, SpecTr). ``validate=False`` skips the O(N V) value checks
+    (laws sum to 1, drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for
+    callers that built the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and
+    types are still checked and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths when the
+    caller already has them (the driver's trees carry them); they only size the outputs (L), are checked against
+    ``parent`` when ``validate`` is true, and default to ``depth_from_parents(parent)``.
     """
     method = check_method(method)
     check_tensor("tokens", tokens, ndim=2)
@@ -358,7 +358,7 @@ def verify_tree(
                 f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
             )
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
-    # stay independent (spec §1.4); two generators seeded alike would correlate them.
+    # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed)
     u_shape = (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2])
     u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
@@ -418,7 +418,7 @@ def _check_tree_values(
         if bool((child & (drafted_p <= 0)).any()):
             raise ValueError(
                 "a draft node's token has zero probability under p_rows of its parent; p_rows must be the exact "
-                "draft laws the children were sampled from (spec §1.3)"
+                "draft laws the children were sampled from"
             )
     if method == "spechub" and not greedy:
         if hub is None:

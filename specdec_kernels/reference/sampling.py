@@ -1,4 +1,4 @@
-"""Backend "torch": sampling primitives (spec §1.3, §2.1-§2.3, §4.5 drafting).
+"""Backend "torch": sampling primitives (logits processing, Gumbel-max, Gumbel-top-k, SBS, SpecHub drafting).
 
 Noise arrives as float64 uniforms (or, when None, is drawn from the Philox stream of ``seed``); Gumbel scores are
 formed in float64 from fp32 log-probs, so every backend can reproduce the same argmax decisions. Ties break to the
@@ -15,7 +15,7 @@ from .._registry import register
 from .._rng import DRAFT, noise_or_philox
 
 NEG_INF = float("-inf")
-SWOR_MASS_EPS = 1e-7  # spec §2.2: stop drawing once the remaining draft mass is this small
+SWOR_MASS_EPS = 1e-7  # Gumbel-top-k: stop drawing once the remaining draft mass is this small
 
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,7 @@ def greedy_threshold() -> float:
 def process_logits(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float, log: bool = True
 ) -> torch.Tensor:
-    """Spec §1.3: temperature -> top-k -> top-p -> fp32 log-softmax. T < 1e-5 gives the one-hot argmax row.
+    """Temperature -> top-k -> top-p -> fp32 log-softmax. T < 1e-5 gives the one-hot argmax row.
     ``log=False``: the probabilities, softmax of the same log-probs."""
     out = _process_logits(logits, temperature, top_k, top_p)
     return out if log else torch.softmax(out, dim=-1)
@@ -63,7 +63,7 @@ def _process_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p:
 
 @register("sample_categorical", "torch")
 def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0) -> torch.Tensor:
-    """Spec §2.1 Gumbel-max: argmax_v logp[v] + G[v] (torch.argmax returns the first maximum)."""
+    """Gumbel-max: argmax_v logp[v] + G[v] (torch.argmax returns the first maximum)."""
     noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     return torch.argmax(logp.double() + gumbel(noise), dim=-1)
 
@@ -72,7 +72,7 @@ def sample_categorical(logp: torch.Tensor, noise: torch.Tensor | None, seed: int
 def gumbel_topk(
     logp: torch.Tensor, k: int, noise: torch.Tensor | None, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spec §2.2: the k largest perturbed log-probs, descending = a sequential draw without replacement."""
+    """Gumbel-top-k: the k largest perturbed log-probs, descending = a sequential draw without replacement."""
     noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     scores = logp.double() + gumbel(noise)
     sorted_s, order = torch.sort(scores, dim=-1, descending=True, stable=True)
@@ -94,7 +94,7 @@ def log1mexp(a: torch.Tensor) -> torch.Tensor:
 
 
 def truncated_gumbel(u: torch.Tensor, phit: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """Spec §2.3 stable Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z))."""
+    """Stable Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z))."""
     masked = phit == NEG_INF
     at_max = phit == z
     safe_phit = torch.where(masked, z, phit)
@@ -114,7 +114,7 @@ def sbs_step(
     noise: torch.Tensor | None,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spec §2.3: one stochastic-beam-search expansion with truncated Gumbels, top-W over all (parent, token)."""
+    """One stochastic-beam-search expansion with truncated Gumbels, top-W over all (parent, token)."""
     noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     batch, w_in, vocab = logp.shape
     sig = torch.where(beam_valid, sigma.double(), torch.zeros_like(sigma, dtype=torch.float64))
@@ -139,7 +139,7 @@ def sbs_step(
 def spechub_sample(
     logp: torch.Tensor, noise: torch.Tensor | None, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spec §4.5 drafting: hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a)."""
+    """SpecHub drafting: hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a)."""
     noise = noise_or_philox(noise, seed, DRAFT, logp.shape, logp.device)
     hub = torch.argmax(logp, dim=-1)
     (y, y_valid, _) = gumbel_topk(logp, min(2, logp.shape[-1]), noise)

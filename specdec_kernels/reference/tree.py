@@ -1,4 +1,4 @@
-"""Backend "torch": tree attention mask, position ids and KV-cache filtering (spec §3.2, §3.3, §3.7)."""
+"""Backend "torch": tree attention mask, position ids and KV-cache filtering."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def tree_mask(parent: torch.Tensor, valid: torch.Tensor, past_valid: torch.Tenso
 
 @register("tree_positions", "torch")
 def tree_positions(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tensor:
-    """Spec §3.2: node n sits at position P - 1 + depth[n] (the root is the last committed token)."""
+    """Node n sits at position P - 1 + depth[n] (the root is the last committed token)."""
     return (prefix_len[:, None] - 1 + depth).to(torch.long)
 
 
@@ -42,7 +42,7 @@ def tree_positions(depth: torch.Tensor, prefix_len: torch.Tensor) -> torch.Tenso
 def filter_kv(
     kv: Sequence[torch.Tensor], prefix_len: torch.Tensor, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor
 ) -> torch.Tensor:
-    """Spec §3.7, in place on every [B, H, S, D] tensor: slot P-1+n_j moves to slot P+j (j = 0-based depth-1)."""
+    """In place on every [B, H, S, D] tensor: slot P-1+n_j moves to slot P+j (j = 0-based depth-1)."""
     for b in range(accepted_nodes.shape[0]):
         m = int(n_accepted[b])
         if m == 0:

@@ -1,4 +1,4 @@
-"""Backend "torch": node, chain and tree verifiers (spec §2.4, §3.6, §4.1-§4.5, §8).
+"""Backend "torch": node, chain and tree verifiers (docs/methods.md; floating-point rules: docs/exactness.md).
 
 Readable loops over rows; every probability vector is computed in ``cd`` = float64 when an input is float64
 (oracle mode) and float32 otherwise. Acceptance tests are division-free and compared in float64:
@@ -17,12 +17,12 @@ NEG_INF = float("-inf")
 
 
 def zero_mass_tol(dtype: torch.dtype) -> float:
-    """Spec §2.4: below this residual mass the residual falls back to the current target."""
+    """Zero-mass rule (docs/exactness.md): below this residual mass the residual falls back to the current target."""
     return 1e-12 if dtype == torch.float64 else 1e-6
 
 
 def residual(r: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """res(r, s) = Norm[(r - s)^+], or r itself when the mass is numerically zero (spec §2.4)."""
+    """res(r, s) = Norm[(r - s)^+], or r itself when the mass is numerically zero (the zero-mass rule)."""
     m = (r - s).clamp_min(0.0)
     tot = m.sum()
     if tot <= zero_mass_tol(r.dtype):
@@ -48,7 +48,7 @@ def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> int:
 
 
 def hub_rest(p: torch.Tensor, a: int) -> torch.Tensor:
-    """Sum of the non-hub draft probabilities, accumulated in float64 (spec §4.5).
+    """Sum of the non-hub draft probabilities, accumulated in float64 (docs/exactness.md, Normalisers).
 
     The sampler draws the second draft of a pair (a, i) from p restricted to i != a, so this sum, not 1 - p(a), is
     the normaliser of Q(a, i) = p(a) p(i) / rest: a row sums to 1 only within its rounding, and 1 - p(a) loses every
@@ -57,11 +57,11 @@ def hub_rest(p: torch.Tensor, a: int) -> torch.Tensor:
     return torch.cat([p[:a], p[a + 1 :]]).double().sum()
 
 
-KSEQ_EQUAL_TOL = 1e-12  # sum_v min(p, q) within this of the larger row mass: gamma* = 1 (spec §4.4, p = q)
+KSEQ_EQUAL_TOL = 1e-12  # sum_v min(p, q) within this of the larger row mass: gamma* = 1 (K-SEQ with p = q)
 
 
 def kseq_gamma_row(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[float, float]:
-    """Spec §4.4: smallest g in [1, k] with h(g) >= 0 by 40 fp64 bisection steps (upper bracket)."""
+    """K-SEQ: smallest g in [1, k] with h(g) >= 0 by 40 fp64 bisection steps (upper bracket)."""
     p64, q64 = p.double(), q.double()
 
     def beta(g: float) -> float:
@@ -101,7 +101,7 @@ def node_chain(
     q: torch.Tensor,
     hub: int | None,
 ) -> tuple[list[tuple[int, torch.Tensor, torch.Tensor]], torch.Tensor]:
-    """The test sequence of one node, independent of the uniforms (spec §2.4 kernel note).
+    """The test sequence of one node, independent of the uniforms.
 
     Returns ``tests`` = [(slot, den, num)] in test order (accept slot iff U[slot] * den < num) and the final
     residual (normalized) used when every test fails. ``cand`` lists the valid candidate tokens by slot.
@@ -125,7 +125,7 @@ def node_chain(
         return tests, r
     if method == "kseq":
         g, be = kseq_gamma_row(p, q, len(cand))
-        if be <= 0.0:  # disjoint supports (spec §9.11): nothing can be accepted; sample q directly
+        if be <= 0.0:  # disjoint supports: nothing can be accepted; sample q directly
             return [(j, torch.ones((), dtype=p.dtype), torch.zeros((), dtype=p.dtype)) for j in range(len(cand))], q
         for j, x in enumerate(cand):
             tests.append((j, g * p[x], q[x]))
@@ -186,7 +186,7 @@ def verify_node(
     analytic: bool,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Spec §4: one node per row. Returns slot (-1 = none), token, and in analytic mode accept_prob, residual."""
+    """One node per row. Returns slot (-1 = none), token, and in analytic mode accept_prob, residual."""
     cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
     batch, k = cand.shape
     accept_u = noise_or_philox(accept_u, seed, ACCEPT, (batch, k), p.device)
@@ -232,7 +232,7 @@ def verify_chain(
     eos: torch.Tensor | None,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spec §4.1 chain SD (greedy: §8). Row b verifies draft[b, :lengths[b]]."""
+    """Chain SD (greedy: accept iff x == argmax q). Row b verifies draft[b, :lengths[b]]."""
     batch = draft.shape[0]
     accept_u = noise_or_philox(accept_u, seed, ACCEPT, draft.shape, q.device)
     final_noise = noise_or_philox(final_noise, seed, FINAL, (batch, q.shape[-1]), q.device)
@@ -281,7 +281,7 @@ def verify_tree(
     max_depth: int,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Spec §3.6 TreeVerify per row. For ``kseq`` (SpecTr, §5.3) the candidates after an acceptance are the
+    """TreeVerify per row. For ``kseq`` (SpecTr) the candidates after an acceptance are the
     children of every alive chain node that carries the accepted token (chains sharing the prefix)."""
     batch, n = tokens.shape
     # a node has at most N - 1 candidates (kseq: chains); Philox elements do not depend on the width

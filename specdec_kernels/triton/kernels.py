@@ -17,9 +17,9 @@ import triton.language as tl
 from .. import _rng
 
 BLOCK = 1024
-ZERO_MASS_TOL = tl.constexpr(1e-6)  # spec §2.4 fp32 rule, same as the reference for fp32 inputs
-ZERO_MASS_TOL_F64 = tl.constexpr(1e-12)  # spec §2.4 fp64 rule: SpecHub's plan is fp64
-SWOR_MASS_EPS = tl.constexpr(1e-7)  # spec §2.2
+ZERO_MASS_TOL = tl.constexpr(1e-6)  # zero-mass rule in fp32 (docs/exactness.md), same as the reference for fp32 inputs
+ZERO_MASS_TOL_F64 = tl.constexpr(1e-12)  # zero-mass rule in fp64: SpecHub's plan is fp64
+SWOR_MASS_EPS = tl.constexpr(1e-7)  # Gumbel-top-k: stop drawing once the remaining draft mass is this small
 
 
 def _block(vocab: int) -> int:
@@ -36,8 +36,9 @@ def _gumbel(u):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# counter-based noise (spec §1.4, ``specdec_kernels._rng``): with RNG=True a kernel draws the uniforms of the
-# stream (seed, purpose) itself instead of reading a noise tensor; the bits equal ``_rng.philox_uniform``.
+# counter-based noise (docs/kernels.md, Randomness contract; ``specdec_kernels._rng``): with RNG=True a kernel draws
+# the uniforms of the stream (seed, purpose) itself instead of reading a noise tensor; the bits equal
+# ``_rng.philox_uniform``.
 
 DRAFT = tl.constexpr(_rng.DRAFT)  # the `noise` of the drafting ops
 ACCEPT = tl.constexpr(_rng.ACCEPT)  # acceptance uniforms
@@ -167,7 +168,7 @@ def _argmax_plain(row_ptr, V, LOG_INPUT: tl.constexpr, BLOCK_V: tl.constexpr):
 def _sample_residual(
     q_ptr, s_ptr, scale, noise_ptr, noise_row, seed_lo, seed_hi, V, RNG: tl.constexpr, BLOCK_V: tl.constexpr
 ):
-    """Sample Norm[(q - scale*s)^+] by Gumbel-max; falls back to q when the mass is numerically zero (§2.4).
+    """Sample Norm[(q - scale*s)^+] by Gumbel-max; falls back to q when the mass is numerically zero.
 
     Shape: q_ptr, s_ptr -> [V] fp32 probabilities; noise_ptr -> [V] fp64, or (RNG) the FINAL Philox row."""
     tot = tl.zeros((), tl.float32)
@@ -503,7 +504,7 @@ def verify_chain(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# node verifiers (spec §4): one row's candidate chain, shared by verify_node and verify_tree
+# node verifiers (docs/methods.md): one row's candidate chain, shared by verify_node and verify_tree
 
 M_RRS = 0  # sd and rrs: residual against the same p every round
 M_RRSW = 1
@@ -530,7 +531,7 @@ def _copy_row(src_ptr, dst_ptr, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _residual_inplace(r_ptr, s_ptr, V, BLOCK_V: tl.constexpr):
-    """r <- Norm[(r - s)^+] in place, or r unchanged when the mass is numerically zero (spec §2.4)."""
+    """r <- Norm[(r - s)^+] in place, or r unchanged when the mass is numerically zero."""
     tot = tl.zeros((), tl.float32)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
@@ -549,7 +550,7 @@ def _residual_inplace(r_ptr, s_ptr, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _remove_and_renormalize(s_ptr, x, V, BLOCK_V: tl.constexpr):
-    """SWOR: s(x) <- 0, s <- Norm[s] (p^{(k+1)} of spec §4.3)."""
+    """SWOR: s(x) <- 0, s <- Norm[s] (p^(k+1) of RRSw, docs/methods.md)."""
     tl.store(s_ptr + x, 0.0)
     tot = tl.zeros((), tl.float32)
     for start in range(0, V, BLOCK_V):
@@ -587,7 +588,7 @@ def _pow_int(x, k):
 
 @triton.jit
 def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
-    """Spec §4.4: smallest g in [1, k] with h(g) >= 0, 40 fp64 bisection steps, upper bracket."""
+    """K-SEQ: smallest g in [1, k] with h(g) >= 0, 40 fp64 bisection steps, upper bracket."""
     a1, be1 = _kseq_sums(p_ptr, q_ptr, tl.full((), 1.0, tl.float64), V, BLOCK_V)
     # the rows' masses, summed in the order of be1: p = q gives be1 == mass exactly
     mp = tl.zeros((), tl.float64)
@@ -616,7 +617,7 @@ def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
 
 @triton.jit
 def _hub_terms(pa, p, q, rest):
-    """SpecHub's Q(a, i) = p(a) p(i) / rest, q1 = q - min(p, q) and A2 = min(Q(a, i), q1), all fp64 (spec §4.5)."""
+    """SpecHub's Q(a, i) = p(a) p(i) / rest, q1 = q - min(p, q) and A2 = min(Q(a, i), q1), all fp64."""
     qai = tl.where(rest > 0.0, pa * p / tl.where(rest > 0.0, rest, 1.0), 0.0)
     q1 = q - tl.minimum(p, q)
     return qai, q1, tl.minimum(qai, q1)
@@ -723,7 +724,8 @@ def _verify_node_row(
         else:
             # The plan in fp64: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and fp32 rounding
             # of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the
-            # non-hub mass the sampler drew i from (spec §4.5), not 1 - p(a). Only the residual is stored in fp32.
+            # non-hub mass the sampler drew i from, not 1 - p(a) (docs/exactness.md). The residual alone is stored
+            # in fp32.
             pa = tl.load(p_ptr + hub).to(tl.float64)
             qa = tl.load(q_ptr + hub).to(tl.float64)
             rest = tl.zeros((), tl.float64)
@@ -885,7 +887,7 @@ def verify_node(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# verify_tree (spec §3.6): one program walks one row's tree
+# verify_tree: one program walks one row's tree
 
 
 @triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
@@ -1082,7 +1084,7 @@ def verify_tree(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# process_logits (spec §1.3)
+# process_logits
 
 
 @triton.jit
@@ -1228,7 +1230,7 @@ def _spechub_sample_kernel(
     RNG: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """Hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a) (spec §4.5)."""
+    """Hub a = argmax p; Gumbel-top-2 (y1, y2); drafts (a, y2) if y1 == a else (y1, a) (SpecHub drafting)."""
     row = tl.program_id(0).to(tl.int64)
     lp_row = logp_ptr + row * V
     u_row = noise_ptr + row * V
@@ -1359,7 +1361,7 @@ def filter_kv(
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# sbs_step (spec §2.3): per-parent top-W by perturbed score, truncation of those candidates, then a global top-W
+# sbs_step: per-parent top-W by perturbed score, truncation of those candidates, then a global top-W
 
 
 @triton.jit
@@ -1379,7 +1381,8 @@ def _log1p(x):
 
 @triton.jit
 def _truncated_gumbel(u, phit, z):
-    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)), with the guards of spec §2.3."""
+    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) in a stable form, with
+    phit = Z giving u and phit = -inf giving -inf."""
     a = tl.minimum(phit - z, 0.0)
     l1m = tl.where(a > -0.6931471805599453, tl.log(-_expm1(a)), _log1p(-tl.exp(a)))
     v = u - phit + l1m
@@ -1480,7 +1483,7 @@ def sbs_step(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     batch, w_in, vocab = logp.shape
     dev = logp.device
-    wsel = min(w_out, vocab)  # at most w_out children of one parent can survive (spec §2.3 kernel note)
+    wsel = min(w_out, vocab)  # at most w_out children of one parent can survive
     c = w_in * wsel
     outs = (
         torch.empty((batch, w_out), dtype=torch.long, device=dev),
