@@ -24,44 +24,44 @@ extern "C" PyObject* SPECDEC_PYINIT(SPECDEC_MODULE)(void) {
 }
 
 // Stochastic ops take their noise either as float64 uniform tensors (test mode) or, when a noise argument is None,
-// draw it from the Philox stream of `seed` (spec §1.4; layout in specdec_kernels/_rng.py): purpose DRAFT for `noise`,
-// ACCEPT for `accept_u`, FINAL for `final_noise`.
+// draw it from the Philox stream of `seed` (docs/kernels.md; layout in specdec_kernels/_rng.py): purpose DRAFT for
+// `noise`, ACCEPT for `accept_u`, FINAL for `final_noise`.
 TORCH_LIBRARY(specdec, m) {
-  // spec §3.2: depth [B, N], prefix_len [B] -> position ids [B, N]
+  // depth [B, N], prefix_len [B] -> position ids [B, N]
   m.def("tree_positions(Tensor depth, Tensor prefix_len) -> Tensor");
-  // spec §3.3: parent [B, N], valid [B, N], past_valid [B, P_kv] -> additive mask [B, 1, N, P_kv + N]
+  // parent [B, N], valid [B, N], past_valid [B, P_kv] -> additive mask [B, 1, N, P_kv + N]
   m.def("tree_mask(Tensor parent, Tensor valid, Tensor past_valid, ScalarType dtype) -> Tensor");
-  // spec §3.7: in place on every [B, H, S, D] tensor of kv; returns the new lengths [B]
+  // in place on every [B, H, S, D] tensor of kv; returns the new lengths [B]
   m.def("filter_kv(Tensor(a!)[] kv, Tensor prefix_len, Tensor accepted_nodes, Tensor n_accepted) -> Tensor");
   // kv [B, H, S, D] each -> the same tensors with S = length (in place; a helper of the driver's KV cache, not an op)
   m.def("crop_slots_(Tensor(a!)[] kv, int length) -> ()");
-  // spec §2.1: logp [..., V], noise [..., V] float64 uniforms -> tokens [...] int64
+  // logp [..., V], noise [..., V] float64 uniforms -> tokens [...] int64
   m.def("sample_categorical(Tensor logp, Tensor? noise, int seed=0) -> Tensor");
-  // spec §2.2: logp [..., V], noise [..., V] -> tokens [..., k] int64, valid [..., k] bool, score [..., k] float64
+  // logp [..., V], noise [..., V] -> tokens [..., k] int64, valid [..., k] bool, score [..., k] float64
   m.def("gumbel_topk(Tensor logp, int k, Tensor? noise, int seed=0) -> (Tensor, Tensor, Tensor)");
-  // spec §1.3: logits [..., V] -> fp32 log-probs [..., V] (-inf = masked), or the probabilities when log=False
+  // logits [..., V] -> fp32 log-probs [..., V] (-inf = masked), or the probabilities when log=False
   m.def("process_logits(Tensor logits, float temperature, int top_k, float top_p, bool log=True) -> Tensor");
-  // spec §2.3: logp [B, Win, V], sigma/gamma/beam_valid [B, Win], noise [B, Win, V] float64 uniforms
+  // logp [B, Win, V], sigma/gamma/beam_valid [B, Win], noise [B, Win, V] float64 uniforms
   // -> parent_slot [B, Wout] int64, tokens [B, Wout] int64, sigma [B, Wout] float64, gamma [B, Wout] float64
   // (descending), valid [B, Wout] bool
   m.def(
       "sbs_step(Tensor logp, Tensor sigma, Tensor gamma, Tensor beam_valid, int w_out, Tensor? noise, int seed=0) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // spec §4.5: logp [..., V], noise [..., V] -> tokens [..., 2] int64, hub [...] int64, valid [..., 2] bool
+  // logp [..., V], noise [..., V] -> tokens [..., 2] int64, hub [...] int64, valid [..., 2] bool
   m.def("spechub_sample(Tensor logp, Tensor? noise, int seed=0) -> (Tensor, Tensor, Tensor)");
-  // spec §4.4: p, q [B, V], k [B] -> gamma [B] float64, beta [B] float64
+  // p, q [B, V], k [B] -> gamma [B] float64, beta [B] float64
   m.def("kseq_gamma(Tensor p, Tensor q, Tensor k) -> (Tensor, Tensor)");
-  // spec §4.1/§8: draft [B, L], p [B, L, V] (None when greedy), q [B, L+1, V], lengths [B], accept_u [B, L],
+  // draft [B, L], p [B, L, V] (None when greedy), q [B, L+1, V], lengths [B], accept_u [B, L],
   // final_noise [B, V], eos [E] -> n_accepted [B], next_token [B]
   m.def(
       "verify_chain(Tensor draft, Tensor? p, Tensor q, Tensor lengths, Tensor? accept_u, Tensor? final_noise, "
       "bool greedy, Tensor? eos, int seed=0) -> (Tensor, Tensor)");
-  // spec §4: cand [B, K], cand_valid [B, K], p, q [B, V], accept_u [B, K], final_noise [B, V], hub [B]
+  // cand [B, K], cand_valid [B, K], p, q [B, V], accept_u [B, K], final_noise [B, V], hub [B]
   // -> slot [B], token [B], accept_prob [B, K], final_residual [B, V] (compute dtype)
   m.def(
       "verify_node(str method, Tensor cand, Tensor cand_valid, Tensor p, Tensor q, Tensor? accept_u, "
       "Tensor? final_noise, Tensor? hub, int seed=0) -> (Tensor, Tensor, Tensor, Tensor)");
-  // spec §3.6: tokens/parent/valid [B, N], p_rows/q_rows [B, N, V], hub [B, N], accept_u [B, N, Kmax],
+  // tokens/parent/valid [B, N], p_rows/q_rows [B, N, V], hub [B, N], accept_u [B, N, Kmax],
   // final_noise [B, V] -> accepted_nodes [B, max_depth], n_accepted [B], next_token [B], accepted_rank [B, max_depth]
   m.def(
       "verify_tree(Tensor tokens, Tensor parent, Tensor valid, Tensor? p_rows, Tensor q_rows, str method, "

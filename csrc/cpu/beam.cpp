@@ -1,5 +1,5 @@
-// CPU adapters for the tree-drafting ops: spechub_sample (spec §4.5), kseq_gamma (§4.4), sbs_step (§2.3); kernels
-// in specdec/beam.h and specdec/verify.h.
+// CPU adapters for the tree-drafting ops: spechub_sample, kseq_gamma, sbs_step; kernels in specdec/beam.h and
+// specdec/verify.h.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 

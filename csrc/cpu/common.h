@@ -132,9 +132,9 @@ int64_t philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, u
   return m;
 }
 
-// Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument is
-// None, the Philox stream (seed, purpose) of specdec_kernels/_rng.py drawn here in parallel. `shape` is the shape
-// the noise tensor would have; row r of the result is the flat leading index r.
+// Noise of one op call (docs/kernels.md): the caller's uniforms as contiguous float64 (test mode), or, when the
+// argument is None, the Philox stream (seed, purpose) of specdec_kernels/_rng.py drawn here in parallel. `shape` is
+// the shape the noise tensor would have; row r of the result is the flat leading index r.
 inline at::Tensor noise_or_philox(const std::optional<at::Tensor>& noise, at::IntArrayRef shape, int64_t seed,
                                   NoisePurpose purpose, const char* name) {
   if (noise.has_value()) {

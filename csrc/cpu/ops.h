@@ -11,7 +11,7 @@
 
 namespace specdec::cpu {
 
-// tree.cpp (spec §3.2, §3.3, §3.7)
+// tree.cpp: tree layout
 at::Tensor tree_positions(const at::Tensor& depth, const at::Tensor& prefix_len);
 at::Tensor tree_mask(const at::Tensor& parent, const at::Tensor& valid, const at::Tensor& past_valid,
                      at::ScalarType dtype);
@@ -20,7 +20,7 @@ void crop_slots_(at::TensorList kv, int64_t length);
 at::Tensor filter_kv(at::TensorList kv, const at::Tensor& prefix_len, const at::Tensor& accepted_nodes,
                      const at::Tensor& n_accepted);
 
-// sampling.cpp (spec §1.3, §2.1, §2.2); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
+// sampling.cpp; noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 at::Tensor sample_categorical(const at::Tensor& logp, const std::optional<at::Tensor>& noise, int64_t seed);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& logp, int64_t k,
@@ -28,18 +28,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& log
 at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
                           bool log);
 
-// verify.cpp (spec §4.1, §8)
+// verify.cpp: chain SD (greedy included)
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const std::optional<at::Tensor>& p,
                                                 const at::Tensor& q, const at::Tensor& lengths,
                                                 const std::optional<at::Tensor>& accept_u,
                                                 const std::optional<at::Tensor>& final_noise, bool greedy,
                                                 const std::optional<at::Tensor>& eos, int64_t seed);
-// verify.cpp (spec §4.1-§4.5): accept_prob [B, K] and final residual [B, V] are always returned
+// verify.cpp, node verifiers: accept_prob [B, K] and final residual [B, V] are always returned
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
     const std::string& method, const at::Tensor& cand, const at::Tensor& cand_valid, const at::Tensor& p,
     const at::Tensor& q, const std::optional<at::Tensor>& accept_u, const std::optional<at::Tensor>& final_noise,
     const std::optional<at::Tensor>& hub, int64_t seed);
-// verify.cpp (spec §3.6)
+// verify.cpp: tree walk
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
     const at::Tensor& tokens, const at::Tensor& parent, const at::Tensor& valid,
     const std::optional<at::Tensor>& p_rows, const at::Tensor& q_rows, const std::string& method,
@@ -58,7 +58,7 @@ std::string skinny_linear_isa();
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale);
 
-// beam.cpp (spec §4.5 drafting, §4.4, §2.3); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
+// beam.cpp (SpecHub drafting, K-SEQ, beam search); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,
                                                               const std::optional<at::Tensor>& noise, int64_t seed);

@@ -1,4 +1,4 @@
-// CPU adapters for the sampling ops (spec §1.3, §2.1, §2.2); kernels in specdec/sampling.h.
+// CPU adapters for the sampling ops; kernels in specdec/sampling.h.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/empty.h>
@@ -238,7 +238,7 @@ at::Tensor process_logits(const at::Tensor& logits_in, double temperature, int64
   const int64_t vocab = logits.size(-1), rows = logits.numel() / vocab;
   at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
   float* o = out.mutable_data_ptr<float>();
-  const bool greedy = temperature < 1e-5;  // spec §1.3 / ops.sampling.GREEDY_TEMPERATURE
+  const bool greedy = temperature < 1e-5;  // ops.sampling.GREEDY_TEMPERATURE
   const bool use_top_k = top_k > 0 && top_k < vocab;
   const bool use_top_p = top_p < 1.0;
   std::vector<uint8_t> status(rows, kRowOk);

@@ -1,4 +1,4 @@
-// CPU adapters for the tree layout ops (spec §3.2, §3.3, §3.7); kernels in specdec/tree.h.
+// CPU adapters for the tree layout ops; kernels in specdec/tree.h.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>

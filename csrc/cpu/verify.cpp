@@ -1,4 +1,4 @@
-// CPU adapters for the verifiers (spec §4.1, §8); kernels in specdec/verify.h.
+// CPU adapters for the verifiers; kernels in specdec/verify.h.
 #include <ATen/ops/empty.h>
 
 #include <string>

@@ -1,4 +1,5 @@
-// CUDA kernels: spechub_sample (spec §4.5 drafting), kseq_gamma (§4.4), sbs_step (§2.3). One block per row.
+// CUDA kernels: spechub_sample (SpecHub drafting), kseq_gamma (K-SEQ), sbs_step (stochastic beam search). One block
+// per row.
 #include <cuda_runtime.h>
 
 #include "common.cuh"
@@ -7,7 +8,7 @@
 namespace specdec {
 namespace cuda {
 
-constexpr double kSworEps = 1e-7;  // spec §2.2
+constexpr double kSworEps = 1e-7;  // Gumbel-top-k: stop drawing once the remaining draft mass is this small
 
 // Best (score desc, index asc) of logp[v] + Gumbel strictly after (prev_s, prev_i) in that order.
 __device__ ArgBest next_in_race(const float* lp, const NoiseRow& u, double offset, int64_t V, double prev_s,
@@ -84,7 +85,7 @@ __device__ __forceinline__ double log1mexp(double a) {
   return a > -kLn2 ? ::log(-::expm1(a)) : ::log1p(-::exp(a));
 }
 
-// spec §2.3 stable Trunc(u, phit, Z) with its guards.
+// Stable Trunc(u, phit, Z) with its guards.
 __device__ __forceinline__ double truncated_gumbel(double u, double phit, double z) {
   if (phit == -CUDART_INF) return -CUDART_INF;
   if (phit == z) return u;

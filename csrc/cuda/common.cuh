@@ -1,5 +1,5 @@
 // Block-level reductions shared by the CUDA kernels: one thread block processes one row and strides over the
-// vocabulary. Framework-free: raw pointers and sizes only (DESIGN.md §7.1).
+// vocabulary. Framework-free: raw pointers and sizes only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,7 +20,7 @@ struct ArgBest {
   int64_t i;
 };
 
-// Larger value first, ties to the lower index (DESIGN.md §3), identical to the reference's stable sort.
+// Larger value first, ties to the lower index, identical to the reference's stable sort.
 __device__ __forceinline__ ArgBest pick(ArgBest a, ArgBest b) { return beats(a.v, a.i, b.v, b.i) ? a : b; }
 
 __device__ __forceinline__ ArgBest warp_argbest(ArgBest x) {
@@ -73,7 +73,7 @@ __device__ __forceinline__ T block_sum(T x) {
   return r;
 }
 
-// ---- noise (spec §1.4): a row of the caller's float64 uniforms, or drawn here from the Philox stream ----
+// ---- noise (docs/kernels.md): a row of the caller's float64 uniforms, or drawn here from the Philox stream ----
 
 // Elements 2j and 2j + 1 of noise row `row` of the stream (seed, purpose): one Philox call gives both (the
 // layout of specdec_kernels/_rng.py and philox_uniform in specdec/common.h).

@@ -30,9 +30,10 @@ Tensor f32(const Tensor& t) { return t.to(at::kFloat).contiguous(); }
 Tensor i64(const Tensor& t) { return t.to(at::kLong).contiguous(); }
 Tensor f64(const Tensor& t) { return t.to(at::kDouble).contiguous(); }
 
-// Noise of one op call (spec §1.4): the caller's uniforms as contiguous float64 (test mode), or, when the argument
-// is None, an undefined tensor: the kernel then draws the Philox stream (seed, purpose) of specdec_kernels/_rng.py
-// itself, element by element where it uses it (no fill pass). `shape` is the shape the noise tensor would have.
+// Noise of one op call (docs/kernels.md): the caller's uniforms as contiguous float64 (test mode), or, when the
+// argument is None, an undefined tensor: the kernel then draws the Philox stream (seed, purpose) of
+// specdec_kernels/_rng.py itself, element by element where it uses it (no fill pass). `shape` is the shape the noise
+// tensor would have.
 Tensor noise_or_none(const std::optional<Tensor>& noise, at::IntArrayRef shape, int64_t seed, const Tensor& like,
                      const char* name) {
   if (noise.has_value()) {
@@ -138,7 +139,7 @@ Tensor process_logits(const Tensor& logits, double temperature, int64_t top_k, d
   return out.view(logits.sizes());
 }
 
-// spec §2.3: fp64 sigma/gamma and noise (row b * Win + w when drawn); scratch holds each parent's top-min(Wout, V)
+// sbs_step: fp64 sigma/gamma and noise (row b * Win + w when drawn); scratch holds each parent's top-min(Wout, V)
 // candidates.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sbs_step(const Tensor& logp, const Tensor& sigma,
                                                             const Tensor& gamma, const Tensor& beam_valid,
@@ -167,7 +168,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sbs_step(const Tensor& logp, 
   return {parent_slot, tokens, sigma_out, gamma_out, valid};
 }
 
-// spec §4.5 drafting: rows of any leading shape.
+// SpecHub drafting: rows of any leading shape.
 std::tuple<Tensor, Tensor, Tensor> spechub_sample(const Tensor& logp, const std::optional<Tensor>& noise,
                                                   int64_t seed) {
   const c10::cuda::CUDAGuard guard(logp.device());
@@ -188,7 +189,7 @@ std::tuple<Tensor, Tensor, Tensor> spechub_sample(const Tensor& logp, const std:
   return {tokens.view(pair), hub.view(lead), valid.view(pair)};
 }
 
-// spec §4.4: p, q [B, V] (fp32 in the kernel), k [B] -> gamma [B], beta [B] float64.
+// K-SEQ gamma: p, q [B, V] (fp32 in the kernel), k [B] -> gamma [B], beta [B] float64.
 std::tuple<Tensor, Tensor> kseq_gamma(const Tensor& p, const Tensor& q, const Tensor& k) {
   const c10::cuda::CUDAGuard guard(p.device());
   TORCH_CHECK(p.dim() == 2 && q.sizes() == p.sizes(), "specdec::kseq_gamma: p and q must be [B, V]");

@@ -1,7 +1,7 @@
 // extern "C" launchers of the CUDA kernels: raw pointers, sizes and a cudaStream_t passed as void*. The tensor
 // binding (cuda_bindings.cpp, built only with a CUDA torch) checks tensors and calls these. Return: cudaError_t.
 // Noise pointers (noise, accept_u, fin: contiguous float64 uniforms) may be nullptr: the kernel then draws the same
-// elements from the Philox stream of `seed` (spec §1.4, specdec_kernels/_rng.py) with the purpose of the argument:
+// elements from the Philox stream of `seed` (specdec_kernels/_rng.py) with the purpose of the argument:
 // DRAFT for noise, ACCEPT for accept_u, FINAL for fin.
 #pragma once
 

@@ -1,4 +1,4 @@
-// CUDA kernels: sample_categorical, gumbel_topk, process_logits (spec §1.3, §2.1, §2.2). One block per row.
+// CUDA kernels: sample_categorical, gumbel_topk, process_logits. One block per row.
 #include <cuda_runtime.h>
 
 #include "common.cuh"
@@ -7,7 +7,7 @@
 namespace specdec {
 namespace cuda {
 
-constexpr double kSworMassEps = 1e-7;  // spec §2.2
+constexpr double kSworMassEps = 1e-7;  // Gumbel-top-k: stop drawing once the remaining draft mass is this small
 
 __global__ void sample_categorical_kernel(const float* __restrict__ logp,    // [R, V]
                                           const double* __restrict__ noise,  // [R, V] or nullptr: drawn (seed)
@@ -60,7 +60,7 @@ __device__ __forceinline__ uint32_t order_key(float x) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// spec §1.3: temperature -> top-k (ties at the boundary kept) -> top-p (shortest prefix of the stable descending
+// Temperature -> top-k (ties at the boundary kept) -> top-p (shortest prefix of the stable descending
 // order whose mass reaches top_p) -> fp32 log-softmax. T < 1e-5: one-hot argmax row.
 __global__ void process_logits_kernel(const float* __restrict__ logits,  // [R, V] fp32 (cast by the binding)
                                       float* __restrict__ out,           // [R, V] fp32 log-probs

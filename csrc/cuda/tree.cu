@@ -1,4 +1,4 @@
-// CUDA kernels: tree_positions, tree_mask, filter_kv (spec §3.2, §3.3, §3.7).
+// CUDA kernels: tree_positions, tree_mask, filter_kv.
 #include <cuda_runtime.h>
 
 #include "common.cuh"

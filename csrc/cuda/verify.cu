@@ -1,4 +1,4 @@
-// CUDA kernels: verify_chain, verify_node, verify_tree (spec §2.4, §3.6, §4). One block per batch row; the block
+// CUDA kernels: verify_chain, verify_node, verify_tree (docs/methods.md). One block per batch row; the block
 // strides over the vocabulary for every residual pass. The arithmetic mirrors the torch reference (fp32 residuals,
 // division-free acceptance tests compared in float64) so identical noise gives identical decisions.
 #include <cuda_runtime.h>
@@ -9,8 +9,8 @@
 namespace specdec {
 namespace cuda {
 
-constexpr float kZeroMassTol = 1e-6f;  // spec §2.4, fp32 rule
-constexpr double kZeroMassTolF64 = 1e-12;  // spec §2.4, fp64 rule (SpecHub's double plan)
+constexpr float kZeroMassTol = 1e-6f;  // zero-mass rule (docs/exactness.md), fp32
+constexpr double kZeroMassTolF64 = 1e-12;  // zero-mass rule, fp64 (SpecHub's double plan)
 enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3 };
 
 __device__ __forceinline__ float ratio_prob(float num, float den) {
@@ -23,7 +23,7 @@ __device__ __forceinline__ double ratio_prob_d(double num, double den) {
   return num > 0.0 ? 1.0 : 0.0;
 }
 
-// One token's terms of SpecHub's transport plan (spec §4.5), in double.
+// One token's terms of SpecHub's transport plan, in double.
 struct HubTerm {
   double qai, q1, a2;
 };
@@ -93,7 +93,7 @@ __device__ void kseq_sums(const float* p, const float* q, double g, int64_t V, d
   *be = block_sum<double>(sb);
 }
 
-// spec §4.4: smallest g in [1, k] with h(g) >= 0 by 40 float64 bisection steps (upper bracket).
+// K-SEQ: smallest g in [1, k] with h(g) >= 0 by 40 float64 bisection steps (upper bracket).
 __device__ void kseq_gamma_row(const float* p, const float* q, int k, int64_t V, double* gamma, double* beta) {
   double a, be;
   kseq_sums(p, q, 1.0, V, &a, &be);
@@ -178,7 +178,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       }
       __syncthreads();
     }
-  } else {  // SpecHub (spec §4.5)
+  } else {  // SpecHub
     const int64_t x0 = cand[0];
     if (K < 2 || !cvalid[1]) {  // a one-child tree node, or p(hub) ~ 1: a single-candidate SD node
       const float den = p[x0], num = q[x0];
@@ -188,7 +188,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
     } else {
       // The plan in double: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and float rounding
       // of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the non-hub
-      // mass the sampler drew i from (spec §4.5), not 1 - p(a). Only the residual is stored in float.
+      // mass the sampler drew i from, not 1 - p(a) (docs/exactness.md). The residual alone is stored in float.
       const double pa = p[hub], qa = q[hub];
       double rest = 0.0;
       for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest += v != hub ? static_cast<double>(p[v]) : 0.0;
@@ -304,7 +304,7 @@ __global__ void verify_node_kernel(const int64_t* __restrict__ cand, const bool*
   }
 }
 
-// spec §3.6 tree walk; candidates of a step = valid nodes whose parent is alive (one node, or for SpecTr every
+// Tree walk; candidates of a step = valid nodes whose parent is alive (one node, or for SpecTr every
 // alive chain node carrying the accepted token).
 __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B, N]
                                    const bool* __restrict__ valid,                                          // [B, N]

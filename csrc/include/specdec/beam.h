@@ -1,4 +1,4 @@
-// Tree-drafting kernels (spec §2.3 stochastic beam search, §4.5 SpecHub drafting): one row per call, raw pointers
+// Tree-drafting kernels (stochastic beam search, SpecHub drafting): one row per call, raw pointers
 // + sizes. Scores are formed in double exactly as the torch reference forms them, so the selections (integer
 // outputs) are identical; ties break to the lower (flattened) index.
 #pragma once
@@ -15,7 +15,7 @@
 
 namespace specdec {
 
-// ---- spec §4.5 SpecHub drafting ----
+// ---- SpecHub drafting ----
 
 // hub = argmax logp (first maximum); (y1, y2) = Gumbel-top-2 with the reference's validity rule; drafts (a, y2) if
 // y1 == a else (y1, a); slot 1 is invalid when p(a) ~ 1 (1 - p(a) <= 1e-7), when y2 is invalid, or when V = 1.
@@ -41,12 +41,12 @@ void spechub_sample_row(const T* logp,    // [V]
   *hub = a;
 }
 
-// ---- spec §2.3 stochastic beam search step ----
+// ---- stochastic beam search step ----
 
 // log(1 - exp(a)) for a <= 0 in the reference's branch form (Kool et al. 2019, App. B.3).
 inline double log1mexp(double a) { return a > -kLn2 ? ::log(-::expm1(a)) : ::log1p(-::exp(a)); }
 
-// Stable Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) with the guards of spec §2.3, evaluated
+// Stable Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) with the reference's guards, evaluated
 // in the reference's operation order.
 inline double truncated_gumbel(double u, double phit, double z) {
   if (phit == -INFINITY) return -INFINITY;
@@ -73,7 +73,7 @@ struct BeamWork {
 };
 
 // The wsel best children of one valid beam entry by (psi desc, token asc), written to out[0..wsel).
-// Trunc is monotone in phit (spec §2.3 kernel note), so they are the top-wsel by perturbed score phit: one pruned
+// Trunc is monotone in phit, so they are the top-wsel by perturbed score phit: one pruned
 // Gumbel race for the top wsel + 1, then Trunc of those only. The extra (wsel+1)-th candidate certifies the cut:
 // when its psi is below the smallest selected psi by more than the rounding of the formula, no other child can
 // tie or beat a selected one; otherwise (a psi tie, or Trunc flattened by u << Z) psi is evaluated for every child.

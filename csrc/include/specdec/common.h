@@ -33,7 +33,7 @@ SPECDEC_HD float float_of(uint32_t b) {
   return x;
 }
 
-// Standard Gumbel from a uniform in (0, 1), in double like the torch reference (spec §1.4, §2.1).
+// Standard Gumbel from a uniform in (0, 1), in double like the torch reference.
 SPECDEC_HD double gumbel(double u) { return -::log(-::log(u)); }
 
 // Cheap upper bound of gumbel(u) for pruning Gumbel races (no transcendental call, vectorises):
@@ -61,7 +61,7 @@ SPECDEC_HD double log_upper(double x) {
 // arithmetic and the computed scores carry relative errors of a few 1e-16.
 SPECDEC_HD double race_margin(double best) { return 1e-9 * (1.0 + ::fabs(best)); }
 
-// Total order of the Gumbel races: larger score first, ties to the lower index (DESIGN.md §3).
+// Total order of the Gumbel races: larger score first, ties to the lower index.
 SPECDEC_HD bool beats(double a, int64_t ia, double b, int64_t ib) { return a > b || (a == b && ia < ib); }
 
 // exp for x <= 0 in fp32 (Cephes polynomial, ~1 ulp), branch-free so loops over it vectorise; x below -87 (incl.
@@ -84,7 +84,7 @@ SPECDEC_HD float exp_nonpos(float x) {
   return y * float_of(static_cast<uint32_t>(ni + 127) << 23);
 }
 
-// ---- counter-based noise (spec §1.4); the stream is defined in specdec_kernels/_rng.py ----
+// ---- counter-based noise (docs/kernels.md); the stream is defined in specdec_kernels/_rng.py ----
 enum NoisePurpose : uint32_t { kDraftNoise = 0, kAcceptNoise = 1, kFinalNoise = 2 };
 
 // Philox-4x32-10 (Salmon et al., SC'11) on c[0..3] in place, key (k0, k1).

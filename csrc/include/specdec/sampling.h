@@ -1,4 +1,4 @@
-// Sampling kernels (spec §1.3, §2.1, §2.2): one row per call, raw pointers + sizes.
+// Sampling kernels: one row per call, raw pointers + sizes.
 //
 // Every Gumbel race computes the exact score of an element as the torch reference does, in double:
 // (double)logp[v] + (-log(-log u[v])), and breaks ties to the lower index. Elements whose cheap upper bound
@@ -19,7 +19,7 @@
 namespace specdec {
 
 constexpr int64_t kRaceChunk = 64;     // elements bounded together before any exact evaluation
-constexpr double kSworMassEps = 1e-7;  // spec §2.2: stop drawing once the remaining draft mass is this small
+constexpr double kSworMassEps = 1e-7;  // Gumbel-top-k: stop drawing once the remaining draft mass is this small
 
 // Generic race: argmax_v score(v) + gumbel(u[v]) over v in [0, n), ties -> lowest v.
 // score(v) is the exact double score without noise (may be -inf); bound(v) >= score(v) is cheap.
@@ -49,7 +49,7 @@ int64_t gumbel_argmax(int64_t n, const double* u, Score score, Bound bound) {
   return best_i;
 }
 
-// Spec §2.1: token = argmax_v (double)logp[v] + G(u[v]).
+// Gumbel-max: token = argmax_v (double)logp[v] + G(u[v]).
 // Exact double value of a log-prob element, as the reference's `logp.double()` (fp16/bf16 convert exactly).
 template <typename T>
 SPECDEC_HD double as_double(T x) {
@@ -60,7 +60,7 @@ SPECDEC_HD double as_double(T x) {
   }
 }
 
-// Spec §2.1: token = argmax_v (double)logp[v] + G(u[v]).
+// Gumbel-max: token = argmax_v (double)logp[v] + G(u[v]).
 template <typename T>
 int64_t sample_categorical_row(const T* logp,    // [V]
                                const double* u,  // [V] uniforms in (0, 1)
@@ -163,7 +163,7 @@ void race_topk(int64_t n, const double* u, int64_t k, Score score_of, Bound boun
   }
 }
 
-// Spec §2.2 Gumbel-top-k of one row: the k largest perturbed scores, descending, ties -> lower token id; then
+// Gumbel-top-k of one row: the k largest perturbed scores, descending, ties -> lower token id; then
 // candidate j is valid iff its score is finite and the draft mass left before it, computed as the reference does
 // (sequential double cumsum of exp(logp) minus the candidate's own term), exceeds 1e-7.
 template <typename T>
@@ -209,7 +209,7 @@ int64_t first_index_of(int64_t vocab, S value, F at) {
   return 0;
 }
 
-// ---- process_logits (spec §1.3): temperature -> top-k -> top-p -> fp32 log-softmax ----
+// ---- process_logits: temperature -> top-k -> top-p -> fp32 log-softmax ----
 
 // Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).
 // Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.

@@ -1,4 +1,4 @@
-// Tree layout kernels (spec §3.2, §3.3, §3.7): one batch row per call, raw pointers + sizes.
+// Tree layout kernels: one batch row per call, raw pointers + sizes.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 namespace specdec {
 
-// Spec §3.2: node n sits at position P - 1 + depth[n].
+// Node n sits at position P - 1 + depth[n].
 SPECDEC_HD void tree_positions_row(const int64_t* depth,  // [N]
                                    int64_t prefix_len,    // P, committed tokens incl. the root
                                    int64_t n,
@@ -16,7 +16,7 @@ SPECDEC_HD void tree_positions_row(const int64_t* depth,  // [N]
   for (int64_t i = 0; i < n; ++i) out[i] = prefix_len - 1 + depth[i];
 }
 
-// Spec §3.3, RSD Alg. 5 row by row: a valid node's tree row is its parent's row plus its own diagonal; the past
+// RSD Alg. 5 row by row: a valid node's tree row is its parent's row plus its own diagonal; the past
 // part is past_valid for valid nodes; padding nodes (and nodes with an out-of-range parent) see only themselves.
 // Level order (parent[i] < i) makes the parent's row final before it is copied.
 template <typename T>
@@ -44,7 +44,7 @@ void tree_mask_row(const int64_t* parent,    // [N]
   }
 }
 
-// Spec §3.7 on one [S, D] slab of a K or V cache: slot P-1+nodes[j] moves to slot P+j for j < m.
+// filter_kv on one [S, D] slab of a K or V cache: slot P-1+nodes[j] moves to slot P+j for j < m.
 // nodes[j] > j gives dst_j = P+j <= src_j and src_j' >= P+j' > dst_j for every later j', so copying in increasing
 // j never overwrites a source that is still needed (same result as gathering first, as the reference does).
 inline void filter_kv_slab(char* base,            // slot 0 of the slab

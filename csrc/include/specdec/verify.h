@@ -1,8 +1,8 @@
-// Verification kernels (spec §2.4, §4.1, §8): one batch row per call, raw pointers + sizes.
+// Verification kernels (docs/methods.md, docs/exactness.md): one batch row per call, raw pointers + sizes.
 //
 // S is the compute type of the probabilities (float, or double in fp64 oracle mode) like the reference's `cd`.
 // Acceptance tests are division-free and compared in double: accept x iff U * p(x) < q(x). Residuals follow the
-// zero-mass rule of spec §2.4, and every sample is a Gumbel race over log(probs) with the final noise.
+// zero-mass rule (docs/exactness.md), and every sample is a Gumbel race over log(probs) with the final noise.
 #pragma once
 
 #include <algorithm>
@@ -77,7 +77,7 @@ inline bool is_eos(int64_t x, const int64_t* eos, int64_t n_eos) {
   return false;
 }
 
-// Spec §4.1 chain speculative sampling of one row (greedy mode: spec §8, accept iff x == argmax q).
+// Chain speculative sampling of one row (greedy mode: accept iff x == argmax q).
 // Returns n_accepted and writes the correction / bonus token (-1 if the row stopped after an accepted EOS).
 template <typename S>
 int64_t verify_chain_row(const int64_t* draft,    // [L]
@@ -118,7 +118,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
   return len;
 }
 
-// ---- node verifiers (spec §4.1-§4.5) ----
+// ---- node verifiers (docs/methods.md) ----
 
 enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub };
 
@@ -249,7 +249,7 @@ inline int64_t kseq_fold(double* mp, double* mq, int64_t n, double g, bool up, d
   return m;
 }
 
-// Spec §4.4: smallest g in [1, K] with h(g) = a(g) - 1 + (1 - beta(g))^K >= 0 by 40 double bisection steps (upper
+// K-SEQ: smallest g in [1, K] with h(g) = a(g) - 1 + (1 - beta(g))^K >= 0 by 40 double bisection steps (upper
 // bracket), and beta(g), where a(g) = sum_v min(g p(v), q(v)) and beta(g) = sum_v min(p(v), q(v) / g) = a(g) / g.
 // Every term is evaluated in double as the reference does (g * p, min with q), but a token whose term is decided
 // for the whole bracket [lo, hi] is folded into two running sums (kseq_fold) and dropped, so each step only
@@ -307,7 +307,7 @@ void kseq_gamma_row(const S* p, const S* q, int64_t vocab, int64_t k, double* ga
   *beta_out = a_hi / hi;
 }
 
-// SpecHub's normaliser of Q(a, i) = p(a) p(i) / rest (spec §4.5): the sum of the non-hub probabilities, from
+// SpecHub's normaliser of Q(a, i) = p(a) p(i) / rest (docs/exactness.md): the sum of the non-hub probabilities, from
 // which the sampler draws the second draft, accumulated in double (as the reference). 1 - p(a)
 // differs from it by the row's rounding, which is the whole of it once p(a) is within a few ulps of 1.
 template <typename S>
@@ -318,7 +318,7 @@ double hub_rest(const S* p, int64_t a, int64_t vocab) {
   return rest;
 }
 
-// One token's terms of the SpecHub transport plan (spec §4.5), in double.
+// One token's terms of the SpecHub transport plan, in double.
 struct HubTerm {
   double qai, q1, r1, a2, q2;
 };
@@ -338,7 +338,7 @@ struct HubPlan {
   }
 };
 
-// Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero (spec §2.4).
+// Normalise `num` in place by its sum, or replace it by `fallback` when the mass is numerically zero.
 template <typename S>
 void normalize_or(S* num, const S* fallback, int64_t vocab) {
   const S tot_s = static_cast<S>(sum_row(num, vocab));
@@ -349,7 +349,7 @@ void normalize_or(S* num, const S* fallback, int64_t vocab) {
   for (int64_t v = 0; v < vocab; ++v) num[v] = num[v] / tot_s;
 }
 
-// The test sequence of one node, independent of the uniforms (spec §2.4 kernel note), exactly as the reference's
+// The test sequence of one node, independent of the uniforms, exactly as the reference's
 // node_chain: fills w.tests in test order and returns the final residual (normalised; it may point into q).
 // cand: the node's valid candidate tokens in draft order; hub: SpecHub's hub token of the node.
 template <typename S>
@@ -390,7 +390,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
     case Method::kKSeq: {
       double g, be;
       kseq_gamma_row(p, q, vocab, n_cand, &g, &be);
-      if (be <= 0.0) {  // disjoint supports (spec §9.11): nothing can be accepted; sample q directly
+      if (be <= 0.0) {  // disjoint supports: nothing can be accepted; sample q directly
         for (int64_t j = 0; j < n_cand; ++j) w.tests.push_back({j, S(1), S(0)});
         return q;
       }
@@ -461,8 +461,8 @@ S ratio_prob(S num, S den) {
   return r > S(0) ? r : S(0);
 }
 
-// Spec §4 one node per row: slot (-1 = none accepted) and token; accept_prob [K] and final [V] are always written
-// (the analytic diagnostics of spec §10.2; zero for invalid slots).
+// One node per row: slot (-1 = none accepted) and token; accept_prob [K] and final [V] are always written
+// (the analytic diagnostics used by exact enumeration, docs/exactness.md; zero for invalid slots).
 template <typename S>
 void verify_node_row(Method method,
                      const int64_t* cand,      // [K]
@@ -497,7 +497,7 @@ void verify_node_row(Method method,
   for (int64_t v = 0; v < vocab; ++v) final_out[v] = fin[v];
 }
 
-// The walk's view of one node (spec §2.4 kernel note, evaluated lazily): the tests of node_chain in the same order
+// The walk's view of one node (evaluated lazily): the tests of node_chain in the same order
 // and with the same operands, but a residual (or SpecHub's sums, or K-SEQ's gamma) is computed only when a test
 // or the final sample needs it, so a node whose first candidate is accepted reads four numbers. Returns the
 // accepted candidate slot, -1 when every test failed (*fin = the final residual, normalised) or -2 when a test
@@ -585,7 +585,7 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
   return -2;
 }
 
-// ---- tree walk (spec §3.6; SpecTr alive sets §5.3; greedy §8) ----
+// ---- tree walk (SpecTr alive sets; greedy mode) ----
 
 struct TreeWork {
   std::vector<int64_t> child_start, child_list, alive, next_alive, cands, toks, path, ranks;
