@@ -1,4 +1,4 @@
-"""Shared harness of the kernel microbenchmarks (benchmarks/bench_<op>.py), DESIGN.md §5.
+"""Shared harness of the kernel microbenchmarks (benchmarks/bench_<op>.py; docs/benchmarks.md, Methodology).
 
 Each benchmark checks the backend against the reference first, then times both in the same process: median and
 10/90 % quantiles over repeated calls, GB/s from the bytes the op must move, and the GB/s of a plain memory copy of

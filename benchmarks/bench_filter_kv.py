@@ -1,4 +1,4 @@
-"""Microbenchmark of filter_kv (spec §3.7): cpu vs torch reference, in place on per-layer K/V tensors.
+"""Microbenchmark of filter_kv: cpu vs torch reference, in place on per-layer K/V tensors.
 
 Bytes read per call: the accepted slots it moves, layers * B * H * n_accepted * D * element size.
 Run: python benchmarks/bench_filter_kv.py [--threads 2] [--no-csv]

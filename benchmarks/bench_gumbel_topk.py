@@ -1,4 +1,4 @@
-"""Microbenchmark of gumbel_topk (spec §2.2): cpu vs torch reference, same noise.
+"""Microbenchmark of gumbel_topk: cpu vs torch reference, same noise.
 
 Cases: the goal shape 64 rows x 49152 vocab (k = 4, 8) and a sweep: vocab 32000 / 49152 / 128256, rows 1 / 8 / 64,
 k 4 / 64 / 256 (``--quick``: the goal shape only). Rows are LLM-like: a few dominant tokens over a N(0, 2.5^2) tail.

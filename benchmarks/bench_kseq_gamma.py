@@ -1,4 +1,4 @@
-"""Microbenchmark of kseq_gamma (spec §4.4): cpu vs torch reference.
+"""Microbenchmark of kseq_gamma: cpu vs torch reference.
 
 Cases: K = 2 / 4 / 8 at 8 rows x 49152, and vocab 32000 / 128256 at K = 4 (``--quick``: 8 x 49152, K = 4).
 q is p's logits plus N(0, 0.5^2) noise (a realistic draft/target pair). Bytes read per call: p and q (4 B fp32 each)

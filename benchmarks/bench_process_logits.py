@@ -1,4 +1,4 @@
-"""Microbenchmark of process_logits (spec §1.3): cpu vs torch reference.
+"""Microbenchmark of process_logits: cpu vs torch reference.
 
 Bytes read per call: the logits (their dtype) once; the fp32 output is written once more (not counted).
 Cases marked ``law`` call it with log=False (the probabilities the verifiers read, as the driver does for the

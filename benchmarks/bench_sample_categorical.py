@@ -1,4 +1,4 @@
-"""Microbenchmark of sample_categorical (spec §2.1): cpu vs torch reference, same noise.
+"""Microbenchmark of sample_categorical: cpu vs torch reference, same noise.
 
 Bytes read per call: logp (4 B fp32) + float64 noise (8 B) per element.
 Run: python benchmarks/bench_sample_categorical.py [--threads 2] [--no-csv]

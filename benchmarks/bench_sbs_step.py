@@ -1,4 +1,4 @@
-"""Microbenchmark of sbs_step (spec §2.3): cpu vs torch reference, same noise.
+"""Microbenchmark of sbs_step: cpu vs torch reference, same noise.
 
 Cases: the goal shape 64 beam rows x 49152 vocab (B = 8 rows of Win = 8 entries, Wout = 8) and a sweep: vocab
 32000 / 49152 / 128256, beam rows 1 / 8 / 64 (B x Win), widths 2 / 4 / 8 (``--quick``: the goal shape only).

@@ -1,4 +1,4 @@
-"""Microbenchmark of spechub_sample (spec §4.5 drafting): cpu vs torch reference, same noise.
+"""Microbenchmark of spechub_sample: cpu vs torch reference, same noise.
 
 Cases: vocab 32000 / 49152 / 128256 at 64 rows, and rows 1 / 8 at 49152 (``--quick``: 64 x 49152 only).
 Bytes read per call: logp (4 B fp32) + float64 noise (8 B) per element.

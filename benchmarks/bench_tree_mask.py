@@ -1,4 +1,4 @@
-"""Microbenchmark of tree_mask (spec §3.3): cpu vs torch reference.
+"""Microbenchmark of tree_mask: cpu vs torch reference.
 
 The op is write-bound: bytes = the mask it writes, B * N * (P_kv + N) * element size ("written" in the CSV).
 Run: python benchmarks/bench_tree_mask.py [--threads 2] [--no-csv]

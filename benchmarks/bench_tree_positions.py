@@ -1,4 +1,4 @@
-"""Microbenchmark of tree_positions (spec §3.2): cpu vs torch reference.
+"""Microbenchmark of tree_positions: cpu vs torch reference.
 
 Bytes read per call: depth (int64) + prefix_len (int64). Tiny op: the numbers mostly measure call overhead.
 Run: python benchmarks/bench_tree_positions.py [--threads 2] [--no-csv]

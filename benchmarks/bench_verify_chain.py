@@ -1,4 +1,4 @@
-"""Microbenchmark of verify_chain (spec §4.1): cpu vs torch reference, same accept_u and final noise.
+"""Microbenchmark of verify_chain: cpu vs torch reference, same accept_u and final noise.
 
 Bytes read per call (what the op must read): sampling: per row one full vocabulary row for the final sample
 (p and q rows in fp32 for a correction, q for a bonus, plus float64 noise), counted as B * V * (4 + 4 + 8);

@@ -1,4 +1,4 @@
-"""Microbenchmark of verify_node (spec §4): cpu vs torch reference for every method, same noise.
+"""Microbenchmark of verify_node: cpu vs torch reference for every method, same noise.
 
 Bytes read per call: p and q (fp32) + float64 final noise per row, B * V * (4 + 4 + 8); the recursive methods
 read p/q again per candidate, so GB/s is a lower bound of the real traffic.

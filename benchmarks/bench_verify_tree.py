@@ -1,4 +1,4 @@
-"""Microbenchmark of verify_tree (spec §3.6): cpu vs torch reference, same noise.
+"""Microbenchmark of verify_tree: cpu vs torch reference, same noise.
 
 Cases: the goal shape (8 rows x 32 nodes x 49152 vocab, every method, high and low acceptance) and a sweep one
 axis at a time around it:
