@@ -1,20 +1,21 @@
-"""Independent float64 NumPy oracles for the node-level ops (spec §2, §4, §10.1, §10.2, §10.7).
+"""Independent float64 NumPy oracles for the node-level ops (docs/methods.md, docs/exactness.md).
 
-Written from the spec, not from ``specdec_kernels.reference``, so that the tests compare two implementations.
+Written independently of ``specdec_kernels.reference``, so that the tests compare two implementations.
 Contents:
 
-* closed-form acceptance probabilities of every node verifier (§10.1) and the OTM optimum by enumeration over
-  token sets (§4.6);
-* exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR) and SpecHub's hub pairs (§2.2, §4.5),
-  and the sequence-level SWOR law used by the stochastic-beam-search oracle (§10.7);
+* closed-form acceptance probabilities of every node verifier and the OTM optimum by enumeration over
+  token sets;
+* exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR) and SpecHub's hub pairs,
+  and the sequence-level SWOR law used by the stochastic-beam-search oracle;
 * the node test chain of every verifier in NumPy (``node_chain``) and :class:`ChainVerifier`, a callable with the
   interface of ``specdec_kernels.verify_node`` built from any chain function (the deliberately wrong variants of
   ``testing.wrong`` use it too);
-* the exact-enumeration harness of §10.2 (:func:`enumerate_node`), which feeds every candidate tuple with positive
-  drafting probability to a verifier in analytic mode and accumulates the output law, and a Monte Carlo harness
+* the exact-enumeration harness (:func:`enumerate_node`, docs/exactness.md), which feeds every candidate tuple with
+  positive drafting probability to a verifier in analytic mode and accumulates the output law, and a Monte Carlo harness
   (:func:`node_trials`) that drafts with the public sampling ops and verifies in sampling mode.
 
-Vectors are 1-D float64 arrays over the vocabulary; ``p`` is the draft law, ``q`` the target law (spec §1.1).
+Vectors are 1-D float64 arrays over the vocabulary; ``p`` is the draft law, ``q`` the target law (the notation of
+docs/methods.md).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ import torch
 
 from ..ops import NodeVerdict, gumbel_topk, sample_categorical, spechub_sample, verify_node
 
-ZERO_MASS_TOL = 1e-12  # spec §2.4, fp64 oracles
-SWOR_MASS_EPS = 1e-7  # spec §2.2: no further draws once the remaining draft mass is this small
+ZERO_MASS_TOL = 1e-12  # zero-mass rule (docs/exactness.md), fp64 oracles
+SWOR_MASS_EPS = 1e-7  # Gumbel-top-k: no further draws once the remaining draft mass is this small
 
 Chain = tuple[list[tuple[int, float, float]], np.ndarray]
 ChainFn = Callable[[str, Sequence[int], np.ndarray, np.ndarray, "int | None"], Chain]
@@ -48,7 +49,7 @@ def normalize(x: np.ndarray) -> np.ndarray:
 
 
 def residual(r: np.ndarray, s: np.ndarray, tol: float = ZERO_MASS_TOL) -> np.ndarray:
-    """res(r, s) = Norm[(r - s)^+]; keeps r when the mass is numerically zero (spec §2.4)."""
+    """res(r, s) = Norm[(r - s)^+]; keeps r when the mass is numerically zero (the zero-mass rule)."""
     m = np.maximum(r - s, 0.0)
     tot = m.sum()
     return r.copy() if tot <= tol else m / tot
@@ -64,7 +65,7 @@ def exact_tv(a: np.ndarray, b: np.ndarray) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Closed-form acceptance (spec §10.1)
+# Closed-form acceptance
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _without(s: np.ndarray, x: int) -> np.ndarray:
 
 
 def _rrsw_total(s: np.ndarray, r: np.ndarray, k: int, mass: float) -> float:
-    """A(s, r, k) of §10.1; ``mass`` = original draft mass left (SWOR stops below 1e-7, spec §2.2)."""
+    """A(s, r, k); ``mass`` = original draft mass left (SWOR stops below 1e-7)."""
     if k == 0 or mass <= SWOR_MASS_EPS:
         return 0.0
     acc = np.minimum(s, r)
@@ -118,7 +119,7 @@ def rrsw_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
 
 
 def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int, iters: int = 200) -> tuple[float, float]:
-    """Smallest g in [1, K] with h(g) = sum min(g p, q) - 1 + (1 - beta(g))^K >= 0 (spec §4.4), and beta(g)."""
+    """Smallest g in [1, K] with h(g) = sum min(g p, q) - 1 + (1 - beta(g))^K >= 0 (K-SEQ), and beta(g)."""
 
     def beta(g: float) -> float:
         return float(np.minimum(p, q / g).sum())
@@ -149,7 +150,7 @@ def kseq_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
 
 @dataclass(frozen=True)
 class HubParts:
-    """The SpecHub transport plan of §4.5 (vectors over the vocabulary, hub entry 0)."""
+    """The SpecHub transport plan (vectors over the vocabulary, hub entry 0)."""
 
     hub: int
     qai: np.ndarray  # Q(a, i), the sampler's law of the pair (a, i)
@@ -163,7 +164,7 @@ class HubParts:
 
 
 def spechub_parts(p: np.ndarray, q: np.ndarray, hub: int | None = None) -> HubParts:
-    """The transport plan of spec §4.5 built on the pair law of the sampler's two draws (Gumbel-top-2 of p, as in
+    """SpecHub's transport plan built on the pair law of the sampler's two draws (Gumbel-top-2 of p, as in
     :func:`draft_law`): Q(i, a) = P(y1 = i) and Q(a, i) = P(y1 = a) P(y2 = i | y1 = a), each draw normalised by the
     mass it was drawn from, so a verifier that normalises Q(a, i) otherwise disagrees with this plan."""
     a = hub_of(p) if hub is None else hub
@@ -192,7 +193,7 @@ def spechub_parts(p: np.ndarray, q: np.ndarray, hub: int | None = None) -> HubPa
 def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> Acceptance:
     """Total min(1, q(a) + sum_{i != a} min(q(i), p(i) / p(not a))); slots (sum A1 + A3, sum A2 + A4)."""
     a = hub_of(p)
-    if 1.0 - p[a] <= SWOR_MASS_EPS:  # single draft: plain SD (spec §4.5)
+    if 1.0 - p[a] <= SWOR_MASS_EPS:  # single draft: plain SD
         alpha = sd_acceptance(p, q)
         return Acceptance(alpha, np.array([alpha, 0.0]))
     hp = spechub_parts(p, q, a)
@@ -202,7 +203,7 @@ def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> Acceptance:
 
 
 def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
-    """Closed-form acceptance of ``method`` with ``k`` candidates (spec §10.1)."""
+    """Closed-form acceptance of ``method`` with ``k`` candidates."""
     p, q = as_law(p), as_law(q)
     if method == "sd":
         if k != 1:
@@ -223,7 +224,7 @@ def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Drafting laws and OTM (spec §2.2, §4.5, §4.6)
+# Drafting laws and OTM
 
 
 def _weights(logp: np.ndarray) -> np.ndarray:
@@ -232,7 +233,7 @@ def _weights(logp: np.ndarray) -> np.ndarray:
 
 
 def _swor(w: np.ndarray, k: int) -> dict[tuple[int, ...], float]:
-    """Sequential draws without replacement as Gumbel-top-k makes them (spec §2.2): the next item is x with
+    """Sequential draws without replacement as Gumbel-top-k makes them: the next item is x with
     probability w(x) / (sum w - sum of the items drawn so far); a slot exists only while the item has positive weight
     and 1 - (sum of the weights drawn so far) > 1e-7, the op's cut-off on its unnormalised weights."""
     out: dict[tuple[int, ...], float] = {}
@@ -287,7 +288,7 @@ def draft_law(method: str, logp: Sequence[float] | np.ndarray | torch.Tensor, k:
 
 
 def swor_law(probs: Sequence[float] | np.ndarray, k: int) -> dict[tuple[int, ...], float]:
-    """Law of the ordered draw of ``k`` items without replacement (= Gumbel-top-k order, spec §2.2) from the law
+    """Law of the ordered draw of ``k`` items without replacement (= Gumbel-top-k order) from the law
     ``probs`` (normalised first): P(x_1..x_k) = prod_j p(x_j) / (1 - sum_{i<j} p(x_i)). Tuples are shorter than
     ``k`` when the support is exhausted or the remaining mass falls to <= 1e-7 (the op marks those slots invalid)."""
     return _swor(normalize(as_law(probs)), k)
@@ -299,12 +300,12 @@ def iid_joint(p: np.ndarray, k: int) -> dict[tuple[int, ...], float]:
 
 def hub_joint(p: np.ndarray) -> dict[tuple[int, ...], float]:
     """SpecHub's draft pairs as the sampler draws them from the law ``p``: for i != a, Q(i, a) = p(i) and
-    Q(a, i) = p(a) p(i) / p(not a) (spec §4.5), read off the enumerated draft process (:func:`draft_law`)."""
+    Q(a, i) = p(a) p(i) / p(not a), read off the enumerated draft process (:func:`draft_law`)."""
     return draft_law("spechub", _log(as_law(p)), 2)
 
 
 def otm_acceptance(joint: dict[tuple[int, ...], float], q: np.ndarray) -> float:
-    """alpha*(Q, q) = min over token sets T of q(T) + 1 - Q(tuples inside T) (spec §4.6); V <= 16."""
+    """alpha*(Q, q) = min over token sets T of q(T) + 1 - Q(tuples inside T); V <= 16."""
     q = as_law(q)
     v = len(q)
     if v > 16:
@@ -338,14 +339,14 @@ class DraftTuple:
 
 
 def draft_tuples(method: str, p: np.ndarray, k: int, logp: np.ndarray | None = None) -> list[DraftTuple]:
-    """Every candidate tuple with positive drafting probability (spec §10.2), drawn by the sampling op from
+    """Every candidate tuple with positive drafting probability (for exact enumeration), drawn by the sampling op from
     ``logp`` (default log p)."""
     lp = _log(as_law(p)) if logp is None else as_law(logp)
     return [DraftTuple(t, w) for t, w in draft_law(method, lp, k).items() if w > 0]
 
 
 def seq_swor_pair_law(p1: np.ndarray, p2: np.ndarray) -> np.ndarray:
-    """Sequence-level SWOR law of the ordered top-2 of length-2 sequences (spec §10.7).
+    """Sequence-level SWOR law of the ordered top-2 of length-2 sequences (the stochastic-beam-search oracle).
 
     ``p1`` [V] first-token law, ``p2`` [V, V] rows p(y | x). Returns P[s, s'] over flattened sequences
     s = x * V + y: P(s) P(s') / (1 - P(s)) for s != s'.
@@ -358,11 +359,11 @@ def seq_swor_pair_law(p1: np.ndarray, p2: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Node test chains (spec §4) and verifier callables
+# Node test chains and verifier callables
 
 
 def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> Chain:
-    """The uniform-independent test sequence of one node (spec §2.4 kernel note, §4.1-§4.5).
+    """The uniform-independent test sequence of one node.
 
     ``cand`` = the valid candidates in slot order. Returns ``tests`` = [(j, den, num)] in test order, where
     candidate ``cand[j]`` is accepted iff ``U[j] * den < num``, and the normalized final residual.
@@ -384,7 +385,7 @@ def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, h
         return tests, r
     if method == "kseq":
         g, beta = kseq_gamma(p, q, len(cand))
-        if beta <= 0.0:  # disjoint supports (spec §9.11): skip acceptance, sample q
+        if beta <= 0.0:  # disjoint supports: skip acceptance, sample q
             return [(j, 1.0, 0.0) for j in range(len(cand))], q
         tests = [(j, g * p[x], q[x]) for j, x in enumerate(cand)]
         c = (1.0 - (1.0 - beta) ** len(cand)) / beta
@@ -405,7 +406,7 @@ def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, h
 
 
 def test_order(method: str, cand: Sequence[int], hub: int | None) -> list[int]:
-    """Order in which a node's valid candidates are tested (spec §4.5: SpecHub (a, i) tests slot 1 first)."""
+    """Order in which a node's valid candidates are tested (SpecHub (a, i) tests slot 1 first)."""
     if method == "spechub" and len(cand) == 2 and cand[0] == hub:
         return [1, 0]
     return list(range(len(cand)))
@@ -459,7 +460,7 @@ class ChainVerifier:
         vocab = p.shape[-1]
         if generator is None and seed is not None:
             generator = torch.Generator().manual_seed(seed)
-        # One generator for both draws keeps acceptance uniforms independent of the final noise (spec §1.4).
+        # One generator for both draws keeps acceptance uniforms independent of the final noise (docs/kernels.md).
         if accept_u is None:
             accept_u = torch.rand((batch, k), dtype=torch.float64, generator=generator)
         if final_noise is None:
@@ -506,7 +507,7 @@ oracle_verifier = ChainVerifier(node_chain, "oracle")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Exact enumeration (spec §10.2) and Monte Carlo (spec §10.6) harnesses
+# Exact enumeration and Monte Carlo harnesses (docs/exactness.md)
 
 
 @dataclass(frozen=True)
@@ -531,7 +532,7 @@ def enumerate_node(
     verifier: Verifier = verify_node,
     dtype: torch.dtype = torch.float64,
 ) -> NodeLaw:
-    """Exact output law of one node (spec §10.2), run THROUGH ``verifier`` in analytic mode.
+    """Exact output law of one node, run THROUGH ``verifier`` in analytic mode.
 
     As in the decoders, the sampling op draws from log p in ``dtype`` and the verifier gets softmax of those log-probs
     (float32) or p itself (float64), and q as a ``dtype`` row; the drafting law is the op's own (:func:`draft_law`),
@@ -588,7 +589,7 @@ class NodeTrials:
 def draft_candidates(
     method: str, p: torch.Tensor, k: int, generator: torch.Generator, logp: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Draft K candidates per row with the public sampling ops (spec §4.2-§4.5): p [N, V] -> cand, valid, hub.
+    """Draft K candidates per row with the public sampling ops: p [N, V] -> cand, valid, hub.
     ``logp``: the log-probs the ops draw from (default log p)."""
     logp = torch.log(p) if logp is None else logp
     if method in ("sd", "rrs", "kseq"):
@@ -646,11 +647,11 @@ def tv_bound(n: int, bins: int, false_alarm: float = 1e-6) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Logits processing and stochastic beam search (spec §1.3, §2.3)
+# Logits processing and stochastic beam search
 
 
 def process_logits_oracle(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """Spec §1.3 in float64 on one row: temperature, top-k (ties kept), top-p (stable order), log-softmax."""
+    """Logits processing in float64 on one row: temperature, top-k (ties kept), top-p (stable order), log-softmax."""
     x = as_law(logits).copy()
     if temperature < 1e-5:
         out = np.full_like(x, -np.inf)
@@ -680,7 +681,7 @@ def log1mexp(a: np.ndarray) -> np.ndarray:
 
 
 def trunc_stable(u: float, phit: np.ndarray, z: float) -> np.ndarray:
-    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) with the guards of spec §2.3."""
+    """Trunc(u, phit, Z) = u - softplus(u - phit + log1mexp(phit - Z)) with the reference's guards."""
     phit = np.asarray(phit, dtype=np.float64)
     safe = np.where(np.isfinite(phit), phit, z)
     v = u - safe + log1mexp(np.minimum(safe - z, 0.0))
@@ -698,7 +699,7 @@ def trunc_naive(u: float, phit: np.ndarray, z: float) -> np.ndarray:
 def sbs_step_oracle(
     logp: np.ndarray, sigma: np.ndarray, gamma: np.ndarray, beam_valid: np.ndarray, w_out: int, noise: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One SBS step (spec §2.3) on one batch row: logp [Win, V], noise [Win, V] uniforms.
+    """One SBS step on one batch row: logp [Win, V], noise [Win, V] uniforms.
 
     Returns parent_slot, tokens, sigma', gamma', valid of length ``w_out`` (descending gamma', ties -> lowest
     flattened index; invalid entries -1 / -inf)."""

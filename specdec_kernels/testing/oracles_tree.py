@@ -1,10 +1,11 @@
-"""Float64 NumPy oracles for tree verification (spec §3.6, §4), written from the spec text independently of
+"""Float64 NumPy oracles for tree verification (docs/methods.md), written independently of
 ``specdec_kernels.reference``, plus random level-order tree topologies for property tests.
 
 A *node rule* maps (candidate tokens in draft order, p, q, hub) to the node's test sequence
-``[(slot, den, num)]`` -- candidate ``slot`` is accepted iff ``U[slot] * den < num`` (division-free, spec §2.4) --
-and the law of the token emitted when every test fails. ``tree_walk`` runs spec §3.6 with any rule, so the same
-walk serves as the oracle for the public verifier and as the host of deliberately wrong rules (spec §10.10).
+``[(slot, den, num)]`` -- candidate ``slot`` is accepted iff ``U[slot] * den < num`` (division-free) --
+and the law of the token emitted when every test fails. ``tree_walk`` runs the tree walk with any rule, so the same
+walk serves as the oracle for the public verifier and as the host of deliberately wrong rules (negative controls,
+docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from .oracles import spechub_parts
 
-ZERO_MASS = 1e-12  # spec §2.4 fp64 oracle tolerance
+ZERO_MASS = 1e-12  # zero-mass rule (docs/exactness.md), fp64 oracle tolerance
 
 Tests = list[tuple[int, float, float]]
 NodeRule = Callable[[list[int], np.ndarray, np.ndarray, "int | None"], tuple[Tests, np.ndarray]]
@@ -36,14 +37,14 @@ __all__ = [
 
 
 def residual(r: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """Norm[(r - s)^+], falling back to r when the mass is below 1e-12 (spec §2.4)."""
+    """Norm[(r - s)^+], falling back to r when the mass is below 1e-12."""
     m = np.maximum(r - s, 0.0)
     tot = m.sum()
     return r if tot <= ZERO_MASS else m / tot
 
 
 def rule_rrs(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> tuple[Tests, np.ndarray]:
-    """Spec §4.1/§4.2: i.i.d. candidates; the residual is updated once per candidate, duplicates included."""
+    """SD / RRS: i.i.d. candidates; the residual is updated once per candidate, duplicates included."""
     tests: Tests = []
     r = q
     for j, x in enumerate(cand):
@@ -53,7 +54,7 @@ def rule_rrs(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = No
 
 
 def rule_rrsw(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> tuple[Tests, np.ndarray]:
-    """Spec §4.3: candidate k is tested against p^{(k)} (p without the earlier candidates, renormalized)."""
+    """RRSw: candidate k is tested against p^{(k)} (p without the earlier candidates, renormalized)."""
     tests: Tests = []
     r, s = q, p.copy()
     for j, x in enumerate(cand):
@@ -66,7 +67,7 @@ def rule_rrsw(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = N
 
 
 def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float]:
-    """Spec §4.4: smallest gamma in [1, k] with h(gamma) >= 0, 40 fp64 bisection steps, upper bracket."""
+    """K-SEQ: smallest gamma in [1, k] with h(gamma) >= 0, 40 fp64 bisection steps, upper bracket."""
 
     def beta(g: float) -> float:
         return float(np.minimum(p, q / g).sum())
@@ -87,10 +88,10 @@ def kseq_gamma(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, float]:
 def rule_kseq(
     cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None, *, gamma: float | None = None
 ) -> tuple[Tests, np.ndarray]:
-    """Spec §4.4 K-SEQ over K i.i.d. candidates; ``gamma`` overrides gamma* (a wrong value is a negative control)."""
+    """K-SEQ over K i.i.d. candidates; ``gamma`` overrides gamma* (a wrong value is a negative control)."""
     k = len(cand)
     g, be = kseq_gamma(p, q, k) if gamma is None else (gamma, float(np.minimum(p, q / gamma).sum()))
-    if be <= 0.0:  # disjoint supports (spec §9.11): nothing can be accepted
+    if be <= 0.0:  # disjoint supports: nothing can be accepted
         return [(j, 1.0, 0.0) for j in range(k)], q
     c = (1.0 - (1.0 - be) ** k) / be
     num = np.maximum(q - c * np.minimum(p, q / g), 0.0)
@@ -99,8 +100,8 @@ def rule_kseq(
 
 
 def rule_spechub(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> tuple[Tests, np.ndarray]:
-    """Spec §4.5 verification of a hub pair, on the pair law the sampler draws (oracles.spechub_parts); one
-    candidate is plain SD (spec §4.5 scope)."""
+    """SpecHub verification of a hub pair, on the pair law the sampler draws (oracles.spechub_parts); one
+    candidate is plain SD."""
     if len(cand) == 1:
         return [(0, float(p[cand[0]]), float(q[cand[0]]))], residual(q, p)
     if hub is None:
@@ -128,7 +129,7 @@ RULES: dict[str, NodeRule] = {
 
 
 def sample_gumbel_max(probs: np.ndarray, u: np.ndarray) -> int:
-    """Spec §2.1: argmax(log probs - log(-log U)); zero-probability tokens are never chosen."""
+    """Gumbel-max: argmax(log probs - log(-log U)); zero-probability tokens are never chosen."""
     with np.errstate(divide="ignore"):
         return int(np.argmax(np.log(probs) - np.log(-np.log(u))))
 
@@ -147,10 +148,10 @@ def tree_walk(
     chains: bool = False,
     eos: Sequence[int] = (),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Spec §3.6 TreeVerify for every row; ``rule=None`` is greedy mode (§8: accept the child equal to argmax q).
+    """TreeVerify for every row; ``rule=None`` is greedy mode (accept the child equal to argmax q).
 
     Shapes as in ``verify_tree``: tokens/parent/valid [B, N], p_rows/q_rows [B, N, V], accept_u [B, N, Kmax],
-    final_noise [B, V]. ``chains=True`` is SpecTr (§5.3): the candidates after accepting token t are the children
+    final_noise [B, V]. ``chains=True`` is SpecTr: the candidates after accepting token t are the children
     of every alive chain node carrying t. Returns accepted_nodes [B, L] (the accepted node and its ancestors),
     n_accepted [B], next_token [B] (-1 after an accepted EOS) and accepted_rank [B, L] (slot among the
     candidates), with L = the deepest valid node.
@@ -213,7 +214,7 @@ def parents_from_counts(counts: Sequence[int], max_nodes: int) -> list[int]:
     """Level-order parent list: node i (in id order) gets ``counts[i]`` children until ``max_nodes`` are placed.
 
     Giving children to nodes in increasing id order yields parents in non-decreasing order, i.e. level order
-    with siblings contiguous (spec §3.1)."""
+    with siblings contiguous (the layout of docs/kernels.md)."""
     parents = [-1]
     for i, c in enumerate(counts):
         if i >= len(parents):

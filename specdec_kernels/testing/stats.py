@@ -1,4 +1,4 @@
-"""Statistical checks with a stated false-alarm rate (spec §10.6).
+"""Statistical checks with a stated false-alarm rate (docs/exactness.md, Monte Carlo).
 
 ``law_check`` compares observed counts of a discrete outcome with an exact law: Pearson chi-square (bins with
 expected count < 5 merged) must have p-value >= ``alpha`` (the per-test false-alarm rate) and the empirical total
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-DEFAULT_ALPHA = 1e-4  # per-test false-alarm rate (spec §10.6)
+DEFAULT_ALPHA = 1e-4  # per-test false-alarm rate
 
 
 @dataclass(frozen=True)
@@ -86,5 +86,5 @@ def law_check(counts: np.ndarray, law: np.ndarray, *, alpha: float = DEFAULT_ALP
 
 
 def rate_tolerance(rate: float, n: int, floor: float = 0.005, sigmas: float = 5.0) -> float:
-    """Spec §10.6 (c): tolerance for an empirical acceptance rate around its closed form."""
+    """Tolerance for an empirical acceptance rate around its closed form."""
     return max(floor, sigmas * float(np.sqrt(max(rate * (1 - rate), 0.0) / n)))

@@ -1,4 +1,4 @@
-"""Toy Markov ("bigram") models and whole speculative decoding loops built from the public ops (spec §5, §8, §10.8).
+"""Toy Markov ("bigram") models and whole speculative decoding loops built from the public ops.
 
 A toy model is a pair of V x V row-stochastic matrices: row x of ``draft`` / ``target`` is p(.|x) / q(.|x), so
 the next-token law depends on the last token only and a prefix is summarized by its last token. A ``Decoder``
@@ -6,7 +6,7 @@ runs one speculative iteration for a batch of rows: it drafts a tree with the pu
 (``sample_categorical``, ``gumbel_topk``, ``sbs_step``, ``spechub_sample``), looks up p and q rows for every
 node (what a draft and a target forward would return) and verifies with ``verify_chain`` / ``verify_tree``.
 ``generate`` repeats iterations for many independent generations at once (one batch row each) until every row
-holds enough tokens. Exact decoders reproduce the target's law; the ``wrong_*`` variants (spec §10.10) change
+holds enough tokens. Exact decoders reproduce the target's law; the ``wrong_*`` variants (negative controls) change
 one drafting or verification detail and must fail the same law check.
 """
 
@@ -82,13 +82,13 @@ def _model(draft: list[list[float]], target: list[list[float]]) -> ToyModel:
     return ToyModel(torch.tensor(draft, dtype=torch.float64), torch.tensor(target, dtype=torch.float64))
 
 
-# Spec §10.8: V = 3, start token 0.
+# The small worked example of the law tests: V = 3, start token 0.
 SPEC_TOY = _model(
     [[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6]],
     [[0.2, 0.5, 0.3], [0.3, 0.3, 0.4], [0.5, 0.1, 0.4]],
 )
 
-# Zeros on purpose (spec §1.3, §9.3-§9.5): tokens p never drafts, drafted tokens with q = 0, a point-mass draft row
+# Zeros on purpose: tokens p never drafts, drafted tokens with q = 0, a point-mass draft row
 # (SpecHub's second draft and SWOR's later candidates do not exist there), so trees are ragged within a batch.
 RAGGED_TOY = _model(
     [[0.5, 0.3, 0.2, 0.0], [0.0, 1.0, 0.0, 0.0], [0.1, 0.0, 0.45, 0.45], [0.25, 0.25, 0.25, 0.25]],
@@ -96,8 +96,8 @@ RAGGED_TOY = _model(
 )
 
 
-# Peaked draft rows (row 0 is instance I3 of spec §10.3): i.i.d. drafts repeat often, so the duplicate-handling
-# and renormalization errors of the negative controls (§10.10) show at the loop level with few generations.
+# Peaked draft rows (row 0 is the golden instance I3 of tests/strategies.py): i.i.d. drafts repeat often, so the
+# duplicate-handling and renormalization errors of the negative controls show at the loop level with few generations.
 PEAKED_TOY = _model(
     [[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.6, 0.1, 0.3]],
     [[0.3, 0.3, 0.4], [0.4, 0.2, 0.4], [0.2, 0.5, 0.3]],
@@ -192,7 +192,7 @@ def first_tokens_counts(samples: np.ndarray, vocab: int) -> np.ndarray:
 def check_first_tokens(
     model: ToyModel, decoder: Decoder, n: int, *, seed: int, max_tv: float, n_tokens: int = 2, alpha: float = 1e-4
 ) -> LawCheck:
-    """Law check (chi-square + TV, spec §10.6) of the first ``n_tokens`` tokens of ``n`` generations."""
+    """Law check (chi-square + TV) of the first ``n_tokens`` tokens of ``n`` generations."""
     samples = generate(model, decoder, n, seed=seed, n_tokens=n_tokens).tokens
     return law_check(first_tokens_counts(samples, model.vocab), joint_law(model, n_tokens), alpha=alpha, max_tv=max_tv)
 
@@ -228,7 +228,7 @@ def _emit_tree(
 def _finish_tree(
     tokens: torch.Tensor, parents: Sequence[int] | torch.Tensor, valid: torch.Tensor, model: ToyModel, greedy: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padding convention of spec §3.1 (token 0, parent 0) and the p/q rows a draft/target forward would give."""
+    """Padding convention (token 0, parent 0) and the p/q rows a draft/target forward would give."""
     batch = tokens.shape[0]
     if isinstance(parents, torch.Tensor):
         parent = parents.clone()
@@ -264,7 +264,7 @@ def _sort_siblings(cand: torch.Tensor, ok: torch.Tensor, vocab: int) -> tuple[to
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# SD chains (spec §4.1, §5.1)
+# SD chains
 
 
 def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
@@ -299,7 +299,7 @@ def sd(length: int, *, ragged: bool = False, greedy: bool = False) -> Decoder:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Static trees: RRS (i.i.d. children), RRSw / RSD-C (Gumbel-top-k children), SpecHub (hub pairs) (spec §5.2-§5.6)
+# Static trees: RRS (i.i.d. children), RRSw / RSD-C (Gumbel-top-k children), SpecHub (hub pairs)
 
 
 def _static_step(
@@ -332,7 +332,7 @@ def _static_step(
             k = len(ids)
             logp = model.draft_logp[tokens[:, node]]
             if greedy:
-                # Spec §8: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
+                # Greedy: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
                 order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
                 cand = order[:, :1].expand(-1, k) if kind == "iid" else order[:, :k]
                 ok = torch.isfinite(logp.gather(-1, cand))
@@ -362,50 +362,50 @@ def _static_step(
 
 
 def rrs_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """SpecInfer RRS on a static tree: i.i.d. children (duplicates are separate nodes), verifier 'rrs' (§5.2)."""
+    """SpecInfer RRS on a static tree: i.i.d. children (duplicates are separate nodes), verifier 'rrs'."""
     return Decoder(f"rrs{list(parents)}", _static_step(parents, "iid", "rrs", greedy))
 
 
 def rrsw_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """RRSw on a static tree: Gumbel-top-k children in draft order, verifier 'rrsw' (§5.2)."""
+    """RRSw on a static tree: Gumbel-top-k children in draft order, verifier 'rrsw'."""
     return Decoder(f"rrsw{list(parents)}", _static_step(parents, "swor", "rrsw", greedy))
 
 
 def rsd_c(branching: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """RSD-C with constant branching factors per level (§5.4)."""
+    """RSD-C with constant branching factors per level."""
     return Decoder(f"rsd_c{tuple(branching)}", _static_step(branching_parents(branching), "swor", "rrsw", greedy))
 
 
 def spechub(levels: int, *, greedy: bool = False) -> Decoder:
-    """SpecHub on the full binary tree with ``levels`` levels incl. the root ("binaryN", §5.6)."""
+    """SpecHub on the full binary tree with ``levels`` levels incl. the root ("binaryN")."""
     parents = branching_parents([2] * (levels - 1))
     return Decoder(f"spechub(binary{levels})", _static_step(parents, "spechub", "spechub", greedy))
 
 
 def wrong_rrs_skip_duplicates(parents: Sequence[int]) -> Decoder:
-    """Negative control (§4.2, §10.10): duplicate i.i.d. siblings are dropped, so their residual update is skipped."""
+    """Negative control: duplicate i.i.d. siblings are dropped, so their residual update is skipped."""
     return Decoder("wrong: rrs skipping duplicates", _static_step(parents, "iid", "rrs", False, skip_duplicates=True))
 
 
 def wrong_rrsw_unrenormalized(parents: Sequence[int]) -> Decoder:
-    """Negative control (§4.3, §10.10): SWOR children verified with the unrenormalized p (= the 'rrs' verifier)."""
+    """Negative control: SWOR children verified with the unrenormalized p (= the 'rrs' verifier)."""
     return Decoder("wrong: rrsw with unrenormalized p", _static_step(parents, "swor", "rrs", False))
 
 
 def wrong_rsd_c_token_order(branching: Sequence[int]) -> Decoder:
-    """Negative control (§2.2): RSD-C siblings laid out in token-id order instead of draft order."""
+    """Negative control: RSD-C siblings laid out in token-id order instead of draft order."""
     parents = branching_parents(branching)
     return Decoder("wrong: rsd-c token order", _static_step(parents, "swor", "rrsw", False, token_order=True))
 
 
 def wrong_spechub_token_order(levels: int) -> Decoder:
-    """Negative control (§4.5): the hub pair laid out in token-id order, so pair types are mislabeled."""
+    """Negative control: the hub pair laid out in token-id order, so pair types are mislabeled."""
     parents = branching_parents([2] * (levels - 1))
     return Decoder("wrong: spechub token order", _static_step(parents, "spechub", "spechub", False, token_order=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# RSD-S: stochastic beam search trees (spec §2.3, §5.5)
+# RSD-S: stochastic beam search trees
 
 
 def _beam_untruncated(
@@ -423,7 +423,7 @@ def _beam_untruncated(
 def _beam_greedy(
     logp: torch.Tensor, sigma: torch.Tensor, beam_valid: torch.Tensor, width: int
 ) -> tuple[torch.Tensor, ...]:
-    """Spec §8: deterministic beam search, top-W sequences by summed draft log-prob (ties -> lower index)."""
+    """Greedy: deterministic beam search, top-W sequences by summed draft log-prob (ties -> lower index)."""
     batch, w_in, vocab = logp.shape
     phi = (sigma[..., None] + logp).masked_fill(~beam_valid[..., None], NEG_INF).reshape(batch, w_in * vocab)
     val, idx = torch.sort(phi, dim=-1, descending=True, stable=True)
@@ -451,7 +451,7 @@ def _rsd_s_step(width: int, depth: int, greedy: bool, *, untruncated: bool = Fal
                 slot, tok, sig, gam, ok = sbs_step(logp, sigma, gamma, beam_ok, width, generator=gen)
             tok = tok.clamp_min(0)
             par_node = beam_node.gather(1, slot.clamp_min(0))
-            # Layout (spec §3.1): regroup the level by parent with a stable sort, which keeps each parent's
+            # Layout (docs/kernels.md): regroup the level by parent with a stable sort, which keeps each parent's
             # children in descending score = draft order; padding entries go last.
             key = par_node * (vocab + 1) + (tok if token_order else 0)
             key = torch.where(ok, key, key.new_full((), 1 << 40))
@@ -470,16 +470,17 @@ def _rsd_s_step(width: int, depth: int, greedy: bool, *, untruncated: bool = Fal
 
 
 def rsd_s(width: int, depth: int, *, greedy: bool = False) -> Decoder:
-    """RSD-S: ``depth`` SBS steps of width ``width``; verifier 'rrsw' with the conditional p rows (§5.5)."""
+    """RSD-S: ``depth`` SBS steps of width ``width``; verifier 'rrsw' with the conditional p rows."""
     return Decoder(f"rsd_s(W={width}, L={depth})", _rsd_s_step(width, depth, greedy))
 
 
 def rsd_s_untruncated(width: int, depth: int) -> Decoder:
-    """RSD Alg. 9 line 7 taken literally: the beam is the top-W by untruncated scores (spec §13.1 item 5).
+    """RSD Alg. 9 line 7 taken literally: the beam is the top-W by untruncated scores.
 
-    Its beam does not follow the sequence-level SWOR law (§10.7), yet the verified output stays exact: every
+    Its beam does not follow the sequence-level SWOR law, yet the verified output stays exact: every
     node's children are still a Gumbel-top prefix of p(.|node) whose length does not depend on the next child's
-    identity (the argument of §5.5). So it is not a loop-level negative control; the tests show it passes."""
+    identity (the argument for RSD-S in docs/methods.md). So it is not a loop-level negative control; the tests
+    show it passes."""
     return Decoder(f"rsd_s_untruncated(W={width}, L={depth})", _rsd_s_step(width, depth, False, untruncated=True))
 
 
@@ -489,7 +490,7 @@ def wrong_rsd_s_token_order(width: int, depth: int) -> Decoder:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# SpecTr: K i.i.d. chains verified with K-SEQ (spec §4.4, §5.3)
+# SpecTr: K i.i.d. chains verified with K-SEQ
 
 
 def _kseq_tree(model: ToyModel, last: torch.Tensor, k: int, length: int, gen: torch.Generator, greedy: bool) -> Tree:
@@ -507,7 +508,7 @@ def _kseq_tree(model: ToyModel, last: torch.Tensor, k: int, length: int, gen: to
 
 
 def spectr(k: int, length: int, *, greedy: bool = False) -> Decoder:
-    """SpecTr K x L: K i.i.d. draft chains, verifier 'kseq' with gamma* per depth (§5.3)."""
+    """SpecTr K x L: K i.i.d. draft chains, verifier 'kseq' with gamma* per depth."""
 
     def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return _verify(_kseq_tree(model, last, k, length, gen, greedy), "kseq", greedy, gen)
@@ -516,7 +517,7 @@ def spectr(k: int, length: int, *, greedy: bool = False) -> Decoder:
 
 
 def wrong_spectr_gamma_one(k: int, length: int) -> Decoder:
-    """Negative control (§10.10): K-SEQ with gamma = 1, run by the fp64 tree-walk oracle with a fixed gamma."""
+    """Negative control: K-SEQ with gamma = 1, run by the fp64 tree-walk oracle with a fixed gamma."""
 
     def rule(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> tuple[oracles_tree.Tests, np.ndarray]:
         return oracles_tree.rule_kseq(cand, p, q, hub, gamma=1.0)

@@ -1,4 +1,4 @@
-"""Deliberately wrong variants (negative controls, spec §10.10).
+"""Deliberately wrong variants (negative controls, docs/exactness.md).
 
 Each node-level control is a :class:`~specdec_kernels.testing.oracles.ChainVerifier`: a callable with the interface
 of ``specdec_kernels.verify_node`` (analytic and sampling mode), so it can be pushed through exactly the same
@@ -20,7 +20,7 @@ from .oracles import Chain, ChainVerifier, normalize, residual
 
 
 def _rrs_skip_duplicates(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
-    """RRS that skips a repeated candidate without the residual update (SpecHub authors' EAGLE baseline, §4.2)."""
+    """RRS that skips a repeated candidate without the residual update (SpecHub authors' EAGLE baseline)."""
     tests = []
     seen: set[int] = set()
     r = q
@@ -58,7 +58,8 @@ def _rrsw_unrenormalized(method: str, cand: Sequence[int], p: np.ndarray, q: np.
 def _rrsw_next_residual(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
     """RRSw whose residual subtracts p^(k+1) (the next candidate's law) instead of p^(k).
 
-    The last candidate has no successor, so its residual keeps p^(K); this reproduces the TVs of spec §10.10.
+    The last candidate has no successor, so its residual keeps p^(K); this reproduces the TVs pinned in
+    tests/ops/test_verify_node.py (CONTROL_TV).
     """
     tests = []
     r, s = q, p
@@ -137,7 +138,7 @@ def _spechub_chain(
     hub: int | None,
     pair_law: Callable[[np.ndarray, int], np.ndarray],
 ) -> Chain:
-    """The SpecHub chain of spec §4.5 in the dtype of ``p``, with Q(a, i) = ``pair_law(p, a)``."""
+    """The SpecHub chain in the dtype of ``p``, with Q(a, i) = ``pair_law(p, a)``."""
     if len(cand) == 1:
         return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
     assert hub is not None
