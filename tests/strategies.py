@@ -1,4 +1,4 @@
-"""Shared input generators: Hypothesis strategies and seeded instance makers for node-level tests (spec §10.6).
+"""Shared input generators: Hypothesis strategies and seeded instance makers for node-level tests.
 
 Probability vectors come from small integer weights (so no entry is a tiny positive float that would trip the
 1e-7 SWOR cut-off) and cover the awkward cases on purpose: p = q, zeros in p, zeros in q.
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 KINDS = ("random", "equal", "p_zero", "q_zero")
 
-# Golden instances of spec §10.3 (p = draft, q = target).
+# Golden instances (p = draft, q = target).
 I1 = (np.array([0.5, 0.3, 0.15, 0.05]), np.array([0.1, 0.2, 0.3, 0.4]))
 I2 = (np.array([0.6, 0.25, 0.1, 0.05]), np.array([0.5, 0.2, 0.2, 0.1]))
 I3 = (np.array([0.7, 0.2, 0.1]), np.array([0.3, 0.3, 0.4]))

@@ -1,6 +1,6 @@
 """Shared helpers of the cpu-vs-torch parity tests: skip marker, tree and noise generators, float budgets.
 
-Float budgets (DESIGN.md §7.7): integer outputs (tokens, slots, counts, masks of kept tokens) must be identical;
+Float budgets: integer outputs (tokens, slots, counts, masks of kept tokens) must be identical;
 float outputs are compared against the reference with a per-dtype budget that reflects how both were computed:
 
 * fp32 log-probs (process_logits): both backends compute a fp32 log-softmax of the same fp32 inputs, with

@@ -1,4 +1,4 @@
-"""cpu vs torch parity of filter_kv (spec §3.7): in-place moves, caches must end bitwise identical."""
+"""cpu vs torch parity of filter_kv: in-place moves, caches must end bitwise identical."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""cpu vs torch parity of gumbel_topk (spec §2.2): identical tokens/valid, scores within 1e-13 (float64 logs)."""
+"""cpu vs torch parity of gumbel_topk: identical tokens/valid, scores within 1e-13 (float64 logs)."""
 
 from __future__ import annotations
 

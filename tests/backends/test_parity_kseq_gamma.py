@@ -1,4 +1,4 @@
-"""cpu vs torch parity of kseq_gamma (spec §4.4). Both bisect 40 times in float64 on sums over V; the sums run in a
+"""cpu vs torch parity of kseq_gamma. Both bisect 40 times in float64 on sums over V; the sums run in a
 different order (budget of backend_parity: float outputs within a per-dtype budget), so:
 
 * gamma: the bisection takes the same branch unless h(mid) is within the summation round-off of 0, in which case

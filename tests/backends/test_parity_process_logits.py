@@ -1,4 +1,4 @@
-"""cpu vs torch parity of process_logits (spec §1.3): identical kept sets (-inf pattern), fp32 log-probs within
+"""cpu vs torch parity of process_logits: identical kept sets (-inf pattern), fp32 log-probs within
 the budget of backend_parity.assert_logp_close."""
 
 from __future__ import annotations

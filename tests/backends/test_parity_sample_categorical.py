@@ -1,4 +1,4 @@
-"""cpu vs torch parity of sample_categorical (spec §2.1): identical tokens given identical float64 noise."""
+"""cpu vs torch parity of sample_categorical: identical tokens given identical float64 noise."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""cpu vs torch parity of sbs_step (spec §2.3): identical parent slots, tokens and validity given identical float64
+"""cpu vs torch parity of sbs_step: identical parent slots, tokens and validity given identical float64
 noise; sigma (one float64 addition in both) bitwise equal; gamma (the stable Trunc formula, libm vs SLEEF logs of
 <= 1 ulp each, amplified at most a few times by the formula) within 1e-12 absolute + relative."""
 

@@ -1,4 +1,4 @@
-"""cpu vs torch parity of spechub_sample (spec §4.5 drafting): identical drafts, hub and validity given identical
+"""cpu vs torch parity of spechub_sample: identical drafts, hub and validity given identical
 float64 noise (every output is an integer or a flag)."""
 
 from __future__ import annotations

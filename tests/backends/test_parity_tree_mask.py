@@ -1,4 +1,4 @@
-"""cpu vs torch parity of tree_mask (spec §3.3): the additive mask must be bitwise identical."""
+"""cpu vs torch parity of tree_mask: the additive mask must be bitwise identical."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""cpu vs torch parity of tree_positions (spec §3.2): integer output, must be identical."""
+"""cpu vs torch parity of tree_positions: integer output, must be identical."""
 
 from __future__ import annotations
 

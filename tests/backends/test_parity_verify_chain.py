@@ -1,4 +1,4 @@
-"""cpu vs torch parity of verify_chain (spec §4.1, greedy §8): identical n_accepted and next_token given identical
+"""cpu vs torch parity of verify_chain: identical n_accepted and next_token given identical
 accept_u and final_noise (integer outputs only)."""
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def test_p_equals_q_accepts_all_and_disjoint_rejects() -> None:
 
 
 def test_zero_mass_residual_falls_back_to_q() -> None:
-    """q = p up to 2e-7 on one token: a forced rejection leaves residual mass < 1e-6 -> sample q (spec §2.4)."""
+    """q = p up to 2e-7 on one token: a forced rejection leaves residual mass < 1e-6 -> sample q (the zero-mass
+    rule)."""
     vocab = 7
     p = torch.full((1, 1, vocab), 1.0 / vocab)
     q = torch.full((1, 2, vocab), 1.0 / vocab)

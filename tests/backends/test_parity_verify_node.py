@@ -1,4 +1,4 @@
-"""cpu vs torch parity of verify_node (spec §4.1-§4.5): identical slot and token for every method given identical
+"""cpu vs torch parity of verify_node: identical slot and token for every method given identical
 accept_u and final_noise; analytic diagnostics within the budget of backend_parity (verifier diagnostics)."""
 
 from __future__ import annotations

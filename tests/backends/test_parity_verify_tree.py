@@ -1,4 +1,4 @@
-"""cpu vs torch parity of verify_tree (spec §3.6): identical accepted_nodes, n_accepted, next_token and
+"""cpu vs torch parity of verify_tree: identical accepted_nodes, n_accepted, next_token and
 accepted_rank for every method (greedy and sampling) on static and ragged trees, given identical noise."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def tree_case(method: str, batch: int, vocab: int, seed: int, shape: str = "smal
             tokens[:, kids] = draw.tokens[:, :k].clamp_min(0)
             valid[:, kids] &= draw.valid[:, :k]
             hub[:, m] = draw.hub
-    # children of padding nodes are padding too (spec §3.1 invariant 3)
+    # children of padding nodes are padding too
     for c in range(1, n):
         valid[:, c] &= valid[:, parents[c]]
     parent = torch.where(valid, parent, torch.zeros_like(parent))

@@ -1,4 +1,5 @@
-"""The seeded (Philox, spec §1.4) noise path: the stream itself, cpu == torch bit for bit, and the laws it yields.
+"""The seeded (Philox; docs/kernels.md, Randomness contract) noise path: the stream itself, cpu == torch bit for bit,
+and the laws it yields.
 
 With ``seed=`` the backend draws its own noise (``specdec_kernels._rng``: Philox-4x32-10 keyed by the seed, counted
 by (purpose, row, index)). The torch reference materialises the same uniforms, so integer outputs must be identical
@@ -257,7 +258,7 @@ def test_cpu_own_rng_verify_node_keeps_target_law(method: str) -> None:
 
 
 def test_correlated_purposes_would_be_caught() -> None:
-    """Negative control (spec §1.4 independence): acceptance uniforms that reuse the final sample's noise bias SD."""
+    """Negative control (independent streams): acceptance uniforms that reuse the final sample's noise bias SD."""
     p = torch.tensor(P6, dtype=torch.float32).expand(ROWS, -1).contiguous()
     q = torch.tensor(Q6, dtype=torch.float32).expand(ROWS, -1).contiguous()
     cand, cv, _ = _draft("sd", p, 1, seed=41)

@@ -149,7 +149,7 @@ def test_kseq_gamma_matches_reference(k):
     assert bool(((ba - bb).abs() <= g_err + vocab * 2.0**-52).all())
 
 
-# ---- seeded path: the kernels draw the Philox noise of ``seed`` themselves (spec §1.4) ----
+# ---- seeded path: the kernels draw the Philox noise of ``seed`` themselves (docs/kernels.md, Randomness contract) ----
 
 SEEDS = [0, 5, 2**62 + 12345]  # the last one uses both key words
 

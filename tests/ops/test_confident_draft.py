@@ -1,5 +1,5 @@
-"""Confident drafts: every node verifier stays exact when 1 - p(top) falls to the sampler's own cut-off (spec §2.2,
-§2.4, §4; the normaliser audit of docs/exactness.md).
+"""Confident drafts: every node verifier stays exact when 1 - p(top) falls to the sampler's own cut-off (the
+normaliser audit of docs/exactness.md).
 
 Pipeline, as in the decoders: the sampling op draws from float32 log-probs and the verifier gets their softmax
 (float32) and a float32 target row. The drafting law is the op's own, enumerated with its own normalisers from the

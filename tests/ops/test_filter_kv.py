@@ -1,4 +1,4 @@
-"""filter_kv (spec §3.7): the compacted cache equals the gathered accepted path; ragged n_accepted (incl. 0),
+"""filter_kv: the compacted cache equals the gathered accepted path; ragged n_accepted (incl. 0),
 per-row prefix lengths, in place on every layer tensor; bad inputs; backend parity."""
 
 from __future__ import annotations

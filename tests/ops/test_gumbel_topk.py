@@ -1,4 +1,4 @@
-"""gumbel_topk: k draws without replacement in draw order (spec §2.2).
+"""gumbel_topk: k draws without replacement in draw order.
 
 False alarms: each law check is a chi-square at alpha = 1e-4 plus a TV bound exceeded with probability <= 1e-6;
 the seeds are fixed, so a pass is reproducible for a given torch version.
@@ -28,7 +28,7 @@ def _uniforms(shape: tuple[int, ...], seed: int) -> torch.Tensor:
 
 
 def _oracle_row(logp: np.ndarray, noise: np.ndarray, k: int) -> tuple[list[int], list[bool], list[float]]:
-    """Stable descending sort of logp + Gumbel; invalid: score -inf, or remaining mass <= 1e-7 (spec §2.2)."""
+    """Stable descending sort of logp + Gumbel; invalid: score -inf, or remaining mass <= 1e-7."""
     scores = logp - np.log(-np.log(noise))
     order = np.argsort(-scores, kind="stable")[:k]
     p = np.exp(logp)
@@ -74,7 +74,7 @@ def test_matches_oracle_with_injected_noise(backend, shape, k, dtype):
     rows_lp = logp.double().reshape(-1, shape[-1]).numpy()
     rows_u = noise.reshape(-1, shape[-1]).numpy()
     toks, val, sc = (x.reshape(rows_lp.shape[0], k) for x in out)
-    tol = 1e-12 if backend == "torch" else 1e-5  # kernels form Gumbel scores in fp32 (spec §9.6)
+    tol = 1e-12 if backend == "torch" else 1e-5  # kernels form Gumbel scores in fp32
     for r in range(rows_lp.shape[0]):
         t, v, s = _oracle_row(rows_lp[r], rows_u[r], k)
         assert toks[r].tolist() == t and val[r].tolist() == v
@@ -83,7 +83,7 @@ def test_matches_oracle_with_injected_noise(backend, shape, k, dtype):
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_remaining_mass_cutoff_invalidates_later_slots(backend):
-    """Spec §2.2: once 1 - sum p(x_i) <= 1e-7 the later candidates are not real draws."""
+    """Once 1 - sum p(x_i) <= 1e-7 the later candidates are not real draws."""
     logp = torch.log(torch.tensor([[1 - 1e-8, 1e-8, 0.0]], dtype=F64))
     first_big = gumbel_topk(logp, 2, noise=torch.tensor([[0.9, 0.1, 0.5]], dtype=F64), backend=backend)
     assert first_big.valid.tolist() == [[True, False]] and first_big.tokens.tolist() == [[0, -1]]

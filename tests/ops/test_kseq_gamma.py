@@ -1,4 +1,4 @@
-"""kseq_gamma: SpecTr K-SEQ's smallest valid gamma in [1, K] and beta(gamma) (spec §4.4, §10.3, §10.4).
+"""kseq_gamma: SpecTr K-SEQ's smallest valid gamma in [1, K] and beta(gamma) (docs/methods.md, SpecTr).
 
 Deterministic op: sections 2 (distributions) and 5 (reproducibility) reduce to golden values, the optimality of
 gamma* checked against the NumPy oracle, and bit-identical repeated calls.
@@ -23,7 +23,7 @@ FAST_BACKENDS = [b for b in available_backends("kseq_gamma") if b in ("torch", "
 
 
 def _h(p: np.ndarray, q: np.ndarray, g: float, k: int) -> float:
-    """Validity function of spec §4.4: gamma is valid iff h(gamma) >= 0."""
+    """Validity function of K-SEQ: gamma is valid iff h(gamma) >= 0."""
     beta = np.minimum(p, q / g).sum()
     return float(np.minimum(g * p, q).sum() - 1.0 + (1.0 - beta) ** k)
 
@@ -39,7 +39,7 @@ def _check_against_oracle(backend, batch, vocab, dtype):
     k = torch.randint(1, 5, (batch,), generator=gen)
     gamma, beta = kseq_gamma(p, q, k, backend=backend)
     assert gamma.shape == beta.shape == (batch,)
-    # Reference: 40 fp64 bisection steps (gamma within (K-1) 2^-40); kernels: 30 fp32 steps (spec §4.4).
+    # Reference: 40 fp64 bisection steps (gamma within (K-1) 2^-40); kernels: 30 fp32 steps.
     tol = 1e-9 if backend == "torch" else 1e-5
     for b in range(batch):
         pb, qb = p[b].double().numpy(), q[b].double().numpy()
@@ -67,7 +67,7 @@ def test_backend_matches_oracle(backend):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Golden values (spec §10.3 table, §10.4 Bernoulli column)
+# 2. Golden values (the instances of tests/strategies.py, and the Bernoulli example of test_verify_node.py)
 
 GOLDEN_GAMMA = {
     ("I1", 2): 1.614143,
@@ -122,7 +122,7 @@ def test_gamma_is_the_smallest_valid_and_maximizes_acceptance(pq, k):
     assert _h(p, q, gamma, k) >= -1e-12
     if gamma > 1.0 + 1e-6:
         assert _h(p, q, gamma - 1e-6, k) < 1e-12  # minimal up to the bisection resolution and round-off
-    # Valid gamma <=> the K-SEQ residual numerator q - c min(p, q/gamma) is non-negative (spec §4.4).
+    # Valid gamma <=> the K-SEQ residual numerator q - c min(p, q/gamma) is non-negative.
     if beta > 0:
         c = (1 - (1 - beta) ** k) / beta
         assert (q - c * np.minimum(p, q / gamma)).min() >= -1e-9
@@ -148,7 +148,7 @@ def test_p_equals_q_gives_gamma_one():
 
 
 def test_disjoint_supports_give_gamma_one_beta_zero():
-    """Spec §9.11."""
+    """Disjoint supports: gamma* = 1 and beta = 0."""
     p = torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=F64)
     q = torch.tensor([[0.0, 0.0, 0.4, 0.6]], dtype=F64)
     gamma, beta = kseq_gamma(p, q, 3)
@@ -215,7 +215,7 @@ def test_deterministic_and_row_independent():
 def test_p_equal_q_gives_gamma_one_whatever_the_rounding_of_the_sum(backend: str) -> None:
     """p = q: h(1) = 0 exactly, so gamma* = 1. A law whose float64 sum lands one ulp below 1 would send a
     bisection to 1 + ulp^(1/K) ~ 1 + 5e-6 (K = 3) while another summation order gives 1.0, so backends would accept
-    differently for U within 5e-6 of 1; sums within 1e-12 of 1 count as p = q everywhere (spec §4.4 round-off)."""
+    differently for U within 5e-6 of 1; sums within 1e-12 of 1 count as p = q everywhere."""
     p = torch.tensor([[0.76597418688330909, 0.19054701905637911, 0.0, 0.0, 0.04347879406031179]], dtype=F64)
     for k in (2, 3, 4):
         gamma, beta = kseq_gamma(p, p.clone(), torch.tensor([k]), backend=backend)

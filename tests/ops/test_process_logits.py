@@ -1,4 +1,4 @@
-"""process_logits: temperature, top-k, top-p, fp32 log-softmax; greedy one-hot below T = 1e-5 (spec §1.3, §8).
+"""process_logits: temperature, top-k, top-p, fp32 log-softmax; greedy one-hot below T = 1e-5.
 
 Deterministic op: section 2 checks the semantics case by case (and against the NumPy oracle), section 5 checks
 bit-identical repeated and batched calls.
@@ -146,7 +146,7 @@ def test_top_p_always_keeps_one_token(pl):
 
 
 def test_processing_order_temperature_top_k_top_p(pl):
-    """HF order (spec §1.3): top-p sees the law after temperature and after top-k."""
+    """HF order: top-p sees the law after temperature and after top-k."""
     z = _logits([0.4, 0.3, 0.2, 0.1])
     assert _kept(pl(z, top_p=0.5)) == [0, 1]
     assert _kept(pl(z, top_k=2, top_p=0.5)) == [0]  # after top-k, token 0 has 4/7 >= 0.5

@@ -1,4 +1,4 @@
-"""sample_categorical: one Gumbel-max sample per row (spec §2.1, §1.4).
+"""sample_categorical: one Gumbel-max sample per row (randomness: docs/kernels.md, Randomness contract).
 
 False alarms: each law check is a chi-square at alpha = 1e-4 plus a TV bound exceeded with probability <= 1e-6;
 the seeds are fixed, so a pass is reproducible for a given torch version.
@@ -64,7 +64,7 @@ def test_matches_oracle_with_injected_noise(backend, shape, dtype):
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 def test_high_resolution_noise_reaches_far_tail(backend):
-    """Spec §1.4 amendment: with 53-bit uniforms a token 30 nats below the maximum can still win."""
+    """With 53-bit uniforms a token 30 nats below the maximum can still win."""
     logp = torch.tensor([[0.0, -30.0]], dtype=F64)
     noise = torch.tensor([[0.5, 1.0 - 2.0**-53]], dtype=F64)
     assert int(sample_categorical(logp, noise=noise, backend=backend)) == 1

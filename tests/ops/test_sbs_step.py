@@ -1,4 +1,4 @@
-"""sbs_step: one stochastic-beam-search expansion with truncated Gumbels (spec §2.3, §10.7).
+"""sbs_step: one stochastic-beam-search expansion with truncated Gumbels (RSD-S, docs/methods.md).
 
 False alarms: each law check is a chi-square at alpha = 1e-4 plus a TV bound exceeded with probability <= 1e-6;
 the seeds are fixed, so a pass is reproducible for a given torch version.
@@ -23,7 +23,7 @@ NEG_INF = float("-inf")
 # interpreter (seconds per call) and gets one small case (tests/backends/ covers parity in depth).
 FAST_BACKENDS = [b for b in available_backends("sbs_step") if b in ("torch", "cpu")]
 
-# Toy draft of spec §10.7 (V = 3): first-token law and rows p(y | x).
+# Toy draft of the sequence-level SWOR oracle (V = 3): first-token law and rows p(y | x).
 P1 = np.array([0.5, 0.3, 0.2])
 P2 = np.array([[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.45, 0.45]])
 
@@ -78,7 +78,7 @@ def test_matches_oracle_with_injected_noise(backend, batch, w_in, vocab, w_out, 
         out = sbs_step(logp, sigma, gamma, valid, w_out, noise=noise, backend=backend)
     except BackendUnavailableError as exc:
         pytest.skip(str(exc))
-    tol = 1e-9 if backend == "torch" else 1e-4  # kernels keep scores in fp32 (spec §2.3)
+    tol = 1e-9 if backend == "torch" else 1e-4  # kernels keep scores in fp32
     for b in range(batch):
         want = O.sbs_step_oracle(
             logp[b].double().numpy(), sigma[b].numpy(), gamma[b].numpy(), valid[b].numpy(), w_out, noise[b].numpy()
@@ -91,7 +91,7 @@ def test_matches_oracle_with_injected_noise(backend, batch, w_in, vocab, w_out, 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2. Distribution: the §10.7 oracle
+# 2. Distribution: the sequence-level SWOR oracle
 
 
 def _two_steps(step, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,14 +135,15 @@ def test_ordered_top2_sequences_follow_sequence_level_swor(sbs_runs):
 
 
 def test_untruncated_selection_fails_the_same_check():
-    """Negative control (spec §10.10): top-W by untruncated scores, TV about 0.15 from the SWOR law."""
+    """Negative control: top-W by untruncated scores, TV about 0.15 from the SWOR law."""
     check = _pair_check(_two_steps(_untruncated, N_SBS, seed=5)[1])
     assert not check.ok
     assert check.tv > 0.1
 
 
 def test_top1_at_every_level_is_an_exact_sample(sbs_runs):
-    """Property (i) of §10.7, and level 1 as a whole is the Gumbel-top-2 (SWOR) of p_1."""
+    """The top-1 sequence at every level is an exact sample of the sequence law, and level 1 as a whole is the
+    Gumbel-top-2 (SWOR) of p_1."""
     level1, seqs = sbs_runs
     seq_law = (P1[:, None] * P2).ravel()
     for counts, law in [
@@ -210,7 +211,7 @@ def test_oracle_trunc_formulas_agree():
 
 
 def test_stable_formula_survives_large_scores():
-    """Sequence log-probs reach -100s (spec §2.3): the stable form stays finite where eq. (11) overflows."""
+    """Sequence log-probs reach -100s: the stable form stays finite where RSD eq. (11) overflows."""
     logp = torch.log(torch.tensor([[[0.5, 0.3, 0.2]]], dtype=F64))
     out = sbs_step(logp, torch.tensor([[-800.0]], dtype=F64), torch.tensor([[-790.0]], dtype=F64),
                    torch.ones((1, 1), dtype=torch.bool), 3, seed=0)  # fmt: skip

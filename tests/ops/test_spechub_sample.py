@@ -1,4 +1,4 @@
-"""spechub_sample: SpecHub's two drafts through the hub a = argmax p (spec §4.5).
+"""spechub_sample: SpecHub's two drafts through the hub a = argmax p (docs/methods.md, SpecHub).
 
 False alarms: each law check is a chi-square at alpha = 1e-4 plus a TV bound exceeded with probability <= 1e-6;
 the seeds are fixed, so a pass is reproducible for a given torch version.
@@ -148,7 +148,7 @@ def test_properties(backend, v, n_masked, seed):
 
 
 def test_point_mass_gives_single_draft():
-    """p(a) = 1 (spec §4.5): the second draft does not exist."""
+    """p(a) = 1: the second draft does not exist."""
     logp = torch.log(torch.tensor([[0.0, 1.0, 0.0]], dtype=F64))
     out = spechub_sample(logp, seed=0)
     assert out.tokens.tolist() == [[1, -1]] and out.valid.tolist() == [[True, False]]

@@ -1,4 +1,4 @@
-"""tree_mask (spec §3.3): closed form vs RSD Alg. 5's incremental BuildMask, padding, past columns, dtypes,
+"""tree_mask: closed form vs RSD Alg. 5's incremental BuildMask, padding, past columns, dtypes,
 bad inputs, backend parity."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def tree_part_expected(parents: list[int]) -> np.ndarray:
 
 
 def test_incremental_procedure_on_spec_example() -> None:
-    """Spec §3.1 example b = (3, 2, 1): node 12 (parent 6 -> 2 -> root) sees exactly nodes 0, 2, 6, 12."""
+    """Branching b = (3, 2, 1): node 12 (parent 6 -> 2 -> root) sees exactly nodes 0, 2, 6, 12."""
     parents = [-1, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8, 9]
     mask = tree_mask(torch.tensor([parents]))
     row = np.flatnonzero(allowed(mask)[0, 0, 12])
@@ -103,7 +103,7 @@ def test_ragged_batch_padding_and_past_valid(seed: int, batch: int, past_len: in
         assert (got[b, :k, :past_len] == past_valid[b].numpy()[None, :]).all()
         assert (got[b, :k, past_len : past_len + k] == tree_part_expected(t)).all()
         assert not got[b, :k, past_len + k :].any()  # valid nodes never see padding
-        for i in range(k, n_max):  # padding rows (spec §3.1 invariant 3) see only themselves
+        for i in range(k, n_max):  # padding rows see only themselves
             assert np.flatnonzero(got[b, i]).tolist() == [past_len + i]
 
 

@@ -1,4 +1,4 @@
-"""tree_positions (spec §3.2): position = P - 1 + depth, siblings share positions; bad inputs; backend parity."""
+"""tree_positions: position = P - 1 + depth, siblings share positions; bad inputs; backend parity."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""verify_chain (spec §4.1 chain SD, §8 greedy, §3.6 EOS): fp64 oracle with injected noise, output law, ragged
+"""verify_chain (chain SD, greedy, EOS): fp64 oracle with injected noise, output law, ragged
 lengths, EOS, greedy, bad inputs, reproducibility, backend parity."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ BACKENDS = [b for b in available_backends("verify_chain") if b != "triton"]
 
 
 def chain_oracle(draft, p, q, lengths, u, fin, eos=()):
-    """Spec §4.1 in fp64 NumPy: accept x_j iff U_j p_j(x_j) < q_j(x_j); correction ~ res(q_j, p_j); bonus ~ q_{L+1};
+    """Chain SD in fp64 NumPy: accept x_j iff U_j p_j(x_j) < q_j(x_j); correction ~ res(q_j, p_j); bonus ~ q_{L+1};
     stop after an accepted EOS with no extra token."""
     n_acc, nxt = [], []
     for b in range(draft.shape[0]):
@@ -85,7 +85,7 @@ def test_matches_fp64_oracle_with_injected_noise(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_single_position_output_law_and_acceptance_rate(backend: str) -> None:
-    """Spec §10.6 at one position: the emitted token ~ q and P(accept) = sum min(p, q). N = 20k rows;
+    """Monte Carlo at one position: the emitted token ~ q and P(accept) = sum min(p, q). N = 20k rows;
     chi-square false-alarm rate 1e-4."""
     n, vocab = 20_000, 5
     p = np.array([0.4, 0.3, 0.2, 0.1, 0.0])

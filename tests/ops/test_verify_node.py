@@ -1,8 +1,8 @@
-"""verify_node: the node verifiers sd, rrs, rrsw, kseq, spechub (spec §4, §10.1-§10.6, §10.10, §10.11).
+"""verify_node: the node verifiers sd, rrs, rrsw, kseq, spechub (docs/methods.md; the checks: docs/exactness.md).
 
-Sections (DESIGN §4): 1 exactness against the independent NumPy oracle with injected noise; 2 distributions:
+Sections: 1 exactness against the independent NumPy oracle with injected noise; 2 distributions:
 golden values, exact enumeration THROUGH the op (analytic mode), the Bernoulli table, closed forms, invariants,
-Monte Carlo in sampling mode, and the negative controls of §10.10 failing the same checks; 3 Hypothesis
+Monte Carlo in sampling mode, and the negative controls failing the same checks; 3 Hypothesis
 properties; 4 bad inputs; 5 reproducibility.
 
 False alarms: the enumeration tests are deterministic. Each Monte Carlo check (chi-square at alpha = 1e-4, a TV
@@ -89,7 +89,7 @@ def _check_against_oracle(backend, method, k, batch, vocab, dtype):
     ref = O.oracle_verifier(method, cand, valid, p.double(), q.double(), **noise)
     assert torch.equal(out.slot, ref.slot)
     assert torch.equal(out.token, ref.token)
-    # fp64 inputs are computed in fp64 by the torch and cpu backends; kernels on GPUs do fp32 math (spec §1.2).
+    # fp64 inputs are computed in fp64 by the torch and cpu backends; kernels on GPUs do fp32 math.
     tol = 1e-10 if dtype == F64 and backend in FAST_BACKENDS else 2e-5
     torch.testing.assert_close(out.accept_prob.double(), ref.accept_prob, atol=tol, rtol=0)
     torch.testing.assert_close(out.final_residual.double(), ref.final_residual, atol=tol, rtol=0)
@@ -127,7 +127,7 @@ def test_sampling_mode_matches_analytic_decisions():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2a. Golden values (spec §10.3), through the op by exact enumeration
+# 2a. Golden values (instances of tests/strategies.py), through the op by exact enumeration
 
 GOLDEN_TOTAL = {  # exact fractions where the value is rational, else the printed table value
     ("sd", 1): {"I1": 1 / 2, "I2": 0.85, "I3": 0.6},
@@ -184,7 +184,7 @@ def test_golden_otm(inst):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2b. Exact output law == q for every method on random instances (spec §10.2)
+# 2b. Exact output law == q for every method on random instances (exact enumeration, docs/exactness.md)
 
 
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
@@ -211,7 +211,7 @@ def test_enumerated_law_is_target_hypothesis(pq, mk):
 @pytest.mark.parametrize("backend", available_backends("verify_node"))
 @pytest.mark.parametrize("method,k", [("sd", 1), ("rrs", 2), ("rrsw", 3), ("kseq", 2), ("spechub", 2)])
 def test_enumerated_law_with_float32_rows(backend, method, k):
-    """fp32 inputs: the law is q up to fp32 round-off (spec §1.2: fp32 probability math). Every backend."""
+    """fp32 inputs: the law is q up to fp32 round-off (fp32 probability math). Every backend."""
     p, q = I1
     try:
         res = O.enumerate_node(method, p, q, k, verifier=_verifier(backend), dtype=torch.float32)
@@ -232,7 +232,7 @@ def test_oracle_verifier_agrees_with_op_on_enumeration():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2c. Bernoulli toy example (spec §10.4): p, q = probability of token 1, K = 2
+# 2c. Bernoulli toy example: p, q = probability of token 1, K = 2
 
 BERNOULLI = [  # p, q, SD, RRS, K-SEQ, gamma*, OTM, RRSw, SpecHub
     (0.1, 0.5, 0.6000, 0.6400, 0.6584, 1.5844, 0.6900, 1, 1),
@@ -270,7 +270,8 @@ def test_bernoulli_table(backend, row):
 @pytest.mark.parametrize("pb", [0.0, 0.05, 0.3, 0.5, 0.95, 1.0])
 @pytest.mark.parametrize("qb", [0.0, 0.2, 0.5, 0.9, 1.0])
 def test_bernoulli_closed_forms(pb, qb):
-    """§10.4 closed forms on a grid, including the p in {0, 1} edge where only one candidate is valid."""
+    """Closed forms of the Bernoulli example on a grid, including the p in {0, 1} edge where only one candidate is
+    valid."""
     p, q = _ber(pb), _ber(qb)
     p_u = pb if qb > pb else 1.0 - pb
     inner = 0.0 < pb < 1.0
@@ -288,7 +289,7 @@ def test_bernoulli_closed_forms(pb, qb):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2d. Invariants of spec §10.11 (acceptances from the op's enumeration, OTM from the oracle)
+# 2d. Invariants (acceptances from the op's enumeration, OTM from the oracle)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -311,9 +312,9 @@ def test_invariants(seed):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2e. Negative controls (spec §10.10) fail the enumeration
+# 2e. Negative controls (docs/exactness.md) fail the enumeration
 
-CONTROL_TV = [  # control, method, K, instance, exact TV from q (spec §10.10)
+CONTROL_TV = [  # control, method, K, instance, exact TV from q
     ("rrs_skip_duplicates", "rrs", 2, "I1", 0.026),
     ("rrs_skip_duplicates", "rrs", 3, "I1", 0.057),
     ("rrs_skip_duplicates", "rrs", 2, "I3", 0.050),
@@ -351,8 +352,8 @@ def test_negative_control_rejects_other_methods():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 2f. Monte Carlo in sampling mode (spec §10.6). The reference loops over rows in Python, so the
-# default suite uses 2k-20k rows; the slow grid below runs spec's 1e5.
+# 2f. Monte Carlo in sampling mode (docs/exactness.md). The reference loops over rows in Python, so the
+# default suite uses 2k-20k rows; the slow grid below runs 1e5.
 
 
 def _mc_check(tr: O.NodeTrials, method: str, p: np.ndarray, q: np.ndarray, k: int) -> tuple[LawCheck, list[str]]:
@@ -438,7 +439,7 @@ def _slow_grid() -> list[tuple[str, int, int]]:
 @pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("method,k,v", _slow_grid())
 def test_sampling_mode_statistics_full_grid(backend, method, k, v):
-    """Spec §10.6 grid: a random instance, zeros in p, zeros in q per (method, K, V); 1e5 rows. The torch reference
+    """Full grid: a random instance, zeros in p, zeros in q per (method, K, V); 1e5 rows. The torch reference
     loops over rows in Python, so it gets 3e4 rows (kseq 1e4); the negative controls
     are already detected at 1e4 rows (TV >= 0.026)."""
     n = 100000 if backend != "torch" else 10000 if method == "kseq" else 30000
@@ -452,7 +453,7 @@ def test_sampling_mode_statistics_full_grid(backend, method, k, v):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 3. Properties (spec §9, §10.11)
+# 3. Properties (edge cases and invariants)
 
 
 @HYPO
@@ -482,7 +483,7 @@ def test_outputs_in_range_and_zero_target_mass_never_emitted(pq, mk, seed):
     assert bool(valid[hit, slot[hit]].all())
     assert torch.equal(token[hit], cand[hit, slot[hit]])
     assert bool(((token >= 0) & (token < vocab)).all())
-    assert bool((torch.tensor(q)[token] > 0).all())  # spec §1.3: q(x) = 0 is never accepted nor sampled
+    assert bool((torch.tensor(q)[token] > 0).all())  # q(x) = 0 is never accepted nor sampled
     ap, fin = out.accept_prob, out.final_residual
     assert bool(((ap >= 0) & (ap <= 1)).all())
     assert bool((ap[~valid] == 0).all())
@@ -498,7 +499,7 @@ def test_outputs_in_range_and_zero_target_mass_never_emitted(pq, mk, seed):
     seed=st.integers(0, 99),
 )
 def test_masked_tokens_from_process_logits(v, n_masked, mk, seed):
-    """-inf logits (spec §1.3, §9.3): p and q with exact zeros from process_logits (fp32) verify cleanly."""
+    """-inf logits: p and q with exact zeros from process_logits (fp32) verify cleanly."""
     method, k = mk
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn((32, 2, v), generator=gen)
@@ -515,7 +516,7 @@ def test_masked_tokens_from_process_logits(v, n_masked, mk, seed):
 
 
 def test_zero_mass_residual_never_nan():
-    """q == p up to a few ulps (spec §9.1): the residual falls back to q, never NaN."""
+    """q == p up to a few ulps: the residual falls back to q, never NaN."""
     p = torch.tensor([[0.25, 0.25, 0.25, 0.25]], dtype=F64)
     q = p + torch.tensor([[1e-16, -1e-16, 0.0, 0.0]], dtype=F64)
     for method, k in [("rrs", 3), ("rrsw", 3)]:
@@ -526,7 +527,7 @@ def test_zero_mass_residual_never_nan():
 
 
 def test_support_exhausted_rrsw_accepts_everything():
-    """Spec §9.5: candidates covering the whole draft support leave a point mass; acceptance is 1."""
+    """Candidates covering the whole draft support leave a point mass; acceptance is 1."""
     p, q = np.array([0.6, 0.4, 0.0]), np.array([0.2, 0.5, 0.3])
     res = O.enumerate_node("rrsw", p, q, 3)  # only two valid slots exist
     assert res.max_error(q) <= EXACT
@@ -534,7 +535,7 @@ def test_support_exhausted_rrsw_accepts_everything():
 
 
 def test_kseq_disjoint_supports_samples_target():
-    """Spec §9.11: disjoint supports give beta = 0: nothing is accepted and the output is q."""
+    """Disjoint supports give beta = 0: nothing is accepted and the output is q."""
     p, q = np.array([0.5, 0.5, 0.0, 0.0]), np.array([0.0, 0.0, 0.3, 0.7])
     res = O.enumerate_node("kseq", p, q, 2)
     assert res.accept == 0.0
@@ -542,7 +543,7 @@ def test_kseq_disjoint_supports_samples_target():
 
 
 def test_spechub_single_candidate_is_sd():
-    """p(a) = 1: the hub sampler gives one draft and the node is verified as SD (spec §4.5)."""
+    """p(a) = 1: the hub sampler gives one draft and the node is verified as SD."""
     p, q = np.array([1.0, 0.0, 0.0]), np.array([0.2, 0.5, 0.3])
     res = O.enumerate_node("spechub", p, q, 2)
     assert abs(res.accept - 0.2) <= EXACT and res.slot_rates[1] == 0.0

@@ -1,4 +1,4 @@
-"""verify_tree (spec §3.6 TreeVerify, §4 node verifiers, §5.3 SpecTr chains, §8 greedy): fp64 tree-walk oracle with
+"""verify_tree (TreeVerify with the node verifiers, SpecTr chains, greedy mode): fp64 tree-walk oracle with
 injected noise on ragged batches, padding, EOS, accepted_rank, SpecTr path consistency, chain equivalence, bad
 inputs, reproducibility, backend parity. Output-law tests of whole decoding loops: tests/reference/."""
 
@@ -65,13 +65,13 @@ def draft_children(rng: np.random.Generator, method: str, p: np.ndarray, k: int)
 def random_batch(rng: np.random.Generator, method: str, batch: int, vocab: int, n_max: int = 12, n_rows: int = 0):
     """A ragged batch of trees drafted from random bigram laws (the rows of node n are the laws of its token, or of
     its token mod ``n_rows`` with sparse rows for large vocabularies), padded with valid = False, parent 0, token 0
-    (spec §3.1); SWOR may draw fewer children than the topology asks for."""
+    (docs/kernels.md); SWOR may draw fewer children than the topology asks for."""
     if n_rows:
         p_big = sparse_rows(rng, vocab, n_rows, 12)
         q_big = 0.5 * p_big + 0.5 * sparse_rows(rng, vocab, n_rows, 12)  # overlapping supports: some acceptances
     else:
         p_big, q_big = random_bigram(rng, vocab), random_bigram(rng, vocab)
-    same = rng.random(len(p_big)) < 0.2  # some rows with q = p (spec §9.2)
+    same = rng.random(len(p_big)) < 0.2  # some rows with q = p
     q_big[same] = p_big[same]
     rows = len(p_big)
     trees = []
@@ -161,7 +161,7 @@ def test_matches_fp64_tree_walk_oracle(method: str, vocab: int, backend: str) ->
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), method=st.sampled_from(METHODS), vocab=st.integers(2, 6))
 def test_p_equal_q_accepts_the_first_child_everywhere(seed: int, method: str, vocab: int, backend: str) -> None:
-    """Spec §9.2 / §10.11: with q = p every verifier accepts its first candidate for any uniforms in [0, 1), so the
+    """With q = p every verifier accepts its first candidate for any uniforms in [0, 1), so the
     walk descends through rank-0 children down to a leaf and ends with a bonus token."""
     rng = np.random.default_rng(seed)
     tokens, parent, valid, p_rows, _, hub, u, fin = random_batch(rng, method, 6, vocab)

@@ -2,7 +2,7 @@
 with ``head=`` stop growing a row's tree once the best path's predicted rejection risk exceeds h.
 
 The stopping rule reads draft-side information only, so the target law must be kept exactly: the joint law of the
-first two generated tokens is checked against the exact law (spec §10.8) with chi-square p >= 1e-4 (false-alarm rate
+first two generated tokens is checked against the exact law with chi-square p >= 1e-4 (false-alarm rate
 1e-4 per check, 2 prompts x 2 methods, fixed seeds) and empirical TV <= 0.08; greedy output must equal target greedy.
 Tiny models and a random head, as in test_train_specdec_pp.py.
 """

@@ -1,4 +1,4 @@
-"""Batched KV caches stay bounded (spec §3.7-§3.8): after every round each row of the target's and the draft's
+"""Batched KV caches stay bounded: after every round each row of the target's and the draft's
 cache holds exactly its committed tokens in slots [0, n_cached), and the cache is no longer than the longest active
 row, however differently the rows accept; greedy batch output equals each prompt's batch-1 output."""
 

@@ -1,4 +1,4 @@
-"""Max-Gram drafter semantics (spec §6.5) and statistics bookkeeping (spec §11)."""
+"""Max-Gram drafter semantics (docs/methods.md, Drafts) and statistics bookkeeping."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 * wiring: every proposal the driver gets equals an offline teacher-forced recomputation (target hidden states of
   the committed prefix paired with the next tokens; deeper levels read the draft's own output for the parent), so
   the drafter reads the right features at the right positions (a wiring bug would stay exact but lose acceptance);
-* law (spec §10.8): the joint law of the first two generated tokens is the target's, chi-square p >= 1e-4
+* law: the joint law of the first two generated tokens is the target's, chi-square p >= 1e-4
   (false-alarm rate 1e-4 per check, fixed seeds) and TV <= 0.08, for SD and RSD-C with a reduced head (p = 0 on
   two of eight tokens);
 * greedy output equals target greedy for every drafting family, batch > 1 with a one-token prompt;

@@ -1,4 +1,4 @@
-"""Greedy mode: every method returns exactly the target's greedy decoding, token for token (spec §8, §10.9),
+"""Greedy mode: every method returns exactly the target's greedy decoding, token for token,
 with a left-padded batch of prompts of different lengths whose rows accept different numbers of tokens and
 finish independently."""
 
@@ -33,7 +33,7 @@ def setup():
     refs = []
     for p in prompts:
         toks, gap = reference_greedy(target, p, N_NEW)
-        # Tie-free logits (spec §10.9): a smaller top-2 gap could flip under legitimate float reordering.
+        # Tie-free logits: a smaller top-2 gap could flip under legitimate float reordering.
         assert gap > 1e-3, f"reference greedy decoding has a near-tie ({gap:.1e}); pick another seed"
         refs.append(toks)
     return target, draft, prompts, refs

@@ -1,6 +1,7 @@
 """End-to-end exactness: the joint law of the first two generated tokens equals the target's exact law
-(spec §10.8), for every sampling method, with two prompts of different lengths mixed in one left-padded batch; and
-every method's verifier swapped for a deliberately wrong variant of itself must FAIL the same test (spec §10.10).
+(docs/exactness.md, End to end), for every sampling method, with two prompts of different lengths mixed in one
+left-padded batch; and every method's verifier swapped for a deliberately wrong variant of itself must FAIL the same
+test (negative controls).
 
 Models (tiny Llamas, vocabulary 8, 64 outcomes; ``test_model_pairs_are_in_their_regimes`` asserts the numbers):
 * main pair, temperature 1.7: target seed 0; draft seed 1 with its lm_head scaled x2, sharper than the target and far
@@ -8,7 +9,7 @@ Models (tiny Llamas, vocabulary 8, 64 outcomes; ``test_model_pairs_are_in_their_
   a draft close to the target would hide them;
 * confident pair, temperature 1: the same target; the seed-1 draft with its lm_head scaled so that
   1 - p(top) at the second prompt's root lies between 1e-7 and 2e-7 (two or three fp32 ulps of 1, just above the
-  1e-7 single-draft cut-off of spec §2.2), and is below 1e-4 at a third or more of the two roots and their children.
+  1e-7 single-draft cut-off of the samplers), and is below 1e-4 at a third or more of the two roots and their children.
   Here a verifier that forms SpecHub's Q(a, i) with 1 - p(a) in fp32, instead of the non-hub mass the sampler drew
   the second draft from, is biased.
 The exact law q(y1) q(y2 | y1) comes from enumerating the target with the same processing function. Every
@@ -245,7 +246,7 @@ def test_ar_follows_the_target_law(models) -> None:
 
 def test_negative_control_wrong_draft_law_fails(models, monkeypatch) -> None:
     """Draft tokens drawn at half the temperature while the verifier is handed the law at the full temperature:
-    the p used to verify is not the p drafted from (spec §1.3, transformers #32867). The test must catch it."""
+    the p used to verify is not the p drafted from (transformers #32867). The test must catch it."""
     import specdec.decoders.base as base
 
     real = base.sample_categorical

@@ -1,4 +1,4 @@
-"""HF adapter: tree forwards equal path-by-path forwards, KV filtering equals a from-scratch run (spec §10.8)."""
+"""HF adapter: tree forwards equal path-by-path forwards, KV filtering equals a from-scratch run."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from specdec.tree import DraftTree
 from tiny_models import tiny_llama
 
 # Two rows with different prompt lengths and different trees laid out level by level as the decoders do
-# (spec §3.1): each level is a block of columns, row 1 has fewer nodes and padding at the end of each block.
+# (docs/kernels.md): each level is a block of columns, row 1 has fewer nodes and padding at the end of each block.
 PROMPTS = [[3, 17, 5, 9, 21], [11, 2, 30]]
 LEVEL_PARENTS = [
     [[0, 0, 0], [1, 1, 2, 3, 3], [4, 5, 6, 7], [9, 9]],
@@ -55,7 +55,7 @@ def test_tree_forward_equals_path_forwards(attn: str) -> None:
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_level_forwards_equal_path_forwards(attn: str) -> None:
-    """Draft-style drafting: root cached first, then one forward per level (spec §3.4)."""
+    """Draft-style drafting: root cached first, then one forward per level."""
     model = tiny_llama(1, attn=attn)
     lm = HFCausalLM(model)
     tree = _trees(1)

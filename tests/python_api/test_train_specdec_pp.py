@@ -1,6 +1,7 @@
-"""SpecDec++ decoding (spec §7.3) on tiny models: the adaptive stopping rule keeps the target law and greedy output.
+"""SpecDec++ decoding (docs/methods.md) on tiny models: the adaptive stopping rule keeps the target law and greedy
+output.
 
-Law test (spec §10.8): target = tiny Llama, vocabulary 8, temperature 1.7; draft = a reduced-head draft (6 of the
+Law test: target = tiny Llama, vocabulary 8, temperature 1.7; draft = a reduced-head draft (6 of the
 8 tokens, so p = 0 on two tokens) built on the target's embedding; head = a random acceptance head (any stopping
 rule based on draft-side information must keep exactness). The joint law of the first two generated tokens is
 compared with the exact law by specdec_kernels.testing.stats.law_check: chi-square p >= 1e-4 (false-alarm rate 1e-4

@@ -1,4 +1,4 @@
-"""Whole speculative decoding loops on toy bigram models (spec §5, §8, §10.8, §10.10).
+"""Whole speculative decoding loops on toy bigram models.
 
 Each law test runs N independent generations as the rows of one batch (drafting, tree building, verification,
 bonus/correction, next iteration from the last token), records the first two tokens and compares their joint law
@@ -9,7 +9,7 @@ wrong drafting or verification step into the same loop and must fail the same ch
 
 Loops use the default backend (the compiled CPU backend where it is built); a parity test pins the torch reference
 and requires the same tokens for the same seed. Cost: the reference verifies rows in a Python loop, so the default
-run uses 5k-20k generations per test; ``slow`` reruns at the spec's N = 200k (§10.6), which needs the CPU backend to
+run uses 5k-20k generations per test; ``slow`` reruns at N = 200k, which needs the CPU backend to
 finish in minutes.
 """
 
@@ -115,7 +115,7 @@ def test_first_two_tokens_follow_target_slow(model: toy.ToyModel, decoder: toy.D
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [2, 3])
 def test_untruncated_beam_selection_keeps_output_exact(width: int) -> None:
-    """Not a negative control: selecting the beam by untruncated scores biases the beam's sequence law (§10.7) but
+    """Not a negative control: selecting the beam by untruncated scores biases the beam's sequence law but
     not the verified output (see toy.rsd_s_untruncated); 200k generations agree with the exact law."""
     assert_exact(toy.SPEC_TOY, toy.rsd_s_untruncated(width, 2), 200_000, seed=5)
 
@@ -154,7 +154,7 @@ GREEDY = [
 @pytest.mark.parametrize("vocab", [8, 12, 16])
 @pytest.mark.parametrize("decoder", GREEDY, ids=[d.name for d in GREEDY])
 def test_greedy_loop_equals_target_greedy(decoder: toy.Decoder, vocab: int) -> None:
-    """Spec §8/§10.9: every method's greedy loop reproduces target greedy decoding token for token."""
+    """Every method's greedy loop reproduces target greedy decoding token for token."""
     model = toy.random_toy(vocab, seed=100 + vocab)
     start = torch.arange(vocab).repeat(3)
     n_tokens = 40
@@ -186,7 +186,7 @@ def test_greedy_trees_accept_a_non_first_child() -> None:
 
 
 def test_spec_toy_law_matches_spec_table() -> None:
-    """Spec §10.8 lists the exact law of (y1, y2) for SPEC_TOY."""
+    """The exact law of (y1, y2) for SPEC_TOY, q(y1 | 0) q(y2 | y1), written out."""
     expected = torch.tensor([[0.04, 0.10, 0.06], [0.15, 0.15, 0.20], [0.15, 0.03, 0.12]], dtype=torch.float64)
     assert torch.allclose(torch.from_numpy(toy.joint_law(toy.SPEC_TOY)), expected, atol=1e-15)
 

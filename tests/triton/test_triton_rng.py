@@ -314,7 +314,7 @@ def test_seeded_sampling_follows_the_law_and_the_check_has_power():
 
 def test_seeded_node_verification_emits_the_target_law():
     """Recursive rejection sampling with 2 i.i.d. drafts from P, all noise drawn in the kernel (ACCEPT and FINAL
-    streams): the emitted token follows Q exactly (spec §4), over 300 identical rows; negative control: not P."""
+    streams): the emitted token follows Q exactly, over 300 identical rows; negative control: not P."""
     rows = 300
     p = LAW.float().expand(rows, -1).contiguous().to(DEV)
     q = torch.tensor([0.1, 0.3, 0.2, 0.15, 0.25]).expand(rows, -1).contiguous().to(DEV)
