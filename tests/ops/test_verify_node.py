@@ -28,7 +28,7 @@ from tests.strategies import GOLDEN, I1, instances, pq_pairs, prob_vectors, rand
 
 F64 = torch.float64
 EXACT = 1e-9  # float64 enumeration vs q or vs a closed form
-TABLE = 5e-7  # spec tables print 6 decimals
+TABLE = 5e-7  # golden values given to 6 decimals
 METHOD_K = [
     ("sd", 1),
     ("rrs", 1),
@@ -129,7 +129,7 @@ def test_sampling_mode_matches_analytic_decisions():
 # ---------------------------------------------------------------------------------------------------------------
 # 2a. Golden values (instances of tests/strategies.py), through the op by exact enumeration
 
-GOLDEN_TOTAL = {  # exact fractions where the value is rational, else the printed table value
+GOLDEN_TOTAL = {  # exact fractions where the value is rational, else the value to 6 decimals
     ("sd", 1): {"I1": 1 / 2, "I2": 0.85, "I3": 0.6},
     ("rrs", 2): {"I1": 0.6, "I2": 0.8725, "I3": 0.72},
     ("rrsw", 2): {"I1": 241 / 350, "I2": 0.8975, "I3": 5 / 6},
