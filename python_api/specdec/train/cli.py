@@ -1,7 +1,9 @@
 """``python -m specdec.train {data,distill,eval,head,ship,all}``: the draft-training pipeline, one stage each.
 
 Every stage reads and writes ``--workdir`` (default ``~/.cache/specdec/train``), resumes from what is there, and
-records its configuration, data hash, steps and metrics in ``<workdir>/manifest.json``.
+records its configuration, data hash, steps and metrics in ``<workdir>/manifest.json``. The data stages
+(``data``, ``feature-data``, ``evalset``) read ``gsm8k_train.jsonl`` and ``vicuna_bench_questions.jsonl`` from the
+folder named by ``$SPECDEC_DATA_DIR``.
 """
 
 from __future__ import annotations

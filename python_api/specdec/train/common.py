@@ -16,6 +16,9 @@ from typing import Any
 import torch
 
 SHARED_DATA_ENV = "SPECDEC_DATA_DIR"
+# The external data files the folder named by $SPECDEC_DATA_DIR must hold: GSM8K *train* (training only) and the
+# Vicuna-bench questions (evaluation only). Everything else the pipeline reads is written by the target itself.
+SHARED_DATA_FILES = ("gsm8k_train.jsonl", "vicuna_bench_questions.jsonl")
 MAGPIE_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
@@ -29,15 +32,19 @@ def default_workdir() -> Path:
 
 
 def shared_data_dir() -> Path:
-    """Where gsm8k_train.jsonl / vicuna_bench_questions.jsonl live: ``$SPECDEC_DATA_DIR`` or ../shared/data."""
-    if os.environ.get(SHARED_DATA_ENV):
-        return Path(os.environ[SHARED_DATA_ENV])
-    here = Path(__file__).resolve()
-    for parent in here.parents:
-        cand = parent.parent / "shared" / "data"
-        if cand.is_dir():
-            return cand
-    return Path("../shared/data")
+    """The folder named by ``$SPECDEC_DATA_DIR``, which holds ``gsm8k_train.jsonl`` (GSM8K train questions and
+    solutions, one JSON object per line with ``question`` and ``answer``) and ``vicuna_bench_questions.jsonl``
+    (Vicuna-bench questions, one JSON object per line with ``turns``).
+
+    Raises ``FileNotFoundError`` naming the variable when it is unset or does not name a folder."""
+    value = os.environ.get(SHARED_DATA_ENV, "")
+    files = " and ".join(SHARED_DATA_FILES)
+    if not value:
+        raise FileNotFoundError(f"${SHARED_DATA_ENV} is not set: set it to a folder holding {files}")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"${SHARED_DATA_ENV}={value!r} is not a folder: it must name a folder holding {files}")
+    return path
 
 
 def read_jsonl(path: Path | str) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ Three sources, each written as resumable shards ``<workdir>/data/<source>_<i>.pt
 Sampling is plain T = 1 from the target's softmax (no top-k/top-p), and every response position stores the
 target's top-k log-probs (free during sampling), so the draft learns from soft labels, not just one sampled token.
 Each shard has its own seed derived from (seed, source, shard), so an interrupted run resumes to the same data.
+GSM8K train is read from ``$SPECDEC_DATA_DIR/gsm8k_train.jsonl`` (:func:`specdec.train.common.shared_data_dir`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Held-out evaluation set: target responses (T = 1) to Vicuna-bench questions, cached in the work directory.
 
 Vicuna bench is never used for training; the same cached responses score every draft, so alpha and greedy
-agreement of different drafts are compared on identical contexts.
+agreement of different drafts are compared on identical contexts. The questions are read from
+``$SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl`` (:func:`specdec.train.common.shared_data_dir`).
 """
 
 from __future__ import annotations
