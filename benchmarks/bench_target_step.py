@@ -1,7 +1,7 @@
 """Cost of the target's forward on a few new tokens (a verification pass) against one token (an AR step).
 
 SmolLM2-135M-Instruct through the decoders' adapter (``specdec.models.HFCausalLM``), KV cache of a 200-token
-context, n = 1, 2, 3, 5, 8, 16 new tokens (a chain or tree of n - 1 drafts plus the root). Two ways of running the
+context, n = 1, 2, 3, 4, 5, 8, 16 new tokens (a chain or tree of n - 1 drafts plus the root). Two ways of running the
 model's linears, in the same run and on the same inputs: ``cpu`` = the adapter's default, which routes calls of at
 most ``specdec.models.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (each weight read once for all
 rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over n tokens
@@ -21,7 +21,7 @@ from specdec import smollm2
 
 OP = "target_step"
 CONTEXT = 200
-NEW = (1, 2, 3, 5, 8, 16)
+NEW = (1, 2, 3, 4, 5, 8, 16)
 
 
 def verify_pass(lm: models.HFCausalLM, state: models.KVState, tree: tuple, skinny: bool) -> None:

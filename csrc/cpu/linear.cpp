@@ -27,7 +27,8 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   at::Tensor y = at::empty(shape, x.options());
   if (n == 0 || out == 0) return y;
   if (in == 0) return y.zero_();  // an empty sum
-  const int64_t blocks = (out + kLinearBlock - 1) / kLinearBlock;
+  const int64_t block = st == at::kBFloat16 ? kLinearBlockBf16 : kLinearBlock;
+  const int64_t blocks = (out + block - 1) / block;
   const int threads = omp_threads(blocks, n * out * in);
 #if defined(SPECDEC_LINEAR_AVX2)
   // x widened once here, not once per block of W
@@ -35,9 +36,13 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t o0 = b * kLinearBlock, o1 = std::min(out, o0 + kLinearBlock);
+    const int64_t o0 = b * block, o1 = std::min(out, o0 + block);
     if (st == at::kBFloat16) {
-#if defined(SPECDEC_LINEAR_AVX2)
+#if defined(SPECDEC_LINEAR_AVX512BF16)
+      skinny_linear_block_bf16_avx512(static_cast<const uint16_t*>(x.const_data_ptr()),
+                                      static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out, o0, o1,
+                                      static_cast<uint16_t*>(y.mutable_data_ptr()));
+#elif defined(SPECDEC_LINEAR_AVX2)
       skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
                                     in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
 #else
@@ -57,7 +62,7 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
 }
 
 std::string skinny_linear_isa() {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(SPECDEC_LINEAR_AVX512BF16)
   return "avx512bf16";
 #elif defined(SPECDEC_LINEAR_AVX2)
   return "avx2";

@@ -30,6 +30,14 @@ SHAPES = [  # (leading shape of x, in, out): decode steps of the shipped drafts,
     ((1,), 1, 3),
     ((3,), 31, 5),
     ((40,), 64, 13),
+    # the AVX512-BF16 path's tiles: 1-2 rows x 8 W rows, 3-6 rows x 4, more rows 4 at a time then 3-6; whole
+    # tiles, padded tiles and tails of the 32-element chunks
+    ((2,), 576, 203),
+    ((8,), 576, 576),
+    ((6,), 1536, 1000),
+    ((9,), 96, 19),
+    ((11,), 160, 37),
+    ((2,), 40, 9),
 ]
 
 
@@ -88,14 +96,36 @@ def test_unsupported_device_raises() -> None:
         _registry.resolve("skinny_linear", "cpu", torch.device("meta"))
 
 
+@pytest.mark.parametrize(("n_in", "n_out"), [(37, 11), (64, 40), (96, 43)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_a_row_does_not_depend_on_its_call(dtype: torch.dtype) -> None:
+def test_a_row_does_not_depend_on_its_call(dtype: torch.dtype, n_in: int, n_out: int) -> None:
     """Row r of an n-row call is bitwise the one-row call on row r: the linears of a verification pass then give
-    every node what a one-token step gives it. Odd sizes reach every tail."""
+    every node what a one-token step gives it. Odd sizes reach every tail; 64 and 96 inputs (whole 32-element
+    chunks) reach the tiles that store whole rows of outputs at once, 43 outputs a padded tile."""
     g = torch.Generator().manual_seed(5)
-    x = torch.randn((17, 37), generator=g).to(dtype)
-    w = torch.randn((11, 37), generator=g).to(dtype)
+    x = torch.randn((17, n_in), generator=g).to(dtype)
+    w = torch.randn((n_out, n_in), generator=g).to(dtype)
     full = sk.skinny_linear(x, w, backend="cpu")
     for n in range(1, 18):
         assert torch.equal(sk.skinny_linear(x[:n], w, backend="cpu"), full[:n])
         assert torch.equal(sk.skinny_linear(x[n - 1 : n], w, backend="cpu"), full[n - 1 : n])
+
+
+def test_bf16_outputs_round_to_nearest_even() -> None:
+    """Sums that are exact in fp32 (two products of bf16 values by powers of two) come out as torch rounds them to
+    bf16, ties to even included, on every tile and every row count; NaN and inf rows stay NaN and inf."""
+    g = torch.Generator().manual_seed(11)
+    n_in, n_out = 64, 40
+    x = torch.zeros(17, n_in)
+    x[:, 0] = torch.randn(17, generator=g).bfloat16().float()
+    x[:, 1] = torch.randn(17, generator=g).bfloat16().float() * 2.0**-8  # ties and near-ties against x[:, 0]
+    x[3, 0], x[5, 0] = float("nan"), float("inf")
+    w = torch.zeros(n_out, n_in)
+    w[:, 0] = 1.0
+    w[:, 1] = 2.0 ** torch.randint(-2, 3, (n_out,), generator=g).float()
+    x, w = x.bfloat16(), w.bfloat16()
+    want = (x.float() @ w.float().T).bfloat16()  # exact fp32 sums, one rounding
+    for n in range(1, 18):
+        out = sk.skinny_linear(x[:n], w, backend="cpu")
+        assert torch.equal(out.isnan(), want[:n].isnan())
+        assert torch.equal(torch.nan_to_num(out), torch.nan_to_num(want[:n])), n

@@ -9,6 +9,7 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
+#define SPECDEC_LINEAR_AVX512BF16 1
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SPECDEC_LINEAR_AVX2 1
@@ -51,50 +52,186 @@ void skinny_linear_block(const T* x, const T* w, int64_t n, int64_t in, int64_t 
   }
 }
 
-// The same for bfloat16 bits (x, w, y), fp32 accumulation. With AVX512-BF16 (the build machine's -march=native),
-// 32 products per instruction (VDPBF16PS: pairs of bf16 products summed in fp32); otherwise widened lane by lane.
+// The same for bfloat16 bits (x, w, y), fp32 accumulation, widened lane by lane: the path of CPUs without AVX2
+// (the vector paths follow).
 inline void skinny_linear_block_bf16(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in, int64_t out,
                                      int64_t o_begin, int64_t o_end, uint16_t* y) {
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += kLinearBlock) {
-    const int64_t m = (o_end - o0) < kLinearBlock ? (o_end - o0) : kLinearBlock;
+  for (int64_t o = o_begin; o < o_end; ++o) {
+    const uint16_t* wr = w + o * in;
     for (int64_t r = 0; r < n; ++r) {
       const uint16_t* xr = x + r * in;
-      float s[kLinearBlock] = {};
-      int64_t i = 0;
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-      __m512 acc[kLinearBlock];
-      for (int j = 0; j < kLinearBlock; ++j) acc[j] = _mm512_setzero_ps();
-      if (r == 0) {  // the weights come from DRAM: ask for the block after next now (~7 % faster when cold)
-        const int64_t ahead = o0 + 2 * kLinearBlock;
-        for (int64_t j = ahead; j < ahead + kLinearBlock && j < out; ++j)
-          for (int64_t b = 0; b < in * 2; b += 64)
-            _mm_prefetch(reinterpret_cast<const char*>(w + j * in) + b, _MM_HINT_T0);
-      }
-      for (; i + 32 <= in; i += 32) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + i);
-        for (int64_t j = 0; j < m; ++j)
-          acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(w + (o0 + j) * in + i), xv);
-      }
-      for (int64_t j = 0; j < m; ++j) s[j] = _mm512_reduce_add_ps(acc[j]);
-#else
-      for (int64_t j = 0; j < m; ++j) {
-        const uint16_t* wr = w + (o0 + j) * in;
-        float acc[kLinearLanes] = {};
-        int64_t k = 0;
-        for (; k + kLinearLanes <= in; k += kLinearLanes)
-          for (int l = 0; l < kLinearLanes; ++l) acc[l] += bf16_to_float(xr[k + l]) * bf16_to_float(wr[k + l]);
-        for (int l = 0; l < kLinearLanes; ++l) s[j] += acc[l];
-      }
-      i = (in / kLinearLanes) * kLinearLanes;
-#endif
-      for (int64_t j = 0; j < m; ++j) {
-        const uint16_t* wr = w + (o0 + j) * in;
-        for (int64_t k = i; k < in; ++k) s[j] += bf16_to_float(xr[k]) * bf16_to_float(wr[k]);
-        y[r * out + o0 + j] = float_to_bf16(s[j]);
-      }
+      float acc[kLinearLanes] = {};
+      int64_t k = 0;
+      for (; k + kLinearLanes <= in; k += kLinearLanes)
+        for (int l = 0; l < kLinearLanes; ++l) acc[l] += bf16_to_float(xr[k + l]) * bf16_to_float(wr[k + l]);
+      float s = 0;
+      for (int l = 0; l < kLinearLanes; ++l) s += acc[l];
+      for (; k < in; ++k) s += bf16_to_float(xr[k]) * bf16_to_float(wr[k]);
+      y[r * out + o] = float_to_bf16(s);
     }
   }
 }
+
+// Output features per block of the bf16 paths (the unit the adapter's OpenMP loop hands out).
+#if defined(SPECDEC_LINEAR_AVX512BF16)
+constexpr int64_t kLinearBlockBf16 = 16;
+#else
+constexpr int64_t kLinearBlockBf16 = kLinearBlock;
+#endif
+
+#if defined(SPECDEC_LINEAR_AVX512BF16)
+// AVX512-BF16: 32 products per instruction (VDPBF16PS: pairs of bf16 products summed into 16 fp32 lanes). A tile
+// is R rows of x against O rows of W: each 32-element chunk of a W row is loaded once and feeds R rows' dot
+// products (R * O independent accumulators), so a verification pass of a few rows costs about what one row does
+// (the weights' trip from memory). A row's 16 lanes are summed in the tree of _mm512_reduce_add_ps (lanes k and
+// k + 8, then k and k + 4, k and k + 2, k and k + 1), O accumulators at a time; every tile runs the same chunks
+// in the same order per (row, output), so row r of a call equals a call on row r alone.
+
+// W is prefetched into L2 kPrefetchBytesL2 ahead of each row a tile reads: with the hardware prefetcher alone, or
+// prefetches into L1 (whose few fill buffers cap the misses in flight), the stream falls well short of memory speed
+// once each chunk feeds several rows' products.
+constexpr int kPrefetchBytesL2 = 16384;  // a prefetch never faults, so running past the end of W is harmless
+
+inline __m512 sum_halves(__m512 a, __m512 b) {  // [a[k + 8] + a[k], b[k + 8] + b[k]], k < 8
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+}
+
+inline __m512 sum_quarters(__m512 ab, __m512 cd) {  // 128-bit lane j: the 4 sums (k + 4) + k of a, b, c, d's halves
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)),
+                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+// Lane j = the sum of accumulator j's 16 lanes, j < 4 (the accumulators by value: an array passed by address makes
+// GCC store the tile's accumulators to the stack on every step of its loop).
+inline __m128 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 v = sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3));
+  __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));  // lanes 4j, 4j + 1: k + (k + 2)
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));        // lane 4j: lane + (lane + 1)
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t));
+}
+
+// The same for 8 accumulators.
+inline __m256 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
+                               __m512 a7) {
+  const __m512d v = _mm512_castps_pd(sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3)));
+  const __m512d u = _mm512_castps_pd(sum_quarters(sum_halves(a4, a5), sum_halves(a6, a7)));
+  // 128-bit lane j: accumulator j's sums k + (k + 2), k < 2, then accumulator j + 4's
+  __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(v, u)), _mm512_castpd_ps(_mm512_unpackhi_pd(v, u)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));  // even lanes: lane + (lane + 1)
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, t));
+}
+
+// float_to_bf16 on 8 lanes, bit for bit (round to nearest even, NaN a quiet NaN).
+inline __m128i float_to_bf16x8(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i bias = _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
+  const __mmask8 nan = _mm256_cmpgt_epi32_mask(_mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF)),
+                                               _mm256_set1_epi32(0x7F800000));
+  return _mm256_cvtepi32_epi16(_mm256_mask_blend_epi32(nan, rounded, quiet));
+}
+
+// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped);
+// Prefetch: ask for W kPrefetchBytesL2 ahead (the first row group of a tile; later groups find it in L1).
+template <int R, int O, bool Prefetch>
+inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_t in, int64_t out, int64_t r0,
+                                    int64_t o0, int64_t m, uint16_t* y) {
+  const int64_t in32 = in / 32 * 32;
+  const uint16_t* wr[O];
+  for (int j = 0; j < O; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;
+  // a[R][O] stays in registers only if every index is a constant: the loops over q and j are unrolled, and the
+  // accumulators are summed before any loop that runs to m
+  __m512 a[R][O];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < O; ++j) a[q][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < in32; i += 32) {
+    __m512bh u[O];
+#pragma GCC unroll 8
+    for (int j = 0; j < O; ++j) u[j] = (__m512bh)_mm512_loadu_si512(wr[j] + i);
+    if constexpr (Prefetch)  // one 64-byte line per row; W's rows are contiguous, so this runs into later tiles'
+#pragma GCC unroll 8
+      for (int j = 0; j < O; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytesL2, _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      const __m512bh v = (__m512bh)_mm512_loadu_si512(x + (r0 + q) * in + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < O; ++j) a[q][j] = _mm512_dpbf16_ps(a[q][j], u[j], v);
+    }
+  }
+  float s[R][O];
+  const bool whole = in32 == in && m == O;  // no tail, no padding: O outputs per row stored at once
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q) {
+    uint16_t* yr = y + (r0 + q) * out + o0;
+    if constexpr (O == 4) {
+      const __m128 v = sum_lanes_avx512(a[q][0], a[q][1], a[q][2], a[q][3]);
+      if (whole)
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(_mm256_castps128_ps256(v)));
+      else
+        _mm_storeu_ps(s[q], v);
+    } else {
+      const __m256 v = sum_lanes_avx512(a[q][0], a[q][1], a[q][2], a[q][3], a[q][4], a[q][5], a[q][6], a[q][7]);
+      if (whole)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(v));
+      else
+        _mm256_storeu_ps(s[q], v);
+    }
+  }
+  if (whole) return;
+  for (int q = 0; q < R; ++q) {
+    const uint16_t* xr = x + (r0 + q) * in;
+    for (int j = 0; j < m; ++j) {
+      for (int64_t k = in32; k < in; ++k) s[q][j] += bf16_to_float(xr[k]) * bf16_to_float(wr[j][k]);
+      y[(r0 + q) * out + o0 + j] = float_to_bf16(s[q][j]);
+    }
+  }
+}
+
+// One or two rows (an AR step, a draft step): 8 W rows per tile (8 or 16 independent accumulators); three rows and
+// more (verification passes): 4 W rows x up to 6 rows of x (up to 24 accumulators and 4 chunks of W in the 32 zmm
+// registers), so each chunk of W feeds up to 24 products; more than 6 rows go 4 at a time until at most 6 are
+// left, the later groups reading the tile's W rows from L1.
+inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in,
+                                            int64_t out, int64_t o_begin, int64_t o_end, uint16_t* y) {
+  if (n <= 2) {
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += 8) {
+      const int64_t m = (o_end - o0) < 8 ? (o_end - o0) : 8;
+      if (n == 2) skinny_tile_bf16_avx512<2, 8, true>(x, w, in, out, 0, o0, m, y);
+      if (n == 1) skinny_tile_bf16_avx512<1, 8, true>(x, w, in, out, 0, o0, m, y);
+    }
+    return;
+  }
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
+    const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
+    int64_t r0 = 0;
+    if (n > 6) skinny_tile_bf16_avx512<4, 4, true>(x, w, in, out, 0, o0, m, y), r0 = 4;
+    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx512<4, 4, false>(x, w, in, out, r0, o0, m, y);
+    if (r0 == 0) {
+      switch (n) {  // 3 to 6 rows
+        case 6: skinny_tile_bf16_avx512<6, 4, true>(x, w, in, out, 0, o0, m, y); break;
+        case 5: skinny_tile_bf16_avx512<5, 4, true>(x, w, in, out, 0, o0, m, y); break;
+        case 4: skinny_tile_bf16_avx512<4, 4, true>(x, w, in, out, 0, o0, m, y); break;
+        default: skinny_tile_bf16_avx512<3, 4, true>(x, w, in, out, 0, o0, m, y);
+      }
+      continue;
+    }
+    switch (n - r0) {  // 3 to 6 rows left
+      case 6: skinny_tile_bf16_avx512<6, 4, false>(x, w, in, out, r0, o0, m, y); break;
+      case 5: skinny_tile_bf16_avx512<5, 4, false>(x, w, in, out, r0, o0, m, y); break;
+      case 4: skinny_tile_bf16_avx512<4, 4, false>(x, w, in, out, r0, o0, m, y); break;
+      default: skinny_tile_bf16_avx512<3, 4, false>(x, w, in, out, r0, o0, m, y);
+    }
+  }
+}
+#endif
 
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
