@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import specdec
 import torch
+from _timing import cpu_flags, git_rev, machine
 from specdec.cli import load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
@@ -36,13 +34,6 @@ SPECDEC_METHODS: dict[str, dict[str, Any]] = {
     "spectr": {"num_chains": 2, "draft_length": 3},
     "spechub": {"branching": (2, 2, 1)},
 }
-
-
-def _git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return "unknown"
 
 
 def run_specdec(target: Any, draft: Any, ids: torch.Tensor, method: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -138,7 +129,6 @@ def main() -> None:
     path = RESULTS / "end_to_end.csv"
     new = not path.exists()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus"
     rows = []
     print(f"\n{'method':22s} {'tok/s':>8s} {'vs AR':>7s} {'block eff':>10s} {'MBSU':>6s}")
     for m, t in totals.items():
@@ -166,6 +156,7 @@ def main() -> None:
             fieldnames=[
                 "time",
                 "machine",
+                "cpu_flags",
                 "torch",
                 "git",
                 "draft",
@@ -182,9 +173,10 @@ def main() -> None:
             w.writerow(
                 {
                     "time": stamp,
-                    "machine": machine,
+                    "machine": machine(),
+                    "cpu_flags": cpu_flags(),
                     "torch": torch.__version__,
-                    "git": _git_rev(),
+                    "git": git_rev(),
                     "draft": args.draft,
                     "temperature": args.temperature,
                     "tokens": args.tokens,

@@ -376,27 +376,33 @@ def block_shipped_drafts(results: Path) -> str:
 def block_end_to_end(results: Path) -> str:
     rows = read_csv(results, "end_to_end")
     bad = [r for r in rows if implausible(r, "ratio_vs_ar", "block_eff")]
-    run = [r for r in newest_run(rows, ("time",)) if r not in bad]
-    if not run:
-        return "No run recorded in `benchmarks/results/end_to_end.csv`.\n"
-    lines = [
-        [
-            r["method"],
-            r["batch"],
-            num(r["tok_s"]),
-            f"{num(r['ratio_vs_ar'])}x",
-            num(r["block_eff"]),
+    drafts = list(dict.fromkeys(r["draft"] for r in rows))  # the newest run of each draft, in recording order
+    out = []
+    for draft in drafts:
+        run = [r for r in newest_run([r for r in rows if r["draft"] == draft], ("time",)) if r not in bad]
+        if not run:
+            continue
+        lines = [
+            [
+                r["method"],
+                r["batch"],
+                num(r["tok_s"]),
+                f"{num(r['ratio_vs_ar'])}x",
+                num(r["block_eff"]),
+            ]
+            for r in run
         ]
-        for r in run
-    ]
-    r0 = run[0]
-    extra = (
-        f"draft {r0['draft']}, T = {r0['temperature']}, {r0['prompts']} prompts x {r0['tokens']} tokens, "
-        f"{r0['threads']} thread(s)"
-    )
-    head = ["method", "batch", "tok/s", "vs AR", "block eff."]
-    prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra)
-    return table(head, lines) + "\n\n" + prov + "\n"
+        r0 = run[0]
+        extra = (
+            f"draft {r0['draft']}, T = {r0['temperature']}, {r0['prompts']} prompts x {r0['tokens']} tokens, "
+            f"{r0['threads']} thread(s)"
+        )
+        head = ["method", "batch", "tok/s", "vs AR", "block eff."]
+        prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra)
+        out.append(f"Draft `{draft}`:\n\n" + table(head, lines) + "\n\n" + prov + "\n")
+    if not out:
+        return "No run recorded in `benchmarks/results/end_to_end.csv`.\n"
+    return "\n".join(out)
 
 
 def block_specdec_pp(results: Path) -> str:
