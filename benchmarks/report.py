@@ -405,6 +405,25 @@ def block_end_to_end(results: Path) -> str:
     return "\n".join(out)
 
 
+def block_end_to_end_headline(results: Path) -> str:
+    """Batch-1 speed of the newest run with the shipped feature draft (the demo's default), against our AR."""
+    rows = [r for r in read_csv(results, "end_to_end") if r["draft"] == "smollm2-eagle"]
+    run = [
+        r
+        for r in newest_run(rows, ("time",))
+        if r["batch"] == "1" and not r["method"].startswith("sweep:") and not implausible(r, "ratio_vs_ar", "block_eff")
+    ]
+    if not run:
+        return "No run with the draft `smollm2-eagle` recorded in `benchmarks/results/end_to_end.csv`.\n"
+    lines = [
+        [r["method"].replace("specdec:", "").replace("hf:", "transformers "), num(r["tok_s"]), f"{num(r['ratio_vs_ar'])}x", num(r["block_eff"])] for r in run
+    ]
+    r0 = run[0]
+    extra = f"greedy, {r0['prompts']} HumanEval prompts x {r0['tokens']} tokens, {r0['threads']} thread(s)"
+    prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra, short=True)
+    return table(["method", "tok/s", "vs our AR", "block eff."], lines) + "\n\n" + prov + "\n"
+
+
 def block_specdec_pp(results: Path) -> str:
     rows = read_csv(results, "specdec_pp")
     run = [
@@ -451,6 +470,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "draft-alpha-headline": lambda results: block_draft_alpha(results, short=True),
     "shipped-drafts": block_shipped_drafts,
     "end-to-end": block_end_to_end,
+    "end-to-end-headline": block_end_to_end_headline,
     "specdec-pp": block_specdec_pp,
     "draft-e2e": block_draft_e2e,
 }
