@@ -415,9 +415,10 @@ def block_end_to_end_headline(results: Path) -> str:
     ]
     if not run:
         return "No run with the draft `smollm2-eagle` recorded in `benchmarks/results/end_to_end.csv`.\n"
-    lines = [
-        [r["method"].replace("specdec:", "").replace("hf:", "transformers "), num(r["tok_s"]), f"{num(r['ratio_vs_ar'])}x", num(r["block_eff"])] for r in run
-    ]
+    lines = []
+    for r in run:
+        name = r["method"].replace("specdec:", "").replace("hf:", "transformers ")
+        lines.append([name, num(r["tok_s"]), f"{num(r['ratio_vs_ar'])}x", num(r["block_eff"])])
     r0 = run[0]
     extra = f"greedy, {r0['prompts']} HumanEval prompts x {r0['tokens']} tokens, {r0['threads']} thread(s)"
     prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra, short=True)
