@@ -19,7 +19,7 @@ from functools import partial
 import torch
 from _timing import Recorder, impl, open_uniform, parse_args
 
-import specdec_kernels as sk
+from specdec_kernels.testing.oracles_tree import draw_tree
 
 OP = "verify_tree"
 METHODS = ("rrsw", "rrs", "spechub", "kseq", "sd")
@@ -66,26 +66,7 @@ def case(method: str, batch: int, n: int, vocab: int, spread: float = 0.5) -> tu
     z.add_(spread * torch.randn(z.shape, generator=g))
     q_rows = torch.softmax(z, -1)
     del z
-    tokens = torch.zeros((batch, n), dtype=torch.long)
-    valid = torch.ones((batch, n), dtype=torch.bool)
-    hub = torch.zeros((batch, n), dtype=torch.long) if method == "spechub" else None
-    for m in range(n):
-        kids = [c for c in range(1, n) if parents[c] == m]
-        if not kids:
-            continue
-        if method in ("rrsw", "sd"):
-            draw = sk.gumbel_topk(p_rows[:, m].log(), len(kids), noise=open_uniform((batch, vocab), m))
-            tokens[:, kids], valid[:, kids] = draw.tokens.clamp_min(0), draw.valid
-        elif method == "spechub":
-            draw = sk.spechub_sample(p_rows[:, m].log(), noise=open_uniform((batch, vocab), m))
-            tokens[:, kids], valid[:, kids] = draw.tokens[:, : len(kids)].clamp_min(0), draw.valid[:, : len(kids)]
-            hub[:, m] = draw.hub
-        else:
-            tokens[:, kids] = torch.multinomial(p_rows[:, m], len(kids), replacement=True, generator=g)
-    for c in range(1, n):
-        valid[:, c] &= valid[:, parents[c]]
-    parent = torch.where(valid, torch.tensor(parents).expand(batch, n), 0)
-    parent[:, 0] = -1
+    tokens, valid, parent, hub = draw_tree(method, parents, p_rows, g, 0)
     u = torch.rand((batch, n, 4), dtype=torch.float64, generator=g)
     fin = open_uniform((batch, vocab), 5)
     return (tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, False, None, depth), depth

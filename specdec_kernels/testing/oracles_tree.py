@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import torch
 
+from ..ops import gumbel_topk, spechub_sample
 from .oracles import spechub_parts
 
 ZERO_MASS = 1e-12  # zero-mass rule (docs/exactness.md), fp64 oracle tolerance
@@ -33,6 +35,8 @@ __all__ = [
     "rule_spechub",
     "sample_gumbel_max",
     "tree_walk",
+    "draw_tree",
+    "open_uniform",
 ]
 
 
@@ -231,3 +235,48 @@ def random_parents(rng: np.random.Generator, max_nodes: int, max_children: int =
     counts = rng.integers(0, max_children + 1, size=max_nodes).tolist()
     counts[0] = max(counts[0], 1)
     return parents_from_counts(counts, max_nodes)
+
+
+def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """float64 uniforms in (0, 1) from a fixed seed: injected noise for the sampling ops."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)
+
+
+def draw_tree(
+    method: str, parents: Sequence[int], p_rows: torch.Tensor, generator: torch.Generator, noise_seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Draft tokens for the level-order topology ``parents``, each node's children drawn from its p row as
+    ``method`` prescribes: i.i.d. (sd, rrs, kseq), Gumbel-top-k (rrsw), SpecHub's hub pair (spechub). A candidate the
+    op leaves invalid becomes padding, and so do its descendants.
+
+    Shape: p_rows [B, N, V] -> tokens [B, N], valid [B, N], parent [B, N] (padding re-parented to the root, -1 at
+    the root), hub [B, N] (spechub) or None."""
+    batch, n, vocab = p_rows.shape
+    tokens = torch.zeros((batch, n), dtype=torch.long)
+    valid = torch.ones((batch, n), dtype=torch.bool)
+    hub = torch.zeros((batch, n), dtype=torch.long) if method == "spechub" else None
+    for m in range(n):
+        kids = [c for c in range(1, n) if parents[c] == m]
+        if not kids:
+            continue
+        k = len(kids)
+        if method in ("sd", "rrs", "kseq"):
+            tokens[:, kids] = torch.multinomial(p_rows[:, m], k, replacement=True, generator=generator)
+        elif method == "rrsw":
+            draw = gumbel_topk(p_rows[:, m].log(), k, noise=open_uniform((batch, vocab), noise_seed + m))
+            tokens[:, kids] = draw.tokens.clamp_min(0)
+            valid[:, kids] &= draw.valid
+        elif method == "spechub":
+            draw = spechub_sample(p_rows[:, m].log(), noise=open_uniform((batch, vocab), noise_seed + m))
+            tokens[:, kids] = draw.tokens[:, :k].clamp_min(0)
+            valid[:, kids] &= draw.valid[:, :k]
+            assert hub is not None
+            hub[:, m] = draw.hub
+        else:
+            raise ValueError(f"unknown method {method!r}")
+    for c in range(1, n):  # children of padding nodes are padding too
+        valid[:, c] &= valid[:, parents[c]]
+    parent = torch.where(valid, torch.tensor(list(parents), dtype=torch.long).expand(batch, n), 0)
+    parent[:, 0] = -1
+    return tokens, valid, parent, hub

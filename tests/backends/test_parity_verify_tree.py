@@ -9,6 +9,7 @@ from backend_parity import VOCABS, open_uniform, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry, branching_parents, chain_parents, kseq_chain_parents
+from specdec_kernels.testing.oracles_tree import draw_tree
 
 pytestmark = requires_cpu_ext
 
@@ -31,34 +32,10 @@ def tree_case(method: str, batch: int, vocab: int, seed: int, shape: str = "smal
     gen = torch.Generator().manual_seed(seed)
     parents = topology(method, shape)
     n = len(parents)
-    parent = torch.tensor(parents, dtype=torch.long).expand(batch, n).clone()
     z = torch.randn((batch, n, vocab), generator=gen) * 2.5
     p_rows = torch.softmax(z, -1)
     q_rows = torch.softmax(z + closeness * 2 * torch.randn(z.shape, generator=gen), -1)
-    tokens = torch.randint(0, vocab, (batch, n), generator=gen)
-    valid = torch.ones((batch, n), dtype=torch.bool)
-    hub = torch.zeros((batch, n), dtype=torch.long) if method == "spechub" else None
-    for m in range(n):
-        kids = [c for c in range(1, n) if parents[c] == m]
-        if not kids:
-            continue
-        k = len(kids)
-        if method in ("sd", "rrs", "kseq"):
-            tokens[:, kids] = torch.multinomial(p_rows[:, m], k, replacement=True, generator=gen)
-        elif method == "rrsw":
-            draw = sk.gumbel_topk(p_rows[:, m].log(), k, noise=open_uniform((batch, vocab), seed + m))
-            tokens[:, kids] = draw.tokens.clamp_min(0)
-            valid[:, kids] &= draw.valid
-        else:
-            draw = sk.spechub_sample(p_rows[:, m].log(), noise=open_uniform((batch, vocab), seed + m))
-            tokens[:, kids] = draw.tokens[:, :k].clamp_min(0)
-            valid[:, kids] &= draw.valid[:, :k]
-            hub[:, m] = draw.hub
-    # children of padding nodes are padding too
-    for c in range(1, n):
-        valid[:, c] &= valid[:, parents[c]]
-    parent = torch.where(valid, parent, torch.zeros_like(parent))
-    parent[:, 0] = -1
+    tokens, valid, parent, hub = draw_tree(method, parents, p_rows, gen, seed)
     return {"tokens": tokens, "parent": parent, "valid": valid, "p_rows": p_rows, "q_rows": q_rows, "hub": hub}
 
 
