@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,77 @@ def embedding_and_head_ids(
     return table, select_head_ids(train, vocab, min(head_vocab, vocab), always=eos_ids)
 
 
+def resume(ckpt_path: Path, cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """Load the training checkpoint at ``ckpt_path`` into ``model`` and ``opt`` if there is one (it must have been
+    written with the same configuration); returns (step, history), (0, []) for a fresh start."""
+    if not ckpt_path.is_file():
+        return 0, []
+    ck = torch.load(ckpt_path, weights_only=False)
+    if ck["config"] != asdict(cfg):
+        raise ValueError(f"{ckpt_path} was written with a different configuration; use another --workdir")
+    model.load_state_dict(ck["state"], strict=False)
+    opt.load_state_dict(ck["opt"])
+    if "rng" in ck:
+        torch.set_rng_state(ck["rng"])
+    return ck["step"], ck["history"]
+
+
+def train_loop(
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    opt: torch.optim.Optimizer,
+    cfg: Any,
+    *,
+    step: int,
+    history: list[dict[str, Any]],
+    ckpt_path: Path,
+    batch_at: Callable[[int], Any],
+    loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, float]]],
+    validate: Callable[[], dict[str, float]],
+    state_of: Callable[[torch.nn.Module], dict[str, torch.Tensor]],
+    desc: str,
+    log_every: int,
+    progress: bool,
+) -> int:
+    """The training loop of both drafts, from ``step`` to ``cfg.steps``: learning-rate schedule (:func:`lr_at`),
+    bf16 autocast when ``cfg.autocast_bf16``, gradient clipping, running means of the loss and of the metrics
+    ``loss_of`` returns (``positions`` excepted) every ``log_every`` steps, ``validate()`` every ``cfg.eval_every``
+    steps, and a resumable checkpoint (model state, optimiser, step, history, RNG) every ``cfg.ckpt_every`` steps and
+    at the end. Appends to ``history``; returns the last step."""
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=step, desc=desc, disable=not progress)
+    run: dict[str, float] = {}
+    while step < cfg.steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        batch = batch_at(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+            loss, m = loss_of(batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        step += 1
+        m["loss"] = loss.item()
+        for k, v in m.items():
+            run[k] = run.get(k, 0.0) + v
+        run["_n"] = run.get("_n", 0.0) + 1
+        bar.update(1)
+        if step % log_every == 0:
+            avg = {k: v / run["_n"] for k, v in run.items() if k not in ("_n", "positions")}
+            bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k == "loss" or k.startswith("alpha")})
+            history.append({"step": step, **avg})
+            run = {}
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            history.append({"step": step, **validate()})
+            tqdm.write(f"step {step}: {history[-1]}")
+        if step % cfg.ckpt_every == 0 or step == cfg.steps:
+            ck = {"config": asdict(cfg), "state": state_of(model), "opt": opt.state_dict(), "step": step}
+            save_atomic({**ck, "history": history, "rng": torch.get_rng_state()}, ckpt_path)
+    bar.close()
+    return step
+
+
 def run_distill(
     workdir: Path,
     cfg: DistillConfig,
@@ -186,43 +258,27 @@ def run_distill(
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     out_dir = workdir / "distill"
     ckpt_path = out_dir / "ckpt.pt"
-    step, history = 0, []
-    if ckpt_path.is_file():
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt_path} was written with a different configuration; use another --workdir")
-        draft.load_state_dict(ck["state"], strict=False)
-        opt.load_state_dict(ck["opt"])
-        step, history = ck["step"], ck["history"]
-    draft.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="distill", disable=not progress)
-    run = {"loss": 0.0, "alpha_topk": 0.0, "n": 0}
-    while step < cfg.steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
-        batch = collate([train[i] for i in batch_indices(step, len(train), cfg.batch_size, cfg.seed)], cfg.max_len)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            loss, m = distill_loss(draft, batch, hmap, cfg.tv_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        step += 1
-        run["loss"] += loss.item()
-        run["alpha_topk"] += m["alpha_topk"]
-        run["n"] += 1
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{run['loss'] / run['n']:.3f}", alpha_topk=f"{run['alpha_topk'] / run['n']:.3f}")
-            history.append({"step": step, "loss": run["loss"] / run["n"], "alpha_topk": run["alpha_topk"] / run["n"]})
-            run = {"loss": 0.0, "alpha_topk": 0.0, "n": 0}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            history.append({"step": step, **validate(draft, val, hmap, cfg)})
-            tqdm.write(f"step {step}: {history[-1]}")
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
-            ck = {"config": asdict(cfg), "state": trainable_state(draft), "opt": opt.state_dict(), "step": step}
-            save_atomic({**ck, "history": history}, ckpt_path)
-    bar.close()
+    step, history = resume(ckpt_path, cfg, draft, opt)
+
+    def batch_at(step: int) -> dict[str, torch.Tensor]:
+        return collate([train[i] for i in batch_indices(step, len(train), cfg.batch_size, cfg.seed)], cfg.max_len)
+
+    step = train_loop(
+        draft,
+        params,
+        opt,
+        cfg,
+        step=step,
+        history=history,
+        ckpt_path=ckpt_path,
+        batch_at=batch_at,
+        loss_of=lambda batch: distill_loss(draft, batch, hmap, cfg.tv_weight),
+        validate=lambda: validate(draft, val, hmap, cfg),
+        state_of=trainable_state,
+        desc="distill",
+        log_every=10,
+        progress=progress,
+    )
     final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
     save_atomic(final, out_dir / "final.pt")
     vals = [h for h in history if "val_ce" in h]

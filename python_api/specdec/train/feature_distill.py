@@ -21,10 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
-from .distill import _split, batch_indices, embedding_and_head_ids, head_index_map, lr_at, position_weighted_eval
+from .distill import (
+    _split,
+    batch_indices,
+    embedding_and_head_ids,
+    head_index_map,
+    position_weighted_eval,
+    resume,
+    train_loop,
+)
 from .feature_data import label_with_features, load_feature_records
 from .feature_draft import FeatureDraft, FeatureDraftConfig, init_from_target, trainable_state
 
@@ -217,47 +224,28 @@ def run_feature_distill(
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     out_dir = workdir / "feature"
     ckpt_path = out_dir / "ckpt.pt"
-    step, history = 0, []
-    if ckpt_path.is_file():
-        ck = torch.load(ckpt_path, weights_only=False)
-        if ck["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt_path} was written with a different configuration; use another --workdir")
-        draft.load_state_dict(ck["state"], strict=False)
-        opt.load_state_dict(ck["opt"])
-        step, history = ck["step"], ck["history"]
-        torch.set_rng_state(ck["rng"])
-    draft.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc="feature-distill", disable=not progress)
-    run: dict[str, float] = {}
-    while step < cfg.steps:
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg)
+    step, history = resume(ckpt_path, cfg, draft, opt)
+
+    def batch_at(step: int) -> dict[str, torch.Tensor]:
         idx = batch_indices(step, len(train), cfg.batch_size, sub_seed(cfg.seed, "feature"))
-        batch = collate([train[i] for i in idx], cfg.max_len, bool(cfg.draft.extra_layers))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-            loss, m = feature_loss(draft, batch, hmap, cfg, train=True, out_w=out_w)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
-        step += 1
-        m["loss"] = loss.item()
-        for k, v in m.items():
-            run[k] = run.get(k, 0.0) + v
-        run["_n"] = run.get("_n", 0.0) + 1
-        bar.update(1)
-        if step % 20 == 0:
-            avg = {k: v / run["_n"] for k, v in run.items() if k not in ("_n", "positions")}
-            bar.set_postfix({k: f"{v:.3f}" for k, v in avg.items() if k == "loss" or k.startswith("alpha")})
-            history.append({"step": step, **avg})
-            run = {}
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            history.append({"step": step, **validate(draft, val, hmap, cfg, out_w)})
-            tqdm.write(f"step {step}: {history[-1]}")
-        if step % cfg.ckpt_every == 0 or step == cfg.steps:
-            ck = {"config": asdict(cfg), "state": trainable_state(draft), "opt": opt.state_dict(), "step": step}
-            save_atomic({**ck, "history": history, "rng": torch.get_rng_state()}, ckpt_path)
-    bar.close()
+        return collate([train[i] for i in idx], cfg.max_len, bool(cfg.draft.extra_layers))
+
+    step = train_loop(
+        draft,
+        params,
+        opt,
+        cfg,
+        step=step,
+        history=history,
+        ckpt_path=ckpt_path,
+        batch_at=batch_at,
+        loss_of=lambda batch: feature_loss(draft, batch, hmap, cfg, train=True, out_w=out_w),
+        validate=lambda: validate(draft, val, hmap, cfg, out_w),
+        state_of=trainable_state,
+        desc="feature-distill",
+        log_every=20,
+        progress=progress,
+    )
     final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
     save_atomic(final, out_dir / "final.pt")
     vals = [h for h in history if "val_ce" in h]
