@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -205,12 +206,14 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
 
     from .smollm2 import chat_prompt, load_smollm2
 
+    # --json: stdout carries the JSON document alone, the human-readable lines go to stderr
+    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     t0 = time.perf_counter()
     target, tokenizer = load_smollm2(dtype)
     draft = make_draft(args.draft, target, dtype)
-    print(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
+    say(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     gen = dict(
@@ -226,7 +229,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     if "specdec_pp" in methods and getattr(draft, "reads_target_features", False):
         # SpecDec++'s acceptance head reads a plain draft's hidden states: it runs with --pp-draft
         drafts["specdec_pp"] = make_draft(args.pp_draft, target, dtype)
-        print(f"specdec_pp drafts with {args.pp_draft!r} (its acceptance head reads that draft's hidden states)")
+        say(f"specdec_pp drafts with {args.pp_draft!r} (its acceptance head reads that draft's hidden states)")
     if "specdec_pp" in methods:
         if not isinstance(drafts["specdec_pp"], torch.nn.Module):
             if args.methods != ",".join(DEFAULT_METHODS):
@@ -234,7 +237,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
                     f"--methods specdec_pp needs a neural draft (its hidden states feed the head), not {args.draft!r}"
                 )
             methods.remove("specdec_pp")
-            print(f"note: specdec_pp skipped (needs a neural draft, got --draft {args.draft})")
+            say(f"note: specdec_pp skipped (needs a neural draft, got --draft {args.draft})")
         else:
             from .train import load_head
 
@@ -285,23 +288,23 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         else:
             row["same_as_ar"] = "n/a"
         rows.append(row)
-    print()
-    print(
+    say()
+    say(
         f"{len(prompts)} prompts ({'HumanEval' if args.prompts is None else args.prompts}), "
         f"{args.max_new_tokens} new tokens max, {args.dtype}, draft {args.draft}, "
         f"{'greedy' if greedy else f'T={args.temperature}'}, batch {args.batch_size}, {args.threads} threads"
     )
-    print(format_table(rows))
-    print(
+    say(format_table(rows))
+    say(
         "block eff = tokens per target call; acc/step = share of verification steps (nodes with drafts) that "
         "accepted a draft; P(acc>=d) = share of rounds accepting at least d draft tokens; calls = target calls; "
         "= AR = prompts whose output equals AR's"
     )
     slower = [r["label"] for r in rows if r["label"] != "ar" and r["speed_ratio"] < 1.0]
     if slower:
-        print(f"\nslower than AR on this machine: {', '.join(slower)}")
+        say(f"\nslower than AR on this machine: {', '.join(slower)}")
     if greedy and any(r["same_as_ar"] not in ("n/a", f"{len(prompts)}/{len(prompts)}") for r in rows):
-        print(
+        say(
             "note: in bf16, greedy outputs can differ from AR at near-ties of the top-2 logits (checked: a gap of "
             "one bf16 step) where tree and single-token forwards round differently: the adapter's routed kernels "
             "make them equal on CPU sdpa models for trees of up to 8 nodes (docs/kernels.md), HF's "
@@ -309,10 +312,28 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         )
     if args.show:
         for text, toks in zip(texts, outputs[methods[0]], strict=True):
-            print("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + tokenizer.decode(toks))
+            say("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + tokenizer.decode(toks))
     if args.csv:
         append_csv(args.csv, rows)
+    if args.json:
+        print(json_report(args, rows))
     return rows
+
+
+def json_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
+    """The demo's settings and rows as one JSON document (non-finite numbers as null)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("check", "command")}
+    return json.dumps(clean({"settings": settings, "rows": rows}), allow_nan=False)
 
 
 CSV_KEYS = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
@@ -377,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")
     demo.add_argument("--csv", help="append the table to this CSV file")
+    demo.add_argument(
+        "--json", action="store_true", help="print the settings and the rows as one JSON document on stdout"
+    )
     demo.set_defaults(check=lambda a: check_args(demo, a))  # its errors then read "specdec demo: error: ..."
     return parser
 

@@ -124,3 +124,13 @@ def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:
     with path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["label"] for r in rows] == ["rsd_c(b=2,1)"] * 2 and list(rows[0]) == cli.CSV_KEYS
+
+
+def test_json_report_is_strict_json_with_settings_and_rows() -> None:
+    args = build_parser().parse_args(["demo", "--json", "--methods", "ar,sd"])
+    rows = [{"label": "ar", "speed_ratio": 1.0, "acceptance_by_depth": []}]
+    rows.append({"label": "sd", "speed_ratio": float("nan")})
+    doc = json.loads(cli.json_report(args, rows))
+    assert doc["settings"]["methods"] == "ar,sd" and doc["settings"]["json"] is True
+    assert "check" not in doc["settings"]
+    assert doc["rows"][0]["label"] == "ar" and doc["rows"][1]["speed_ratio"] is None
