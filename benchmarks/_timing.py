@@ -23,6 +23,7 @@ import torch
 
 import specdec_kernels  # noqa: F401  (registers every backend)
 from specdec_kernels import _registry
+from specdec_kernels.testing.oracles_tree import open_uniform  # noqa: F401  (re-exported)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -209,8 +210,3 @@ class Recorder:
                 writer.writeheader()
             writer.writerows(self.rows)
         print(f"appended {len(self.rows)} rows to {os.path.relpath(path, ROOT)}")
-
-
-def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)

@@ -146,10 +146,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _asset_or_file(spec: str) -> bool:
-    """A shipped asset name (python_api/specdec/assets/NAME.safetensors) or an existing file."""
-    from importlib import resources
+    """A shipped asset name or a .safetensors file, as the draft and head loaders resolve them."""
+    from .train.assets import _resolve
 
-    return os.path.isfile(spec) or resources.files("specdec").joinpath("assets", f"{spec}.safetensors").is_file()
+    try:
+        _resolve(spec)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:

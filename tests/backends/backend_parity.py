@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from specdec_kernels import native
+from specdec_kernels.testing.oracles_tree import open_uniform  # noqa: F401  (re-exported)
 
 requires_cpu_ext = pytest.mark.skipif(
     not native.HAVE_CPU,
@@ -74,11 +75,6 @@ def depth_of(parent: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         par = parent[:, i].clamp_min(0)
         depth[:, i] = torch.where(valid[:, i], depth.gather(1, par[:, None]).squeeze(1) + 1, 0)
     return depth
-
-
-def open_uniform(shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(shape, dtype=torch.float64, generator=g).clamp_min_(2.0**-60)
 
 
 def assert_logp_close(out: torch.Tensor, ref: torch.Tensor, x32: torch.Tensor | None) -> None:

@@ -326,7 +326,7 @@ struct HubTerm {
 template <typename S>
 struct HubPlan {
   double pa, rest;
-  HubPlan(const S* p, const S* q, int64_t a, int64_t vocab) : pa(p[a]), rest(hub_rest(p, a, vocab)) {}
+  HubPlan(const S* p, int64_t a, int64_t vocab) : pa(p[a]), rest(hub_rest(p, a, vocab)) {}
   // not_a = false (the hub) gives zeros
   HubTerm term(S pv, S qv, bool not_a) const {
     const double p_ = not_a ? static_cast<double>(pv) : 0.0, q_ = not_a ? static_cast<double>(qv) : 0.0;
@@ -416,7 +416,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
       // The plan in double whatever S is: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and S
       // rounding of their terms would become the output law's error. Only the final residual is stored in S.
       const int64_t a = hub;
-      const HubPlan plan(p, q, a, vocab);
+      const HubPlan plan(p, a, vocab);
       double s_ai = 0.0, s_ia = 0.0, tot_q2 = 0.0;
 #pragma omp simd reduction(+ : s_ai, s_ia, tot_q2)
       for (int64_t v = 0; v < vocab; ++v) {
@@ -567,7 +567,7 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
         const int64_t slot = hub_first ? 1 : 0;
         if (slot >= ku) return -2;
         if (hub_first) {
-          const HubTerm t = HubPlan<S>(p, q, a, vocab).term(p[i], q[i], i != a);
+          const HubTerm t = HubPlan<S>(p, a, vocab).term(p[i], q[i], i != a);
           if (pass(slot, t.qai, t.q1)) return slot;
         } else if (pass(slot, p[i], q[i])) {
           return slot;
