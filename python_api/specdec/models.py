@@ -170,7 +170,8 @@ def _specdec_attention(
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if (
-        not dropout
+        getattr(_skinny, "on", False)  # another thread calling the model meanwhile keeps HF's sdpa, as for linears
+        and not dropout
         and kwargs.get("sliding_window") is None
         and kwargs.get("softcap") is None
         and kwargs.get("s_aux") is None
