@@ -7,8 +7,9 @@ backends that fail to load are skipped by ``backend="auto"`` and reported when r
 from . import native as _native  # noqa: F401  (registers cpu/cuda when the extension is built)
 from . import reference as _reference  # noqa: F401  (registers the torch backend)
 from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
-from ._registry import BACKENDS, BackendUnavailableError, available_backends
+from ._registry import BACKENDS, BackendUnavailableError, available_backends, implementation
 from ._version import __version__
+from .native import cpu_isa, crop_slots, skinny_linear_isa
 from .ops import (
     ChainVerdict,
     GumbelTopK,
@@ -37,6 +38,7 @@ from .trees import (
     branching_parents,
     chain_parents,
     check_parents,
+    child_counts,
     depth_from_parents,
     kseq_chain_parents,
     parents_tensor,
@@ -57,10 +59,14 @@ __all__ = [
     "branching_parents",
     "chain_parents",
     "check_parents",
+    "child_counts",
+    "cpu_isa",
+    "crop_slots",
     "decode_attention",
     "depth_from_parents",
     "filter_kv",
     "gumbel_topk",
+    "implementation",
     "is_greedy",
     "kseq_chain_parents",
     "kseq_gamma",
@@ -69,6 +75,7 @@ __all__ = [
     "sample_categorical",
     "sbs_step",
     "skinny_linear",
+    "skinny_linear_isa",
     "spechub_sample",
     "tree_mask",
     "tree_positions",

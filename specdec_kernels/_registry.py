@@ -19,6 +19,7 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "available_backends",
+    "implementation",
     "register",
     "resolve",
 ]
@@ -71,6 +72,13 @@ def available_backends(op: str | None = None) -> list[str]:
     else:
         have = set(_IMPLS.get(op, {}))
     return [b for b in BACKENDS if b in have]
+
+
+def implementation(op: str, backend: str = "auto", device: torch.device | str = "cpu") -> Callable[..., Any]:
+    """The function registered for ``op`` on ``backend`` ("auto": the one ``auto`` dispatch picks on ``device``),
+    called as is: no argument validation and no noise resolution, which the public op does first (benchmarks time
+    the kernel alone). Raises KeyError for an unknown op and :class:`BackendUnavailableError` like the ops do."""
+    return resolve(op, backend, torch.device(device))
 
 
 def default_backend() -> str:

@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
-from specdec_kernels.native import crop_slots, skinny_linear_isa
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -39,7 +38,7 @@ DECODE_ROWS = 8
 # bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
 # is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so all rows
 # go to skinny_linear.
-BF16_ROWS = 1 << 40 if skinny_linear_isa() == "avx2" else DECODE_ROWS
+BF16_ROWS = 1 << 40 if sk.skinny_linear_isa() == "avx2" else DECODE_ROWS
 _skinny = threading.local()
 _NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention would be the slow fp32 reference
 
@@ -299,7 +298,7 @@ class KVState:
 
 def crop_cache(cache: Any, remove: int) -> None:
     """Drop the last ``remove`` slots of every layer of a DynamicCache (``cache.crop(-remove)``); a cache of plain
-    CPU layers is narrowed in one kernel call (specdec_kernels.native.crop_slots) instead of two slices per layer."""
+    CPU layers is narrowed in one kernel call (specdec_kernels.crop_slots) instead of two slices per layer."""
     if remove <= 0:
         return
     layers = cache.layers
@@ -312,7 +311,7 @@ def crop_cache(cache: Any, remove: int) -> None:
         cache._specdec_plain_layers = plain
     if plain:
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
-        if crop_slots(kv, int(kv[0].shape[2]) - remove):
+        if sk.crop_slots(kv, int(kv[0].shape[2]) - remove):
             return
     cache.crop(-remove)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_kernels.trees import child_counts
+import specdec_kernels as sk
 
 
 @dataclass
@@ -150,7 +150,7 @@ class DraftTree:
 
     def has_children(self) -> list[list[bool]]:
         """[B][N]: the node has at least one valid child (host lists: the driver reads it once per round)."""
-        return [[c > 0 for c in row] for row in child_counts(self.parent, self.valid)]
+        return [[c > 0 for c in row] for row in sk.child_counts(self.parent, self.valid)]
 
     def path_tokens(self, b: int, node: int) -> list[int]:
         """Tokens on the path root -> node (root excluded) of row ``b``."""
