@@ -147,10 +147,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def _asset_or_file(spec: str) -> bool:
     """A shipped asset name or a .safetensors file, as the draft and head loaders resolve them."""
-    from .train.assets import _resolve
+    from .train.store import resolve_asset
 
     try:
-        _resolve(spec)
+        resolve_asset(spec)
     except FileNotFoundError:
         return False
     return True

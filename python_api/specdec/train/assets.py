@@ -19,23 +19,14 @@ from .draft import (
     build_draft,
     check_compatible,
     check_fingerprint,
+    draft_from_checkpoint,
+    target_embedding,
     target_fingerprint,
     trainable_state,
 )
+from .store import ASSETS_DIR, resolve_asset
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 DEFAULT_DRAFT = "smollm2-distill"
-
-
-def _resolve(name_or_path: str | Path, suffix: str = ".safetensors") -> Path:
-    p = Path(name_or_path)
-    if p.suffix == suffix and p.is_file():
-        return p
-    cand = ASSETS_DIR / f"{name_or_path}{suffix}"
-    if cand.is_file():
-        return cand
-    known = sorted(f.stem for f in ASSETS_DIR.glob(f"*{suffix}")) if ASSETS_DIR.is_dir() else []
-    raise FileNotFoundError(f"no draft asset {name_or_path!r}: not a {suffix} file and not one of {known}")
 
 
 def save_draft(draft: Any, path: Path, cfg: DraftConfig, *, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -52,10 +43,6 @@ def save_draft(draft: Any, path: Path, cfg: DraftConfig, *, dtype: torch.dtype =
     return path
 
 
-def _embed_table(target: Any) -> torch.Tensor:
-    return target.get_input_embeddings().weight.detach()
-
-
 def load_draft(
     name_or_path: str | Path = DEFAULT_DRAFT, target: Any = None, *, dtype: torch.dtype = torch.bfloat16
 ) -> Any:
@@ -68,7 +55,7 @@ def load_draft(
     """
     from safetensors import safe_open
 
-    path = _resolve(name_or_path)
+    path = resolve_asset(name_or_path)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
         if "feature_draft_config" in meta:  # an EAGLE-style feature draft (e.g. smollm2-eagle)
@@ -87,7 +74,7 @@ def load_draft(
             f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
             "a draft must share the target's tokenizer and vocabulary"
         )
-    table = _embed_table(target)
+    table = target_embedding(target)
     check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
     draft = build_draft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
     missing, unexpected = draft.load_state_dict(tensors, strict=False)
@@ -97,16 +84,6 @@ def load_draft(
     draft = draft.to(dtype).eval()
     check_compatible(draft, target)
     return draft
-
-
-def draft_from_checkpoint(path: Path, target: Any) -> Any:
-    """The draft from a ``distill`` checkpoint (``final.pt``), in fp32, sharing the target's embedding values."""
-    ck = torch.load(path, weights_only=False)
-    cfg = DraftConfig(**ck["config"]["draft"])
-    table = _embed_table(target).to(torch.bfloat16).float()
-    draft = build_draft(cfg, target.config, table, ck["head_ids"])
-    draft.load_state_dict(ck["state"], strict=False)
-    return draft.eval()
 
 
 def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = None) -> dict[str, Any]:
@@ -138,4 +115,4 @@ def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = 
 
 def asset_manifest(name: str = DEFAULT_DRAFT) -> dict[str, Any]:
     """The JSON manifest shipped next to a draft asset (config, data hash, steps, metrics)."""
-    return json.loads(_resolve(name, ".json").read_text())
+    return json.loads(resolve_asset(name, ".json").read_text())

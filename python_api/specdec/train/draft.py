@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,6 +123,21 @@ def build_draft(cfg: DraftConfig, target_config: Any, embed_table: torch.Tensor,
     model.lm_head = ReducedHead(cfg.hidden_size, head_ids, vocab)
     model.config.specdec_draft = asdict(cfg)
     return model
+
+
+def target_embedding(target: Any) -> torch.Tensor:
+    """The target's input embedding table [V, E] (the draft reads it, never trains or ships it)."""
+    return target.get_input_embeddings().weight.detach()
+
+
+def draft_from_checkpoint(path: Path, target: Any) -> Any:
+    """The draft from a ``distill`` checkpoint (``final.pt``), in fp32, sharing the target's embedding values."""
+    ck = torch.load(path, weights_only=False)
+    cfg = DraftConfig(**ck["config"]["draft"])
+    table = target_embedding(target).to(torch.bfloat16).float()
+    draft = build_draft(cfg, target.config, table, ck["head_ids"])
+    draft.load_state_dict(ck["state"], strict=False)
+    return draft.eval()
 
 
 @torch.no_grad()

@@ -124,7 +124,7 @@ def check_set_alpha(draft: Any, target: Any, tokenizer: Any, *, new_tokens: int 
 def run_eval(workdir: Path, *, seed: int = 0, draft: Any = None, target: Any = None) -> dict[str, Any]:
     """Score the distilled draft (``<workdir>/distill/final.pt`` unless given) on the cached Vicuna eval set."""
     from ..smollm2 import load_smollm2
-    from .assets import draft_from_checkpoint
+    from .draft import draft_from_checkpoint
     from .evalset import build_eval_set
 
     t0 = time.time()

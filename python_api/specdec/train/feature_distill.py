@@ -415,9 +415,9 @@ def ship_feature_draft(workdir: Path, name: str, *, assets_dir: Path | None = No
     import json
 
     from ..smollm2 import load_smollm2
-    from .assets import ASSETS_DIR
     from .common import file_sha256, write_json_atomic
     from .feature_draft import load_feature_draft, save_feature_draft
+    from .store import ASSETS_DIR
 
     out = assets_dir or ASSETS_DIR
     target, tok = load_smollm2("bf16")

@@ -30,7 +30,7 @@ from torch import nn
 from specdec_kernels import decode_attention
 
 from ..models import decode_linear
-from .draft import ReducedHead, check_fingerprint, target_fingerprint
+from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
 
@@ -283,9 +283,9 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
     """
     from safetensors import safe_open
 
-    from .assets import _resolve
+    from .store import resolve_asset
 
-    path = _resolve(name_or_path)
+    path = resolve_asset(name_or_path)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
@@ -304,7 +304,7 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
             f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
             "a draft must share the target's tokenizer and vocabulary"
         )
-    table = target.get_input_embeddings().weight.detach()
+    table = target_embedding(target)
     check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
     draft = FeatureDraft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
     missing, unexpected = draft.load_state_dict(tensors, strict=False)

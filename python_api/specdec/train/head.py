@@ -192,9 +192,9 @@ def load_head(name_or_path: str | Path = "smollm2-distill-head") -> tuple[Accept
     """Load an acceptance head (shipped asset name or path) in fp32; returns (head, default threshold h)."""
     from safetensors import safe_open
 
-    from .assets import _resolve
+    from .store import resolve_asset
 
-    path = _resolve(name_or_path)
+    path = resolve_asset(name_or_path)
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()["head_config"])
         tensors = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118
@@ -212,8 +212,8 @@ def run_head(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Stage ``head``: features from the distilled draft (bf16) on the training data, then train the head."""
-    from .assets import draft_from_checkpoint
     from .data import load_records
+    from .draft import draft_from_checkpoint
 
     t0 = time.time()
     if draft is None:
