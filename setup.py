@@ -11,7 +11,8 @@ listed as an isolated build requirement (an isolated build would compile against
   are CUDA sources; ``SPECDEC_BUILD_CUDA=0/1`` overrides the detection. CPU-only torch forces CUDA_HOME to None
   inside cpp_extension, so asking for CUDA there would fail at setup time.
 * On x86-64 the CPU extension is compiled once per instruction set, side by side: ``_C`` (baseline x86-64),
-  ``_C_avx2`` (AVX2 + FMA), ``_C_avx512`` (AVX-512 F/BW/DQ/VL) and ``_C_avx512bf16`` (plus the bf16 dot products);
+  ``_C_avx2`` (AVX2 + FMA), ``_C_avx512`` (AVX-512 F/BW/DQ/VL), ``_C_avx512bf16`` (plus the bf16 dot products) and
+  ``_C_amx`` (plus AMX-BF16 tiles for skinny_linear);
   at import ``specdec_kernels.native`` loads the best one the CPU runs (``SPECDEC_CPU_ISA`` forces one). No
   ``-march=native``: a wheel built on one CPU runs on any x86-64 CPU. ``SPECDEC_CPU_ISAS=avx2,avx512`` (a
   comma-separated subset) limits the variants built, e.g. for a quicker development build; the baseline is always
@@ -50,11 +51,12 @@ def _want_cuda(torch_cuda: str | None) -> bool:
 
 
 # Instruction-set variants of the CPU extension: (module, compiler flags). The kernels' fast paths are chosen by the
-# compiler macros these flags define (__AVX2__, __AVX512F__, __AVX512BF16__).
+# compiler macros these flags define (__AVX2__, __AVX512F__, __AVX512BF16__, __AMX_BF16__).
 _AVX2 = ["-mavx2", "-mfma", "-mf16c"]
 _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
 CPU_VARIANTS = {"avx2": ("_C_avx2", _AVX2), "avx512": ("_C_avx512", _AVX512)}
 CPU_VARIANTS["avx512bf16"] = ("_C_avx512bf16", [*_AVX512, "-mavx512bf16"])
+CPU_VARIANTS["amx"] = ("_C_amx", [*_AVX512, "-mavx512bf16", "-mamx-tile", "-mamx-bf16"])
 
 
 def _cpu_variants() -> list[tuple[str, list[str]]]:

@@ -18,11 +18,24 @@ import torch
 from ._registry import mark_missing, register
 
 #: instruction-set variants of the CPU extension, worst to best, and the module each one is built as (setup.py)
-CPU_ISAS = ("baseline", "avx2", "avx512", "avx512bf16")
-_MODULES = {"baseline": "_C", "avx2": "_C_avx2", "avx512": "_C_avx512", "avx512bf16": "_C_avx512bf16"}
+CPU_ISAS = ("baseline", "avx2", "avx512", "avx512bf16", "amx")
+_MODULES = {
+    "baseline": "_C",
+    "avx2": "_C_avx2",
+    "avx512": "_C_avx512",
+    "avx512bf16": "_C_avx512bf16",
+    "amx": "_C_amx",
+}
 _AVX2 = {"avx2", "fma", "f16c"}
 _AVX512 = _AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
-_NEEDS = {"baseline": set(), "avx2": _AVX2, "avx512": _AVX512, "avx512bf16": _AVX512 | {"avx512_bf16"}}
+_AVX512BF16 = _AVX512 | {"avx512_bf16"}
+_NEEDS = {
+    "baseline": set(),
+    "avx2": _AVX2,
+    "avx512": _AVX512,
+    "avx512bf16": _AVX512BF16,
+    "amx": _AVX512BF16 | {"amx_tile", "amx_bf16"},
+}
 
 
 def cpu_flags() -> set[str] | None:
@@ -57,6 +70,8 @@ def _load_cpu() -> str | None:
             missing = sorted(_NEEDS[forced] - (cpu_flags() or set()))
             raise RuntimeError(f"SPECDEC_CPU_ISA={forced}: this CPU cannot run that variant (lacks {missing})")
         importlib.import_module(f".{_MODULES[forced]}", __package__)  # an error here names the missing module
+        if forced == "amx" and str(torch.ops.specdec.skinny_linear_isa()) != "amx":
+            raise RuntimeError("SPECDEC_CPU_ISA=amx: the operating system refused this process the AMX tile state")
         return forced
     errors = []
     for isa in reversed(runnable_isas()):
@@ -96,7 +111,8 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 
 
 def skinny_linear_isa() -> str:
-    """The bf16 path of the loaded CPU variant's skinny_linear (see :func:`cpu_isa`): ``"avx512bf16"``
+    """The bf16 path of the loaded CPU variant's skinny_linear (see :func:`cpu_isa`): ``"amx"`` (AMX-BF16 tiles;
+    the amx variant takes ``"avx512bf16"`` where the operating system refuses the tile state), ``"avx512bf16"``
     (bf16 dot-product instructions), ``"avx2"`` (AVX2 + FMA tiles), ``"portable"``; ``"none"`` without the
     extension."""
     return str(torch.ops.specdec.skinny_linear_isa()) if HAVE_CPU else "none"

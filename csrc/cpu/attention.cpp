@@ -17,14 +17,14 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
   const int64_t group = heads / kv_heads, rows = batch * heads * n;
 #pragma omp parallel num_threads(omp_threads(rows, rows * s_len * dim))
   {
-    std::vector<Acc> scores(s_len), acc(dim);
+    std::vector<Acc> scores((s_len + 15) / 16 * 16), acc(dim);  // whole groups of 16 slots for the vector paths
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
       const int64_t kv = (b * kv_heads + h / group) * s_len * dim;
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
       if constexpr (std::is_same_v<T, uint16_t>) {
-        if (dim % 32 == 0) {
+        if (dim % 32 == 0 && dim <= kAttentionMaxDim512) {
           decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,
                                     static_cast<float>(scale), scores.data(), acc.data(), out + r * dim);
           continue;

@@ -5,7 +5,55 @@
 #include "cpu/ops.h"
 #include "specdec/linear.h"
 
+#if defined(SPECDEC_LINEAR_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <vector>
+#endif
+
 namespace specdec::cpu {
+
+#if defined(SPECDEC_LINEAR_AMX)
+namespace {
+
+// Linux hands out the AMX tile state only to a process that asks for it (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); asked once, the answer holds for the process, so every call takes the same path.
+bool amx_ready() {
+  static const bool ready = [] {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ready;
+}
+
+// All rows, groups of up to kAmxRows: x packed per group, blocks of kAmxBlock outputs spread over the threads.
+void skinny_linear_amx(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in, int64_t out, uint16_t* y) {
+  const int64_t in32 = in / 32 * 32, blocks = (out + kAmxBlock - 1) / kAmxBlock;
+  std::vector<uint32_t> xp(static_cast<size_t>(in32 / 2 * kAmxRows));
+  for (int64_t r0 = 0; r0 < n; r0 += kAmxRows) {
+    const int nr = static_cast<int>(n - r0 < kAmxRows ? n - r0 : kAmxRows);
+    amx_pack_rows(x, in, in32, r0, nr, xp.data());
+#pragma omp parallel num_threads(omp_threads(blocks, nr * out * in))
+    {
+      std::vector<uint16_t> pad(out % 16 != 0 ? 16 * in : 0);
+      amx_configure(nr);  // tile configuration is per thread
+#pragma omp for schedule(static)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t o0 = b * kAmxBlock, m = out - o0 < kAmxBlock ? out - o0 : kAmxBlock;
+        skinny_block_bf16_amx(x, xp.data(), w, in, out, r0, nr, o0, m, pad.data(), y);
+      }
+      _tile_release();
+    }
+  }
+}
+
+}  // namespace
+#endif
 
 at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   check_cpu(x_in, "x");
@@ -27,6 +75,14 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   at::Tensor y = at::empty(shape, x.options());
   if (n == 0 || out == 0) return y;
   if (in == 0) return y.zero_();  // an empty sum
+#if defined(SPECDEC_LINEAR_AMX)
+  if (st == at::kBFloat16 && amx_ready()) {
+    skinny_linear_amx(static_cast<const uint16_t*>(x.const_data_ptr()),
+                      static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out,
+                      static_cast<uint16_t*>(y.mutable_data_ptr()));
+    return y;
+  }
+#endif
   const int64_t block = st == at::kBFloat16 ? kLinearBlockBf16 : kLinearBlock;
   const int64_t blocks = (out + block - 1) / block;
   const int threads = omp_threads(blocks, n * out * in);
@@ -62,8 +118,11 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
 }
 
 std::string skinny_linear_isa() {
+#if defined(SPECDEC_LINEAR_AMX)
+  if (amx_ready()) return "amx";
+#endif
 #if defined(SPECDEC_LINEAR_AVX512BF16)
-  return "avx512bf16";
+  return "avx512bf16";  // also an AMX build where the OS refuses the tile state
 #elif defined(SPECDEC_LINEAR_AVX2)
   return "avx2";
 #else

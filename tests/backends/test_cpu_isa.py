@@ -1,7 +1,8 @@
-"""The CPU extension's instruction-set variants (baseline, AVX2, AVX-512, AVX-512-BF16), compiled side by side and
-picked at import from the CPU's features: every variant this CPU can run is forced in turn (SPECDEC_CPU_ISA, one
-subprocess each: a process loads one variant) and passes the cpu backend's parity suites against the torch
-reference, and the kernels whose fast paths differ by variant (skinny_linear, decode_attention) agree across them.
+"""The CPU extension's instruction-set variants (baseline, AVX2, AVX-512, AVX-512-BF16, AMX-BF16), compiled side
+by side and picked at import from the CPU's features: every variant this CPU can run is forced in turn
+(SPECDEC_CPU_ISA, one subprocess each: a process loads one variant) and passes the cpu backend's parity suites
+against the torch reference, and the kernels whose fast paths differ by variant (skinny_linear, decode_attention)
+agree across them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def test_forced_variant_loads_and_matches_torch(isa):
     assert res.returncode == 0, res.stderr[-2000:]
     loaded, path, err = res.stdout.split()
     assert loaded == isa
-    assert path == {"baseline": "portable", "avx2": "avx2", "avx512": "avx2", "avx512bf16": "avx512bf16"}[isa]
+    paths = {"baseline": "portable", "avx2": "avx2", "avx512": "avx2", "avx512bf16": "avx512bf16", "amx": "amx"}
+    assert path == paths[isa]
     assert float(err) < 1e-2  # bf16 output rounding; the parity suites check the exact budgets
 
 

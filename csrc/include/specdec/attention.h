@@ -66,36 +66,89 @@ void decode_attention_row(const T* q,        // [D]
 }
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-// bf16 rows with D a multiple of 32 (64 here): VDPBF16PS dot products (32 products per instruction), the weighted
-// sum of v in fp32 vectors of 16. Same math as decode_attention_row, other summation order.
+// bf16 rows with D a multiple of 32, at most kAttentionMaxDim512: 16 cache slots at a time. Each slot's dot product
+// runs VDPBF16PS over D (32 products per instruction) into its own accumulator, the 16 accumulators are summed in
+// one transposing tree (sum_lanes_avx512) into a vector of 16 scores, the exponentials are vectorised, and v's
+// weighted sum is kept in fp32 vectors of 16 and divided by the total at the end. A partial last group reads no
+// slot past the cache (its missing slots score -inf, weight 0). Same math as decode_attention_row, another
+// summation order; every query row is computed alone, so a row's result does not depend on the other rows.
+constexpr int64_t kAttentionMaxDim512 = 256;
+
+// e^x for the softmax's x <= 0: round(x log2 e) = k, r = x - k ln 2 (two-part ln 2), a degree-6 Taylor polynomial
+// in r (|r| <= ln2 / 2, relative error ~2e-7), times 2^k built in the exponent bits; 0 below -87.3, NaN stays NaN.
+inline __m512 exp_nonpos_ps512(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  const __m512 xc = _mm512_max_ps(x, lo);
+  const __m512 k =
+      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), xc);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+  const __m512 y = _mm512_mask_mov_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e)), under, _mm512_setzero_ps());
+  return _mm512_mask_mov_ps(y, nan, x);
+}
+
+inline __m512 widen_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
                                       int64_t s_len, int64_t dim, float scale, float* scores, float* acc,
                                       uint16_t* out) {
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t s = 0; s < s_len; ++s) {
-    const uint16_t* ks = k + s * dim;
-    __m512 a = _mm512_setzero_ps();
-    for (int64_t d = 0; d < dim; d += 32)
-      a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(q + d), (__m512bh)_mm512_loadu_si512(ks + d));
-    const float x = _mm512_reduce_add_ps(a) * scale + mask[s];
-    scores[s] = x;
-    top = x > top ? x : top;
-  }
-  float total = 0;
-  for (int64_t s = 0; s < s_len; ++s) {
-    scores[s] = std::exp(scores[s] - top);
-    total += scores[s];
-  }
-  for (int64_t d0 = 0; d0 < dim; d0 += 16) {
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t s = 0; s < s_len; ++s) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + s * dim + d0));
-      const __m512 vs = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-      sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_set1_ps(scores[s] / total), vs));
+  const int64_t chunks = dim / 32;
+  __m512bh qc[kAttentionMaxDim512 / 32];
+  for (int64_t c = 0; c < chunks; ++c) qc[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
+  const float inf = std::numeric_limits<float>::infinity();
+  __m512 top = _mm512_set1_ps(-inf);
+  for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
+    const int live = s_len - s0 < 16 ? static_cast<int>(s_len - s0) : 16;
+    __m512 a[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      a[j] = _mm512_setzero_ps();
+      if (j < live) {
+        const uint16_t* ks = k + (s0 + j) * dim;
+        for (int64_t c = 0; c < chunks; ++c)
+          a[j] = _mm512_dpbf16_ps(a[j], qc[c], (__m512bh)_mm512_loadu_si512(ks + 32 * c));
+      }
     }
-    _mm512_storeu_ps(acc + d0, sum);
+    const __m512 dots = _mm512_insertf32x8(
+        _mm512_castps256_ps512(sum_lanes_avx512(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])),
+        sum_lanes_avx512(a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]), 1);
+    const __mmask16 in = static_cast<__mmask16>((1u << live) - 1u);
+    const __m512 x = _mm512_fmadd_ps(dots, _mm512_set1_ps(scale), _mm512_mask_loadu_ps(_mm512_set1_ps(-inf), in, mask + s0));
+    _mm512_storeu_ps(scores + s0, x);  // scores holds s_len rounded up to 16
+    top = _mm512_max_ps(top, x);
   }
-  for (int64_t d = 0; d < dim; ++d) out[d] = float_to_bf16(acc[d]);
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
+    const __m512 e = exp_nonpos_ps512(_mm512_sub_ps(_mm512_loadu_ps(scores + s0), m));  // all -inf: NaN, as softmax
+    _mm512_storeu_ps(scores + s0, e);
+    total = _mm512_add_ps(total, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+  __m512 sum[kAttentionMaxDim512 / 16];
+  const int64_t blocks = dim / 16;
+  for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < s_len; ++s) {
+    const __m512 w = _mm512_set1_ps(scores[s]);
+    for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_fmadd_ps(w, widen_bf16x16(v + s * dim + 16 * b), sum[b]);
+  }
+  for (int64_t b = 0; b < blocks; ++b) _mm512_storeu_ps(acc + 16 * b, _mm512_mul_ps(sum[b], inv));
+  for (int64_t b = 0; b < blocks; b += 1) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * b), float_to_bf16x8(_mm256_loadu_ps(acc + 16 * b)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * b + 8), float_to_bf16x8(_mm256_loadu_ps(acc + 16 * b + 8)));
+  }
 }
 #elif defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 16 and at most 128. Each 16 bf16 values are

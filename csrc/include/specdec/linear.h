@@ -233,6 +233,133 @@ inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w
 }
 #endif
 
+#if defined(SPECDEC_LINEAR_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SPECDEC_LINEAR_AMX 1
+// AMX-BF16 (TDPBF16PS: a 16 x 16 x 32 bf16 product into fp32 tiles per instruction). The roles are swapped so that W
+// needs no repacking: a tile of W (16 output features x 32 inputs, read straight from its rows) is the left operand,
+// and the right one is a chunk of x packed once per call as pairs (the instruction's layout: row p holds inputs
+// 2p, 2p + 1 of every row of x). The accumulator tile then holds 16 outputs x up to 16 rows of x. The instruction
+// sums each (output, row) over the chunk in a fixed order that does not depend on the other rows, and the chunks
+// run in the same order for every row count, so row r of a call equals a call on row r alone; and since the
+// arithmetic of 16 rows costs what one row does, a verification pass of up to 16 tokens reads W once at memory
+// speed like a one-token step. Inputs past the last whole 32-element chunk are added in fp32 after the tiles.
+// The instruction treats bf16 subnormals as zero.
+constexpr int kAmxRows = 16;        // rows of x per group: the accumulator tile's columns
+constexpr int64_t kAmxBlock = 64;   // output features per block: 4 accumulator tiles of 16
+
+struct alignas(64) AmxTileConfig {  // the LDTILECFG memory layout, palette 1
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: accumulators (16 outputs x nr rows, fp32); 4: the chunk of packed x (16 pairs x nr rows); 5-7: chunks
+// of W (16 outputs x 32 inputs).
+inline void amx_configure(int nr) {
+  AmxTileConfig cfg{};
+  cfg.palette = 1;
+  for (int t = 0; t < 5; ++t) cfg.rows[t] = 16, cfg.colsb[t] = static_cast<uint16_t>(nr * 4);
+  for (int t = 5; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// Rows [r0, r0 + nr) of x as 32-bit pairs: xp[p * nr + r] = (x[r0 + r, 2p], x[r0 + r, 2p + 1]), 2p < in32.
+inline void amx_pack_rows(const uint16_t* x, int64_t in, int64_t in32, int64_t r0, int nr, uint32_t* xp) {
+  for (int r = 0; r < nr; ++r) {
+    const uint16_t* xr = x + (r0 + r) * in;
+    for (int64_t p = 0; p < in32 / 2; ++p) {
+      uint32_t pair;
+      std::memcpy(&pair, xr + 2 * p, sizeof pair);
+      xp[p * nr + r] = pair;
+    }
+  }
+}
+
+// NB tiles of W (wt[j]: 16 rows with W's row stride) against packed x; c[j] gets tile j as [16 outputs][16] fp32.
+template <int NB>
+inline void amx_tiles(const uint32_t* xp, const uint16_t* const* wt, int64_t in, int64_t in32, int nr, float* c) {
+  const int64_t stride = in * 2;
+  _tile_zero(0);
+  if constexpr (NB >= 2) _tile_zero(1);
+  if constexpr (NB >= 3) _tile_zero(2);
+  if constexpr (NB >= 4) _tile_zero(3);
+  for (int64_t k = 0; k < in32; k += 32) {
+    _tile_loadd(4, xp + (k / 2) * nr, nr * 4);
+    _tile_loadd(5, wt[0] + k, stride);
+    _tile_dpbf16ps(0, 5, 4);
+    if constexpr (NB >= 2) {
+      _tile_loadd(6, wt[1] + k, stride);
+      _tile_dpbf16ps(1, 6, 4);
+    }
+    if constexpr (NB >= 3) {
+      _tile_loadd(7, wt[2] + k, stride);
+      _tile_dpbf16ps(2, 7, 4);
+    }
+    if constexpr (NB >= 4) {
+      _tile_loadd(5, wt[3] + k, stride);
+      _tile_dpbf16ps(3, 5, 4);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if constexpr (NB >= 2) _tile_stored(1, c + 256, 64);
+  if constexpr (NB >= 3) _tile_stored(2, c + 512, 64);
+  if constexpr (NB >= 4) _tile_stored(3, c + 768, 64);
+}
+
+// Outputs [o0, o0 + m), m <= kAmxBlock, of rows [r0, r0 + nr) (x packed in xp); the tile configured for nr rows.
+// pad: scratch of 16 * in values for a last tile of fewer than 16 W rows (a tile load reads 16 rows).
+inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out,
+                                  int64_t r0, int nr, int64_t o0, int64_t m, uint16_t* pad, uint16_t* y) {
+  const int64_t in32 = in / 32 * 32;
+  const int nb = static_cast<int>((m + 15) / 16);
+  const uint16_t* wt[4];
+  for (int j = 0; j < nb; ++j) wt[j] = w + (o0 + 16 * j) * in;
+  if (m % 16 != 0) {  // copy the last rows, zero the rest
+    const int64_t rows = m % 16;
+    std::memcpy(pad, wt[nb - 1], rows * in * sizeof(uint16_t));
+    std::memset(pad + rows * in, 0, (16 - rows) * in * sizeof(uint16_t));
+    wt[nb - 1] = pad;
+  }
+  alignas(64) float c[4 * 256];
+  switch (nb) {
+    case 4: amx_tiles<4>(xp, wt, in, in32, nr, c); break;
+    case 3: amx_tiles<3>(xp, wt, in, in32, nr, c); break;
+    case 2: amx_tiles<2>(xp, wt, in, in32, nr, c); break;
+    default: amx_tiles<1>(xp, wt, in, in32, nr, c);
+  }
+  const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(16));
+  for (int j = 0; j < nb; ++j) {
+    const int64_t mj = (m - 16 * j) < 16 ? (m - 16 * j) : 16;
+    for (int r = 0; r < nr; ++r) {
+      __m512 v = _mm512_i32gather_ps(col, c + 256 * j + r, 4);  // row r's 16 outputs
+      if (in32 < in) {  // the inputs past the last whole chunk, in order, in fp32
+        alignas(64) float s[16];
+        _mm512_store_ps(s, v);
+        const uint16_t* xr = x + (r0 + r) * in;
+        for (int64_t o = 0; o < mj; ++o)
+          for (int64_t k = in32; k < in; ++k) s[o] += bf16_to_float(xr[k]) * bf16_to_float(wt[j][o * in + k]);
+        v = _mm512_load_ps(s);
+      }
+      const __m128i lo = float_to_bf16x8(_mm512_castps512_ps256(v));
+      const __m128i hi = float_to_bf16x8(_mm512_extractf32x8_ps(v, 1));
+      uint16_t* yr = y + (r0 + r) * out + o0 + 16 * j;
+      if (mj == 16) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), lo);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(yr + 8), hi);
+      } else {
+        alignas(16) uint16_t t[16];
+        _mm_store_si128(reinterpret_cast<__m128i*>(t), lo);
+        _mm_store_si128(reinterpret_cast<__m128i*>(t + 8), hi);
+        std::memcpy(yr, t, mj * sizeof(uint16_t));
+      }
+    }
+  }
+}
+#endif
+
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
 // widened to fp32 once per call (xf [n, in]); each 8-wide chunk of two W rows is widened in registers and used for
