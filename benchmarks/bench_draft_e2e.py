@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "python_api"))
 
 def main() -> None:
     import specdec
-    from specdec.decoders.specdec_pp import SpecDecPPDecoder
+    from specdec import SpecDecPPDecoder
     from specdec.smollm2 import chat_prompt, load_smollm2
     from specdec.train import load_draft, load_head
     from specdec.train.common import read_jsonl, shared_data_dir

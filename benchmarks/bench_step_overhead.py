@@ -45,13 +45,8 @@ import specdec_kernels.ops.sampling as ops_sampling
 import specdec_kernels.ops.tree as ops_tree
 import specdec_kernels.ops.verify as ops_verify
 
-METHODS = {
-    "sd": {"draft_length": 4},
-    "rsd_c": {"branching": (2, 2)},
-    "rsd_s": {"beam_width": 2, "draft_length": 3},
-    "spectr": {"num_chains": 2, "draft_length": 3},
-    "spechub": {"branching": (2, 2)},
-}
+# each runs with its registered defaults (specdec.methods)
+METHODS = ("sd", "rsd_c", "rsd_s", "spectr", "spechub")
 BACKENDS = ("default", "torch")  # default = no SPECDEC_BACKEND: the driver's own choice (auto)
 FIELDS = [
     "timestamp",
@@ -250,7 +245,7 @@ def main() -> None:
         hook_forwards(draft, meter)
     ids = prompts(tokenizer, args.prompts)
     methods = [m for m in args.methods.split(",") if m]
-    decoders = {m: specdec.SpeculativeDecoder(target, draft, method=m, **METHODS.get(m, {})) for m in methods}
+    decoders = {m: specdec.SpeculativeDecoder(target, draft, method=m) for m in methods}
     gen_kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=2)
     # warm-up (first calls pay one-off costs: allocator, lazy imports)
     with backend_env("default"):

@@ -7,16 +7,20 @@ Quick start::
                            temperature=0.8, seed=0)
     out.sequences, out.stats.block_efficiency
 
-Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub`` (see
-:func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any
-:class:`Drafter`, ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), or a feature draft that reads the
-target's hidden states (EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``).
+Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, one
+module each in :mod:`specdec.methods` (``specdec.methods.available()``; their parameters:
+:func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any :class:`Drafter`,
+``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), or a feature draft that reads the target's hidden states
+(EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``).
 """
+
+from typing import Any
 
 from specdec_kernels import __version__
 
-from .config import METHODS, MethodConfig, SamplingConfig, make_method
-from .decoder import GenerationOutput, SpeculativeDecoder, generate
+from . import methods
+from .config import MethodConfig, SamplingConfig, make_method
+from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, generate
 from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
@@ -39,8 +43,17 @@ __all__ = [
     "ModelDrafter",
     "NGramDrafter",
     "SamplingConfig",
+    "SpecDecPPDecoder",
     "SpeculativeDecoder",
     "generate",
     "make_method",
     "max_gram_proposal",
+    "methods",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # METHODS follows the registry, so a method registered after import is listed too
+    if name == "METHODS":
+        return methods.available()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

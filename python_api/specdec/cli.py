@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from .config import METHODS
+from . import methods as registry
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
-DEFAULT_METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
 CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 
 
@@ -95,17 +94,23 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
 
 
 def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Tree parameters from the command line that apply to ``method``."""
+    """Tree parameters from the command line that apply to ``method`` (its spec's ``cli_params``)."""
     out: dict[str, Any] = {}
-    if method in ("sd", "rsd_s", "spectr") and args.draft_length:
-        out["draft_length"] = args.draft_length
-    if method in ("rrs", "rrsw", "rsd_c", "spechub") and args.branching:
-        out["branching"] = tuple(int(x) for x in args.branching.split(","))
-    if method == "rsd_s" and args.beam_width:
-        out["beam_width"] = args.beam_width
-    if method == "spectr" and args.num_chains:
-        out["num_chains"] = args.num_chains
+    for name in registry.get(method).cli_params:
+        value = getattr(args, name)
+        if value:
+            out[name] = tuple(int(x) for x in value.split(",")) if name == "branching" else value
     return out
+
+
+def _taking(param: str) -> str:
+    """The methods whose ``param`` a shared tree flag sets, for the flag's help."""
+    return ", ".join(m for m in registry.available() if param in registry.get(m).cli_params)
+
+
+def _with_head() -> str:
+    """The methods that run with an acceptance head, for the help of --head, --pp-draft and --threshold."""
+    return ", ".join(m for m in registry.available() if registry.get(m).needs_head)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -186,11 +191,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     need(bool(methods), "--methods", "names no method")
+    known = registry.available()
     for m in methods:
-        need(m in METHODS, "--methods", f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
     draft_ok = args.draft in ("ngram", "self-bf16") or os.path.isdir(args.draft) or _asset_or_file(args.draft)
     need(draft_ok, "--draft", f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset")
-    if "specdec_pp" in methods:
+    if any(registry.get(m).needs_head for m in methods):
         need(_asset_or_file(args.head), "--head", f"{args.head!r} is not an acceptance-head asset or file")
         need(_asset_or_file(args.pp_draft), "--pp-draft", f"{args.pp_draft!r} is not a draft asset or file")
     if args.csv:
@@ -230,23 +236,27 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
     drafts = {m: draft for m in methods}
-    if "specdec_pp" in methods and getattr(draft, "reads_target_features", False):
-        # SpecDec++'s acceptance head reads a plain draft's hidden states: it runs with --pp-draft
-        drafts["specdec_pp"] = make_draft(args.pp_draft, target, dtype)
-        say(f"specdec_pp drafts with {args.pp_draft!r} (its acceptance head reads that draft's hidden states)")
-    if "specdec_pp" in methods:
-        if not isinstance(drafts["specdec_pp"], torch.nn.Module):
-            if args.methods != ",".join(DEFAULT_METHODS):
-                raise SystemExit(
-                    f"--methods specdec_pp needs a neural draft (its hidden states feed the head), not {args.draft!r}"
-                )
-            methods.remove("specdec_pp")
-            say(f"note: specdec_pp skipped (needs a neural draft, got --draft {args.draft})")
-        else:
-            from .train import load_head
+    head_methods = [m for m in methods if registry.get(m).needs_head]
+    if head_methods and getattr(draft, "reads_target_features", False):
+        # an acceptance head reads a plain draft's hidden states: those methods run with --pp-draft
+        pp_draft = make_draft(args.pp_draft, target, dtype)
+        drafts.update({m: pp_draft for m in head_methods})
+        why = "its acceptance head reads that draft's hidden states"
+        say(f"{', '.join(head_methods)} drafts with {args.pp_draft!r} ({why})")
+    for m in [m for m in head_methods if not isinstance(drafts[m], torch.nn.Module)]:
+        if args.methods != ",".join(registry.available()):
+            raise SystemExit(
+                f"--methods {m} needs a neural draft (its hidden states feed the head), not {args.draft!r}"
+            )
+        methods.remove(m)
+        head_methods.remove(m)
+        say(f"note: {m} skipped (needs a neural draft, got --draft {args.draft})")
+    if head_methods:
+        from .train import load_head
 
-            head, h = load_head(args.head)
-            extra["specdec_pp"] = {"head": head, "threshold": h if args.threshold is None else args.threshold}
+        head, h = load_head(args.head)
+        threshold = h if args.threshold is None else args.threshold
+        extra.update({m: {"head": head, "threshold": threshold} for m in head_methods})
     decoders = {
         m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
     }
@@ -368,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--num-prompts", type=int, default=3, help="prompts to run")
     demo.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     demo.add_argument(
-        "--methods", default=",".join(DEFAULT_METHODS), help=f"comma-separated, from: {', '.join(METHODS)}"
+        "--methods",
+        default=",".join(registry.available()),
+        help=f"comma-separated, from: {', '.join(registry.available())}",
     )
     demo.add_argument(
         "--draft",
@@ -376,21 +388,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="'smollm2-eagle' (shipped feature draft, reads the target's hidden states), 'smollm2-distill' (shipped "
         "distilled draft), 'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset/.safetensors",
     )
-    demo.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp (asset or file)")
+    demo.add_argument(
+        "--head", default="smollm2-distill-head", help=f"acceptance head of {_with_head()} (asset or file)"
+    )
     demo.add_argument(
         "--pp-draft",
         default="smollm2-distill",
-        help="draft of specdec_pp when --draft is a feature draft (the head reads a plain draft's hidden states)",
+        help=f"draft of {_with_head()} when --draft is a feature draft (the head reads a plain draft's hidden states)",
     )
-    demo.add_argument("--threshold", type=float, help="specdec_pp threshold h (default: the head's shipped h)")
+    demo.add_argument("--threshold", type=float, help=f"{_with_head()} threshold h (default: the head's shipped h)")
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     demo.add_argument("--top-k", type=int, default=0, help="0 = off")
     demo.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    demo.add_argument("--draft-length", type=int, default=2, help="L for sd, rsd_s, spectr")
-    demo.add_argument("--branching", default="2,1", help="children per level for rrs, rrsw, rsd_c, spechub")
-    demo.add_argument("--beam-width", type=int, default=2, help="W for rsd_s")
-    demo.add_argument("--num-chains", type=int, default=2, help="K for spectr")
+    demo.add_argument("--draft-length", type=int, default=2, help=f"L for {_taking('draft_length')}")
+    demo.add_argument("--branching", default="2,1", help=f"children per level for {_taking('branching')}")
+    demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")
+    demo.add_argument("--num-chains", type=int, default=2, help=f"K for {_taking('num_chains')}")
     demo.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
     demo.add_argument("--seed", type=int, default=0, help="seed of the first batch (batch i uses seed + i)")
     demo.add_argument(

@@ -16,42 +16,7 @@ import torch
 
 import specdec_kernels as sk
 
-METHODS = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
-
-# Which node verifier of specdec_kernels.verify_tree each decoder uses (the table of docs/methods.md).
-VERIFIER = {
-    "sd": "sd",
-    "rrs": "rrs",
-    "rrsw": "rrsw",
-    "rsd_c": "rrsw",
-    "rsd_s": "rrsw",
-    "spectr": "kseq",
-    "spechub": "spechub",
-    "specdec_pp": "sd",  # SD chains of adaptive length (SpecDec++)
-}
-
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "ar": {},
-    "sd": {"draft_length": 4},
-    "rrs": {"branching": (2, 2)},
-    "rrsw": {"branching": (2, 2)},
-    "rsd_c": {"branching": (2, 2)},
-    "rsd_s": {"beam_width": 2, "draft_length": 3},
-    "spectr": {"num_chains": 2, "draft_length": 3},
-    "spechub": {"branching": (2, 2)},
-    "specdec_pp": {"draft_length": 20},  # the hard cap of the paper's runs
-}
-_ALLOWED = {
-    "ar": set(),
-    "sd": {"draft_length"},
-    "rrs": {"branching", "parents"},
-    "rrsw": {"branching", "parents"},
-    "rsd_c": {"branching"},
-    "rsd_s": {"beam_width", "draft_length"},
-    "spectr": {"num_chains", "draft_length"},
-    "spechub": {"branching", "parents"},
-    "specdec_pp": {"draft_length"},
-}
+from . import methods
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -76,38 +41,29 @@ class MethodConfig:
     num_chains: int | None = None
 
     @property
+    def spec(self) -> methods.MethodSpec:
+        """The registered :class:`~specdec.methods.MethodSpec` of ``method``."""
+        return methods.get(self.method)
+
+    @property
     def verifier(self) -> str | None:
         """Node verifier name for specdec_kernels.verify_tree (None for ``ar``)."""
-        return VERIFIER.get(self.method)
+        return self.spec.verifier
 
     @property
     def depth(self) -> int:
-        """Maximum draft length L (tree depth, root excluded); 0 for ``ar``."""
-        if self.method == "ar":
-            return 0
-        if self.method == "rsd_s":
+        """Maximum draft length L (tree depth, root excluded); 0 for ``ar``. A tree grown by its builder (no
+        static template) is ``draft_length`` deep."""
+        if self.parents is None:
             return int(self.draft_length or 0)
-        assert self.parents is not None  # set by make_method for every static-tree method
         depth = [0] * len(self.parents)
         for n in range(1, len(self.parents)):
             depth[n] = depth[self.parents[n]] + 1
         return max(depth)
 
     def describe(self) -> str:
-        """Short label, e.g. ``sd(L=4)`` or ``rsd_c(b=2,2)``."""
-        if self.method == "ar":
-            return "ar"
-        if self.method == "sd":
-            return f"sd(L={self.draft_length})"
-        if self.method == "specdec_pp":
-            return f"specdec_pp(cap={self.draft_length})"
-        if self.method == "rsd_s":
-            return f"rsd_s(W={self.beam_width},L={self.draft_length})"
-        if self.method == "spectr":
-            return f"spectr(K={self.num_chains},L={self.draft_length})"
-        if self.branching is not None:
-            return f"{self.method}(b={','.join(map(str, self.branching))})"
-        return f"{self.method}(N={len(self.parents or ())})"
+        """Short label, e.g. ``sd(L=4)`` or ``rsd_c(b=2,2)`` (the method's ``label``)."""
+        return self.spec.label(self)
 
 
 def make_method(
@@ -119,16 +75,14 @@ def make_method(
     beam_width: int | None = None,
     num_chains: int | None = None,
 ) -> MethodConfig:
-    """Validate ``method`` and its tree parameters; fill defaults (sd L=4, trees b=(2,2), rsd_s W=2 L=3,
-    spectr K=2 L=3, specdec_pp cap 20).
+    """Validate ``method`` and its tree parameters; fill the method's defaults.
 
-    ar: none. sd: ``draft_length``. rrs, rrsw, spechub: ``branching`` (children per level) or ``parents`` (a
-    level-order parent list; spechub allows at most 2 children per node). rsd_c: ``branching``. rsd_s:
-    ``beam_width``, ``draft_length``. spectr: ``num_chains`` (K), ``draft_length`` (L). specdec_pp:
-    ``draft_length`` = the hard cap of the adaptive chain (the decoder also needs an acceptance head).
+    Parameters: ``draft_length`` (chain length L, or the hard cap of an adaptive chain), ``branching`` (children
+    per level), ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K).
+    Which of them a method takes, their defaults and any extra rule (spechub: binary trees) are in the method's
+    module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    spec = methods.get(method)
     given = {
         k: v
         for k, v in {
@@ -140,13 +94,13 @@ def make_method(
         }.items()
         if v is not None
     }
-    extra = sorted(set(given) - _ALLOWED[method])
+    extra = sorted(set(given) - spec.allowed)
     if extra:
-        allowed = sorted(_ALLOWED[method]) or "no tree parameters"
+        allowed = sorted(spec.allowed) or "no tree parameters"
         raise ValueError(f"method {method!r} does not take {', '.join(extra)} (it takes: {allowed})")
     if "branching" in given and "parents" in given:
         raise ValueError(f"method {method!r}: pass branching or parents, not both")
-    opts = dict(_DEFAULTS[method])
+    opts = dict(spec.defaults)
     if "parents" in given:
         opts.pop("branching", None)
     opts.update(given)
@@ -167,8 +121,6 @@ def make_method(
             tree = sk.branching_parents(list(raw))
         except ValueError as err:
             raise ValueError(f"branching must be a non-empty sequence of ints >= 1, got {raw!r}") from err
-        if method == "spechub" and any(b > 2 for b in raw):
-            raise ValueError(f"branching for method 'spechub' must hold 1s and 2s (binary trees), got {tuple(raw)}")
     if "parents" in opts:
         raw = opts["parents"]
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
@@ -181,17 +133,9 @@ def make_method(
             raise ValueError(f"parents is not a valid level-order tree: {err}") from err
         if len(tree) < 2:
             raise ValueError("parents must describe at least one draft node besides the root")
-        if method == "spechub":
-            counts: dict[int, int] = {}
-            for par in tree[1:]:
-                counts[par] = counts.get(par, 0) + 1
-            if max(counts.values()) > 2:
-                raise ValueError("parents for method 'spechub' must give every node at most 2 children (binary trees)")
-    if method in ("sd", "specdec_pp"):
-        tree = sk.chain_parents(opts["draft_length"])
-    elif method == "spectr":
-        tree = sk.kseq_chain_parents(opts["num_chains"], opts["draft_length"])
-    return MethodConfig(
+    if spec.template is not None:
+        tree = list(spec.template(opts))
+    config = MethodConfig(
         method=method,
         draft_length=opts.get("draft_length"),
         branching=opts.get("branching"),
@@ -199,6 +143,9 @@ def make_method(
         beam_width=opts.get("beam_width"),
         num_chains=opts.get("num_chains"),
     )
+    if spec.check is not None:
+        spec.check(config)
+    return config
 
 
 @dataclass(frozen=True)

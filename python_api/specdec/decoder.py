@@ -24,7 +24,7 @@ import specdec_kernels as sk
 
 from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
-from .decoders.adaptive import AdaptiveStop
+from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, FeatureDrafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
 from .metrics import GenerationStats
@@ -47,11 +47,11 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-def _as_drafter(draft: Any, target: HFCausalLM, method: str, *, hidden: bool = False) -> Drafter | None:
-    if method == "ar":
+def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden: bool = False) -> Drafter | None:
+    if not config.spec.drafts:
         return None
     if draft is None:
-        raise ValueError(f"draft is required for method {method!r}: pass a draft model, a Drafter or 'ngram'")
+        raise ValueError(f"draft is required for method {config.method!r}: pass a draft model, a Drafter or 'ngram'")
     if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
         if getattr(draft, "reads_target_features", False):
             raise ValueError(
@@ -153,9 +153,6 @@ def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[list[int]]
     return prompts
 
 
-DEFAULT_THRESHOLD = 0.7  # SpecDec++ stopping threshold h when head= is given without threshold=
-
-
 class SpeculativeDecoder:
     """A target model, a drafter and a decoding method, reusable across ``generate`` calls.
 
@@ -191,17 +188,18 @@ class SpeculativeDecoder:
             beam_width=beam_width,
             num_chains=num_chains,
         )
-        if method == "specdec_pp" and head is None:
+        spec = self.config.spec
+        if spec.needs_head and head is None:
             raise ValueError(
-                "method 'specdec_pp' needs head= (an acceptance head, e.g. specdec.train.load_head("
+                f"method {method!r} needs head= (an acceptance head, e.g. specdec.train.load_head("
                 "'smollm2-distill-head')[0], or any callable hidden [..., H] -> Phat)"
             )
-        if head is not None and method == "ar":
-            raise ValueError("head= (adaptive draft depth) needs a drafting method, got method 'ar'")
+        if head is not None and not spec.drafts:
+            raise ValueError(f"head= (adaptive draft depth) needs a drafting method, got method {method!r}")
         if threshold is not None and head is None:
             raise ValueError("threshold= is the acceptance head's stopping threshold h: pass head= too")
         self.target = target if isinstance(target, HFCausalLM) else HFCausalLM(target, name="target")
-        self.drafter = _as_drafter(draft, self.target, method, hidden=head is not None)
+        self.drafter = _as_drafter(draft, self.target, self.config, hidden=head is not None)
         self.builder = make_builder(self.config)
         self._laws = LawBuffer()  # reused by every round's verification (DraftTree.p_rows)
         if head is not None:
@@ -466,6 +464,22 @@ class SpeculativeDecoder:
             done = len(new_tokens[r]) >= max_new or any(t in eos_set for t in emitted)
             finished.append(done)
         return finished
+
+
+class SpecDecPPDecoder(SpeculativeDecoder):
+    """``method="specdec_pp"``: SD with per-row adaptive draft length (SpecDec++, docs/methods.md).
+
+    ``draft``: HF draft model (same vocabulary as the target). ``head``: acceptance head (e.g.
+    :func:`specdec.train.load_head`) or any callable hidden [..., H] -> Phat. ``threshold``: h (stop once the
+    predicted probability of at least one rejection exceeds h; default 0.7). ``max_draft_length``: hard cap (20).
+    """
+
+    def __init__(
+        self, target: Any, draft: Any, head: Any, *, threshold: float = DEFAULT_THRESHOLD, max_draft_length: int = 20
+    ) -> None:
+        super().__init__(
+            target, draft, method="specdec_pp", draft_length=max_draft_length, head=head, threshold=threshold
+        )
 
 
 def generate(

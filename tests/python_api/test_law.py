@@ -72,16 +72,13 @@ CASES = {
     "specdec_pp": {"draft_length": 3},
 }
 
-# each method's verifier, made wrong in a way the default-suite test must catch
+# each node verifier, made wrong in a way the default-suite test must catch (a method's is that of its spec)
 CONTROLS = {
     "sd": "residual_q",
     "rrs": "rrs_no_renormalization",
     "rrsw": "rrsw_unrenormalized",
-    "rsd_c": "rrsw_unrenormalized",
-    "rsd_s": "rrsw_unrenormalized",
-    "spectr": "kseq_gamma_one",
+    "kseq": "kseq_gamma_one",
     "spechub": "spechub_qai_unnormalized",
-    "specdec_pp": "residual_q",
 }
 SLOW_CONTROLS = [
     ("rrs", "residual_q"),
@@ -144,7 +141,7 @@ def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: 
     """New tokens of ``n_per_prompt`` rows per prompt (rows alternate over PROMPTS)."""
     target, draft = models
     params = CASES.get(method, {})
-    head = {"head": random_head(32, 2), "threshold": 0.5} if method == "specdec_pp" else {}
+    head = {"head": random_head(32, 2), "threshold": 0.5} if specdec.methods.get(method).needs_head else {}
     decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params, **head)
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n_per_prompt)])
     out = decoder.generate(
@@ -213,10 +210,15 @@ def test_first_two_tokens_follow_the_target_law(models, method: str) -> None:
         assert check.ok, f"{method} prompt {prompt}: {check}"
 
 
+def test_every_drafting_method_has_a_law_case() -> None:
+    assert set(CASES) == {m for m in specdec.methods.available() if specdec.methods.get(m).drafts}
+
+
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_wrong_verifier_fails(models, method: str, monkeypatch) -> None:
-    route_to_torch(monkeypatch, CONTROLS[method])
-    assert_caught(run_law(models, method, N), f"{method} with {CONTROLS[method]}")
+    control = CONTROLS[specdec.methods.get(method).verifier]
+    route_to_torch(monkeypatch, control)
+    assert_caught(run_law(models, method, N), f"{method} with {control}")
 
 
 @pytest.mark.parametrize("method", sorted(CASES))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from specdec import SpecDecPPDecoder
 from specdec.config import SamplingConfig
-from specdec.decoders.specdec_pp import SpecDecPPDecoder
 from specdec.train.draft import DraftConfig, build_draft
 from specdec.train.head import AcceptanceHead
 from tiny_models import left_pad, reference_greedy, tiny_llama

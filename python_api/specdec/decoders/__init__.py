@@ -1,8 +1,10 @@
-"""Draft-tree builders, one module per method family (docs/methods.md)."""
+"""Draft-tree builders, one module per drafting family (docs/methods.md); each method's module of
+:mod:`specdec.methods` names the builder it drafts with."""
 
 from __future__ import annotations
 
-from ..config import MethodConfig
+from typing import TYPE_CHECKING
+
 from .base import StaticTreeBuilder, TreeBuilder
 from .beam import BeamTreeBuilder
 from .chain import ChainBuilder
@@ -10,22 +12,14 @@ from .spechub import SpecHubBuilder
 from .spectr import SpecTrBuilder
 from .static_trees import IIDTreeBuilder, SWORTreeBuilder
 
-_BUILDERS: dict[str, type[TreeBuilder]] = {
-    "sd": ChainBuilder,
-    "rrs": IIDTreeBuilder,
-    "rrsw": SWORTreeBuilder,
-    "rsd_c": SWORTreeBuilder,
-    "rsd_s": BeamTreeBuilder,
-    "spectr": SpecTrBuilder,
-    "spechub": SpecHubBuilder,
-    "specdec_pp": ChainBuilder,  # + decoders.adaptive.AdaptiveStop, attached by SpeculativeDecoder
-}
+if TYPE_CHECKING:
+    from ..config import MethodConfig
 
 
 def make_builder(config: MethodConfig) -> TreeBuilder | None:
-    """The tree builder of ``config.method`` (None for ``ar``)."""
-    cls = _BUILDERS.get(config.method)
-    return None if cls is None else cls(config)
+    """The tree builder of ``config.method``, from its spec (None for a method that drafts nothing, ``ar``)."""
+    factory = config.spec.builder
+    return None if factory is None else factory(config)
 
 
 __all__ = [

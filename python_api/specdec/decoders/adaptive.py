@@ -18,6 +18,8 @@ import torch
 from ..drafting import Drafter, HiddenStateDrafter
 from ..tree import DraftTree
 
+DEFAULT_THRESHOLD = 0.7  # SpecDec++ stopping threshold h when head= is given without threshold=
+
 
 class AdaptiveStop:
     """Per-row stopping rule for :meth:`TreeBuilder.build`. ``head``: module/callable hidden [..., H] -> Phat

@@ -12,15 +12,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from specdec_kernels import sample_categorical
 
-from ..config import MethodConfig, SamplingConfig
 from ..drafting import Drafter
 from ..tree import DraftTree, compact
+
+if TYPE_CHECKING:
+    from ..config import MethodConfig, SamplingConfig
 
 
 class Children(NamedTuple):

@@ -8,13 +8,17 @@ deterministic beam search over summed draft log-probs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 import specdec_kernels as sk
 
-from ..config import MethodConfig
 from ..tree import DraftTree
 from .base import Children, TreeBuilder, greedy_topk, op_seed
+
+if TYPE_CHECKING:
+    from ..config import MethodConfig
 
 
 class BeamTreeBuilder(TreeBuilder):
