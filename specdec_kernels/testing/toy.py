@@ -8,6 +8,10 @@ node (what a draft and a target forward would return) and verifies with ``verify
 ``generate`` repeats iterations for many independent generations at once (one batch row each) until every row
 holds enough tokens. Exact decoders reproduce the target's law; the ``wrong_*`` variants (negative controls) change
 one drafting or verification detail and must fail the same law check.
+
+Decoders are named by their parts, the sibling draw (:data:`DRAWS`, or a beam) and the ``verify_tree`` verifier, never
+by a decoding method: which parts a method combines is the driver's knowledge (``specdec.methods``), and its tests
+build the toy loop of every registered method from it.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import numpy as np
 import torch
 
 from ..ops import gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
-from ..trees import branching_parents, check_parents, kseq_chain_parents
+from ..trees import check_parents
 from . import oracles_tree
 from .stats import LawCheck, law_check
 
 NEG_INF = float("-inf")
 
 __all__ = [
+    "DRAWS",
     "PEAKED_TOY",
     "RAGGED_TOY",
     "SPEC_TOY",
@@ -34,26 +39,21 @@ __all__ = [
     "Generation",
     "ToyModel",
     "Tree",
+    "beam",
+    "beam_untruncated",
+    "chain",
     "check_first_tokens",
     "first_tokens_counts",
     "generate",
     "joint_law",
     "random_toy",
-    "rrs_tree",
-    "rrsw_tree",
-    "rsd_c",
-    "rsd_s",
-    "rsd_s_untruncated",
-    "sd",
-    "spechub",
-    "spectr",
     "target_greedy",
-    "wrong_rrs_skip_duplicates",
-    "wrong_rrsw_unrenormalized",
-    "wrong_rsd_c_token_order",
-    "wrong_rsd_s_token_order",
-    "wrong_spechub_token_order",
-    "wrong_spectr_gamma_one",
+    "tree",
+    "wrong_beam_token_order",
+    "wrong_gamma_one",
+    "wrong_skip_duplicates",
+    "wrong_token_order",
+    "wrong_unrenormalized",
 ]
 
 
@@ -264,7 +264,7 @@ def _sort_siblings(cand: torch.Tensor, ok: torch.Tensor, vocab: int) -> tuple[to
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# SD chains
+# Chains verified by verify_chain
 
 
 def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
@@ -292,120 +292,160 @@ def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
     return step
 
 
-def sd(length: int, *, ragged: bool = False, greedy: bool = False) -> Decoder:
-    """SD with a draft chain of ``length`` (``ragged``: each row verifies a random length in [0, length])."""
-    name = f"sd(L={length}{', ragged' if ragged else ''}{', greedy' if greedy else ''})"
+def chain(length: int, *, ragged: bool = False, greedy: bool = False) -> Decoder:
+    """A draft chain of ``length`` verified by ``verify_chain`` (``ragged``: each row verifies a random length in
+    [0, length])."""
+    name = f"chain(L={length}{', ragged' if ragged else ''}{', greedy' if greedy else ''})"
     return Decoder(name, _chain_step(length, ragged, greedy))
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Static trees: RRS (i.i.d. children), RRSw / RSD-C (Gumbel-top-k children), SpecHub (hub pairs)
+# Static trees verified by verify_tree. A tree is the pair (sibling draw, node verifier); which pair a decoding method
+# uses is the method's own business (specdec.methods), so nothing here is named after a method.
+
+#: how a node's children are drawn: i.i.d. (``sample_categorical``), without replacement (``gumbel_topk``), or as a
+#: SpecHub hub pair (``spechub_sample``); "beam" (``sbs_step``) grows the tree level by level instead, see :func:`beam`
+DRAWS = ("iid", "swor", "spechub")
+
+
+def _draw_tree(
+    model: ToyModel,
+    last: torch.Tensor,
+    par: list[int],
+    kids: list[list[int]],
+    draw: str,
+    greedy: bool,
+    gen: torch.Generator,
+    *,
+    token_order: bool = False,
+    skip_duplicates: bool = False,
+) -> Tree:
+    batch, n, vocab = last.shape[0], len(par), model.vocab
+    tokens = torch.zeros((batch, n), dtype=torch.long)
+    tokens[:, 0] = last
+    valid = torch.ones((batch, n), dtype=torch.bool)
+    hub = torch.zeros((batch, n), dtype=torch.long) if draw == "spechub" else None
+    for node in range(n):
+        ids = kids[node]
+        if not ids:
+            continue
+        k = len(ids)
+        logp = model.draft_logp[tokens[:, node]]
+        if greedy:
+            # Greedy: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
+            order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
+            cand = order[:, :1].expand(-1, k) if draw == "iid" else order[:, :k]
+            ok = torch.isfinite(logp.gather(-1, cand))
+        elif draw == "iid":
+            cand = sample_categorical(logp[:, None, :].expand(-1, k, -1), generator=gen)
+            ok = torch.ones_like(cand, dtype=torch.bool)
+        elif draw == "swor":
+            pick = gumbel_topk(logp, k, generator=gen)
+            cand, ok = pick.tokens, pick.valid
+        else:
+            pair = spechub_sample(logp, generator=gen)
+            cand, ok = pair.tokens[:, :k], pair.valid[:, :k]
+            assert hub is not None
+            hub[:, node] = pair.hub
+        if skip_duplicates:
+            for j in range(1, k):
+                dup = ((cand[:, :j] == cand[:, j : j + 1]) & ok[:, :j]).any(dim=1)
+                ok[:, j] &= ~dup
+        if token_order:
+            cand, ok = _sort_siblings(cand, ok, vocab)
+        cols = torch.tensor(ids)
+        tokens[:, cols] = cand.clamp_min(0)
+        valid[:, cols] = ok & valid[:, node : node + 1]
+    tokens, parent, p_rows, q_rows = _finish_tree(tokens, par, valid, model, greedy)
+    return Tree(tokens, parent, valid, p_rows, q_rows, hub)
+
+
+def _template(parents: Sequence[int], draw: str) -> tuple[list[int], list[list[int]]]:
+    if draw not in DRAWS:
+        raise ValueError(f"draw must be one of {DRAWS}, got {draw!r}")
+    par = check_parents(parents)
+    kids: list[list[int]] = [[] for _ in par]
+    for c in range(1, len(par)):
+        kids[par[c]].append(c)
+    if draw == "spechub" and max(len(k) for k in kids) > 2:
+        raise ValueError("SpecHub trees need at most two children per node")
+    return par, kids
 
 
 def _static_step(
     parents: Sequence[int],
-    kind: str,
-    method: str,
+    draw: str,
+    verifier: str,
     greedy: bool,
     *,
     token_order: bool = False,
     skip_duplicates: bool = False,
 ) -> Step:
-    par = check_parents(parents)
-    n = len(par)
-    kids: list[list[int]] = [[] for _ in range(n)]
-    for c in range(1, n):
-        kids[par[c]].append(c)
-    if kind == "spechub" and max(len(k) for k in kids) > 2:
-        raise ValueError("SpecHub trees need at most two children per node")
+    par, kids = _template(parents, draw)
 
     def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        batch, vocab = last.shape[0], model.vocab
-        tokens = torch.zeros((batch, n), dtype=torch.long)
-        tokens[:, 0] = last
-        valid = torch.ones((batch, n), dtype=torch.bool)
-        hub = torch.zeros((batch, n), dtype=torch.long) if kind == "spechub" else None
-        for node in range(n):
-            ids = kids[node]
-            if not ids:
-                continue
-            k = len(ids)
-            logp = model.draft_logp[tokens[:, node]]
-            if greedy:
-                # Greedy: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
-                order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
-                cand = order[:, :1].expand(-1, k) if kind == "iid" else order[:, :k]
-                ok = torch.isfinite(logp.gather(-1, cand))
-            elif kind == "iid":
-                cand = sample_categorical(logp[:, None, :].expand(-1, k, -1), generator=gen)
-                ok = torch.ones_like(cand, dtype=torch.bool)
-            elif kind == "swor":
-                draw = gumbel_topk(logp, k, generator=gen)
-                cand, ok = draw.tokens, draw.valid
-            else:
-                draw = spechub_sample(logp, generator=gen)
-                cand, ok = draw.tokens[:, :k], draw.valid[:, :k]
-                hub[:, node] = draw.hub
-            if skip_duplicates:
-                for j in range(1, k):
-                    dup = ((cand[:, :j] == cand[:, j : j + 1]) & ok[:, :j]).any(dim=1)
-                    ok[:, j] &= ~dup
-            if token_order:
-                cand, ok = _sort_siblings(cand, ok, vocab)
-            cols = torch.tensor(ids)
-            tokens[:, cols] = cand.clamp_min(0)
-            valid[:, cols] = ok & valid[:, node : node + 1]
-        tokens, parent, p_rows, q_rows = _finish_tree(tokens, par, valid, model, greedy)
-        return _verify(Tree(tokens, parent, valid, p_rows, q_rows, hub), method, greedy, gen)
+        tree = _draw_tree(
+            model, last, par, kids, draw, greedy, gen, token_order=token_order, skip_duplicates=skip_duplicates
+        )
+        return _verify(tree, verifier, greedy, gen)
 
     return step
 
 
-def rrs_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """SpecInfer RRS on a static tree: i.i.d. children (duplicates are separate nodes), verifier 'rrs'."""
-    return Decoder(f"rrs{list(parents)}", _static_step(parents, "iid", "rrs", greedy))
+def tree(parents: Sequence[int], *, draw: str, verifier: str, greedy: bool = False) -> Decoder:
+    """The static tree ``parents`` (level order, node 0 = root) with children drawn by ``draw`` (:data:`DRAWS`) and
+    verified by ``verify_tree`` method ``verifier``."""
+    name = f"{verifier}:{draw}{list(parents)}{' greedy' if greedy else ''}"
+    return Decoder(name, _static_step(parents, draw, verifier, greedy))
 
 
-def rrsw_tree(parents: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """RRSw on a static tree: Gumbel-top-k children in draft order, verifier 'rrsw'."""
-    return Decoder(f"rrsw{list(parents)}", _static_step(parents, "swor", "rrsw", greedy))
-
-
-def rsd_c(branching: Sequence[int], *, greedy: bool = False) -> Decoder:
-    """RSD-C with constant branching factors per level."""
-    return Decoder(f"rsd_c{tuple(branching)}", _static_step(branching_parents(branching), "swor", "rrsw", greedy))
-
-
-def spechub(levels: int, *, greedy: bool = False) -> Decoder:
-    """SpecHub on the full binary tree with ``levels`` levels incl. the root ("binaryN")."""
-    parents = branching_parents([2] * (levels - 1))
-    return Decoder(f"spechub(binary{levels})", _static_step(parents, "spechub", "spechub", greedy))
-
-
-def wrong_rrs_skip_duplicates(parents: Sequence[int]) -> Decoder:
-    """Negative control: duplicate i.i.d. siblings are dropped, so their residual update is skipped."""
+def wrong_skip_duplicates(parents: Sequence[int]) -> Decoder:
+    """Negative control: duplicate i.i.d. siblings are dropped, so their 'rrs' residual update is skipped."""
     return Decoder("wrong: rrs skipping duplicates", _static_step(parents, "iid", "rrs", False, skip_duplicates=True))
 
 
-def wrong_rrsw_unrenormalized(parents: Sequence[int]) -> Decoder:
-    """Negative control: SWOR children verified with the unrenormalized p (= the 'rrs' verifier)."""
-    return Decoder("wrong: rrsw with unrenormalized p", _static_step(parents, "swor", "rrs", False))
+def wrong_unrenormalized(parents: Sequence[int]) -> Decoder:
+    """Negative control: children drawn without replacement, verified with the unrenormalized p ('rrs')."""
+    return Decoder("wrong: swor children verified by rrs", _static_step(parents, "swor", "rrs", False))
 
 
-def wrong_rsd_c_token_order(branching: Sequence[int]) -> Decoder:
-    """Negative control: RSD-C siblings laid out in token-id order instead of draft order."""
-    parents = branching_parents(branching)
-    return Decoder("wrong: rsd-c token order", _static_step(parents, "swor", "rrsw", False, token_order=True))
+def wrong_token_order(parents: Sequence[int], *, draw: str, verifier: str) -> Decoder:
+    """Negative control: siblings (and hub pairs) laid out in token-id order instead of draft order."""
+    step = _static_step(parents, draw, verifier, False, token_order=True)
+    return Decoder(f"wrong: {verifier}:{draw} in token order", step)
 
 
-def wrong_spechub_token_order(levels: int) -> Decoder:
-    """Negative control: the hub pair laid out in token-id order, so pair types are mislabeled."""
-    parents = branching_parents([2] * (levels - 1))
-    return Decoder("wrong: spechub token order", _static_step(parents, "spechub", "spechub", False, token_order=True))
+def wrong_gamma_one(parents: Sequence[int]) -> Decoder:
+    """Negative control: i.i.d. children verified by K-SEQ with gamma = 1, run by the fp64 tree-walk oracle."""
+    par, kids = _template(parents, "iid")
+
+    def rule(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> tuple[oracles_tree.Tests, np.ndarray]:
+        return oracles_tree.rule_kseq(cand, p, q, hub, gamma=1.0)
+
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        tree = _draw_tree(model, last, par, kids, "iid", False, gen)
+        batch, n = tree.tokens.shape
+        k = max(len(c) for c in kids)
+        u = torch.rand((batch, n, k), dtype=torch.float64, generator=gen)
+        fin = torch.rand((batch, model.vocab), dtype=torch.float64, generator=gen).clamp_min(2.0**-60)
+        nodes, n_acc, nxt, _ = oracles_tree.tree_walk(
+            tree.tokens.numpy(),
+            tree.parent.numpy(),
+            tree.valid.numpy(),
+            tree.p_rows.numpy(),
+            tree.q_rows.numpy(),
+            u.numpy(),
+            fin.numpy(),
+            rule,
+            chains=True,
+        )
+        return _emit_tree(tree, torch.from_numpy(nodes), torch.from_numpy(n_acc), torch.from_numpy(nxt))
+
+    return Decoder("wrong: kseq with gamma = 1", step)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# RSD-S: stochastic beam search trees
+# Trees grown by stochastic beam search
 
 
 def _beam_untruncated(
@@ -431,7 +471,9 @@ def _beam_greedy(
     return idx // vocab, idx % vocab, val, val, torch.isfinite(val)
 
 
-def _rsd_s_step(width: int, depth: int, greedy: bool, *, untruncated: bool = False, token_order: bool = False) -> Step:
+def _beam_step(
+    width: int, depth: int, verifier: str, greedy: bool, *, untruncated: bool = False, token_order: bool = False
+) -> Step:
     def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         batch, vocab = last.shape[0], model.vocab
         tok_l, par_l, ok_l = [last[:, None]], [torch.full((batch, 1), -1)], [torch.ones((batch, 1), dtype=torch.bool)]
@@ -464,80 +506,31 @@ def _rsd_s_step(width: int, depth: int, greedy: bool, *, untruncated: bool = Fal
             first += perm.shape[1]
         tokens, valid = torch.cat(tok_l, 1), torch.cat(ok_l, 1)
         tokens, parent, p_rows, q_rows = _finish_tree(tokens, torch.cat(par_l, 1), valid, model, greedy)
-        return _verify(Tree(tokens, parent, valid, p_rows, q_rows, None), "rrsw", greedy, gen)
+        return _verify(Tree(tokens, parent, valid, p_rows, q_rows, None), verifier, greedy, gen)
 
     return step
 
 
-def rsd_s(width: int, depth: int, *, greedy: bool = False) -> Decoder:
-    """RSD-S: ``depth`` SBS steps of width ``width``; verifier 'rrsw' with the conditional p rows."""
-    return Decoder(f"rsd_s(W={width}, L={depth})", _rsd_s_step(width, depth, greedy))
+def beam(width: int, depth: int, *, verifier: str, greedy: bool = False) -> Decoder:
+    """``depth`` SBS steps of width ``width`` (``sbs_step``), each node verified by ``verifier`` against its
+    conditional p row."""
+    name = f"{verifier}:beam(W={width}, L={depth}){' greedy' if greedy else ''}"
+    return Decoder(name, _beam_step(width, depth, verifier, greedy))
 
 
-def rsd_s_untruncated(width: int, depth: int) -> Decoder:
+def beam_untruncated(width: int, depth: int, *, verifier: str) -> Decoder:
     """RSD Alg. 9 line 7 taken literally: the beam is the top-W by untruncated scores.
 
     Its beam does not follow the sequence-level SWOR law, yet the verified output stays exact: every
     node's children are still a Gumbel-top prefix of p(.|node) whose length does not depend on the next child's
     identity (the argument for RSD-S in docs/methods.md). So it is not a loop-level negative control; the tests
     show it passes."""
-    return Decoder(f"rsd_s_untruncated(W={width}, L={depth})", _rsd_s_step(width, depth, False, untruncated=True))
+    name = f"{verifier}:beam_untruncated(W={width}, L={depth})"
+    return Decoder(name, _beam_step(width, depth, verifier, False, untruncated=True))
 
 
-def wrong_rsd_s_token_order(width: int, depth: int) -> Decoder:
-    """Negative control: RSD-S levels regrouped by parent with siblings in token-id order (not draft order)."""
-    return Decoder("wrong: rsd_s token order", _rsd_s_step(width, depth, False, token_order=True))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# SpecTr: K i.i.d. chains verified with K-SEQ
-
-
-def _kseq_tree(model: ToyModel, last: torch.Tensor, k: int, length: int, gen: torch.Generator, greedy: bool) -> Tree:
-    batch = last.shape[0]
-    tokens = torch.empty((batch, 1 + k * length), dtype=torch.long)
-    tokens[:, 0] = last
-    prev = last[:, None].expand(-1, k)
-    for d in range(length):
-        logp = model.draft_logp[prev]
-        prev = torch.argmax(logp, -1) if greedy else sample_categorical(logp, generator=gen)
-        tokens[:, 1 + d * k : 1 + (d + 1) * k] = prev
-    valid = torch.ones_like(tokens, dtype=torch.bool)
-    tokens, parent, p_rows, q_rows = _finish_tree(tokens, kseq_chain_parents(k, length), valid, model, greedy)
-    return Tree(tokens, parent, valid, p_rows, q_rows, None)
-
-
-def spectr(k: int, length: int, *, greedy: bool = False) -> Decoder:
-    """SpecTr K x L: K i.i.d. draft chains, verifier 'kseq' with gamma* per depth."""
-
-    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return _verify(_kseq_tree(model, last, k, length, gen, greedy), "kseq", greedy, gen)
-
-    return Decoder(f"spectr({k}x{length})", step)
-
-
-def wrong_spectr_gamma_one(k: int, length: int) -> Decoder:
-    """Negative control: K-SEQ with gamma = 1, run by the fp64 tree-walk oracle with a fixed gamma."""
-
-    def rule(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> tuple[oracles_tree.Tests, np.ndarray]:
-        return oracles_tree.rule_kseq(cand, p, q, hub, gamma=1.0)
-
-    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        tree = _kseq_tree(model, last, k, length, gen, False)
-        batch, n = tree.tokens.shape
-        u = torch.rand((batch, n, k), dtype=torch.float64, generator=gen)
-        fin = torch.rand((batch, model.vocab), dtype=torch.float64, generator=gen).clamp_min(2.0**-60)
-        nodes, n_acc, nxt, _ = oracles_tree.tree_walk(
-            tree.tokens.numpy(),
-            tree.parent.numpy(),
-            tree.valid.numpy(),
-            tree.p_rows.numpy(),
-            tree.q_rows.numpy(),
-            u.numpy(),
-            fin.numpy(),
-            rule,
-            chains=True,
-        )
-        return _emit_tree(tree, torch.from_numpy(nodes), torch.from_numpy(n_acc), torch.from_numpy(nxt))
-
-    return Decoder("wrong: spectr gamma = 1", step)
+def wrong_beam_token_order(width: int, depth: int, *, verifier: str) -> Decoder:
+    """Negative control: beam levels regrouped by parent with siblings in token-id order (not draft order)."""
+    return Decoder(
+        f"wrong: {verifier}:beam in token order", _beam_step(width, depth, verifier, False, token_order=True)
+    )

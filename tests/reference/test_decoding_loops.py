@@ -20,12 +20,15 @@ import math
 import pytest
 import torch
 
-from specdec_kernels import available_backends
+from specdec_kernels import available_backends, binary_tree_parents, branching_parents, kseq_chain_parents
 from specdec_kernels.testing import toy
 
 SEQUOIA = [-1, 0, 0, 0, 1, 1, 2, 4]  # irregular static tree: 3, 2, 1 children at depth <= 1, depth 3
 ROOT3 = [-1, 0, 0, 0]  # one level, three siblings
 ROOT2 = [-1, 0, 0]
+B21, B22 = branching_parents([2, 1]), branching_parents([2, 2])  # constant branching per level
+BINARY3 = binary_tree_parents(3)  # full binary tree, 3 levels
+K32, K22 = kseq_chain_parents(3, 2), kseq_chain_parents(2, 2)  # K chains of length L
 
 HAVE_FAST = "cpu" in available_backends("verify_tree")  # auto then verifies with the compiled CPU backend
 
@@ -41,27 +44,31 @@ def assert_exact(model: toy.ToyModel, decoder: toy.Decoder, n: int, seed: int) -
 
 
 EXACT = [
-    pytest.param(toy.SPEC_TOY, toy.sd(1), 20_000, id="spec-sd-L1"),
-    pytest.param(toy.SPEC_TOY, toy.sd(2), 20_000, id="spec-sd-L2"),
-    pytest.param(toy.SPEC_TOY, toy.sd(3), 20_000, id="spec-sd-L3"),
-    pytest.param(toy.SPEC_TOY, toy.sd(4), 20_000, id="spec-sd-L4"),
-    pytest.param(toy.SPEC_TOY, toy.sd(4, ragged=True), 20_000, id="spec-sd-ragged-lengths"),
-    pytest.param(toy.SPEC_TOY, toy.rrs_tree(SEQUOIA), 20_000, id="spec-rrs-sequoia"),
-    pytest.param(toy.SPEC_TOY, toy.rrsw_tree(SEQUOIA), 20_000, id="spec-rrsw-sequoia"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 1)), 20_000, id="spec-rsd_c-2-1"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 2)), 20_000, id="spec-rsd_c-2-2"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_s(2, 2), 20_000, id="spec-rsd_s-W2-L2"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_s(3, 2), 20_000, id="spec-rsd_s-W3-L2"),
-    pytest.param(toy.SPEC_TOY, toy.spectr(3, 2), 8_000, id="spec-spectr-3x2"),
-    pytest.param(toy.SPEC_TOY, toy.spechub(3), 12_000, id="spec-spechub-binary3"),
+    pytest.param(toy.SPEC_TOY, toy.chain(1), 20_000, id="spec-sd-L1"),
+    pytest.param(toy.SPEC_TOY, toy.chain(2), 20_000, id="spec-sd-L2"),
+    pytest.param(toy.SPEC_TOY, toy.chain(3), 20_000, id="spec-sd-L3"),
+    pytest.param(toy.SPEC_TOY, toy.chain(4), 20_000, id="spec-sd-L4"),
+    pytest.param(toy.SPEC_TOY, toy.chain(4, ragged=True), 20_000, id="spec-sd-ragged-lengths"),
+    pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="iid", verifier="rrs"), 20_000, id="spec-rrs-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 20_000, id="spec-rrsw-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.tree(B21, draw="swor", verifier="rrsw"), 20_000, id="spec-rsd_c-2-1"),
+    pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="swor", verifier="rrsw"), 20_000, id="spec-rsd_c-2-2"),
+    pytest.param(toy.SPEC_TOY, toy.beam(2, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy.beam(3, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy.tree(K32, draw="iid", verifier="kseq"), 8_000, id="spec-spectr-3x2"),
+    pytest.param(
+        toy.SPEC_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 12_000, id="spec-spechub-binary3"
+    ),
     # Zeros in p and q: missing candidates, point-mass draft rows, drafted tokens with q = 0 -> ragged batches.
-    pytest.param(toy.RAGGED_TOY, toy.sd(3, ragged=True), 10_000, id="ragged-sd-ragged-lengths"),
-    pytest.param(toy.RAGGED_TOY, toy.rrsw_tree(SEQUOIA), 10_000, id="ragged-rrsw-sequoia"),
-    pytest.param(toy.RAGGED_TOY, toy.rsd_s(3, 2), 10_000, id="ragged-rsd_s-W3-L2"),
-    pytest.param(toy.RAGGED_TOY, toy.spechub(3), 10_000, id="ragged-spechub-binary3"),
+    pytest.param(toy.RAGGED_TOY, toy.chain(3, ragged=True), 10_000, id="ragged-sd-ragged-lengths"),
+    pytest.param(toy.RAGGED_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 10_000, id="ragged-rrsw-sequoia"),
+    pytest.param(toy.RAGGED_TOY, toy.beam(3, 2, verifier="rrsw"), 10_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(
+        toy.RAGGED_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 10_000, id="ragged-spechub-binary3"
+    ),
     # Positive partners of the PEAKED_TOY negative controls below.
-    pytest.param(toy.PEAKED_TOY, toy.rrs_tree(ROOT3), 10_000, id="peaked-rrs-K3"),
-    pytest.param(toy.PEAKED_TOY, toy.rrsw_tree(ROOT2), 10_000, id="peaked-rrsw-K2"),
+    pytest.param(toy.PEAKED_TOY, toy.tree(ROOT3, draw="iid", verifier="rrs"), 10_000, id="peaked-rrs-K3"),
+    pytest.param(toy.PEAKED_TOY, toy.tree(ROOT2, draw="swor", verifier="rrsw"), 10_000, id="peaked-rrsw-K2"),
 ]
 
 
@@ -86,23 +93,27 @@ def test_loops_agree_with_torch_reference(
 
 
 SLOW = [
-    pytest.param(toy.SPEC_TOY, toy.sd(1), 200_000, id="spec-sd-L1"),
-    pytest.param(toy.SPEC_TOY, toy.sd(2), 200_000, id="spec-sd-L2"),
-    pytest.param(toy.SPEC_TOY, toy.sd(3), 200_000, id="spec-sd-L3"),
-    pytest.param(toy.SPEC_TOY, toy.sd(4), 200_000, id="spec-sd-L4"),
-    pytest.param(toy.SPEC_TOY, toy.rrs_tree(SEQUOIA), 200_000, id="spec-rrs-sequoia"),
-    pytest.param(toy.SPEC_TOY, toy.rrsw_tree(SEQUOIA), 200_000, id="spec-rrsw-sequoia"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 1)), 200_000, id="spec-rsd_c-2-1"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_c((2, 2)), 200_000, id="spec-rsd_c-2-2"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_s(2, 2), 200_000, id="spec-rsd_s-W2-L2"),
-    pytest.param(toy.SPEC_TOY, toy.rsd_s(3, 2), 200_000, id="spec-rsd_s-W3-L2"),
-    pytest.param(toy.SPEC_TOY, toy.spectr(3, 2), 200_000, id="spec-spectr-3x2"),
-    pytest.param(toy.SPEC_TOY, toy.spechub(3), 200_000, id="spec-spechub-binary3"),
-    pytest.param(toy.RAGGED_TOY, toy.sd(4, ragged=True), 200_000, id="ragged-sd-ragged-lengths"),
-    pytest.param(toy.RAGGED_TOY, toy.rrsw_tree(SEQUOIA), 200_000, id="ragged-rrsw-sequoia"),
-    pytest.param(toy.RAGGED_TOY, toy.rsd_s(3, 2), 200_000, id="ragged-rsd_s-W3-L2"),
-    pytest.param(toy.RAGGED_TOY, toy.spechub(3), 200_000, id="ragged-spechub-binary3"),
-    pytest.param(toy.RAGGED_TOY, toy.spectr(2, 2), 200_000, id="ragged-spectr-2x2"),
+    pytest.param(toy.SPEC_TOY, toy.chain(1), 200_000, id="spec-sd-L1"),
+    pytest.param(toy.SPEC_TOY, toy.chain(2), 200_000, id="spec-sd-L2"),
+    pytest.param(toy.SPEC_TOY, toy.chain(3), 200_000, id="spec-sd-L3"),
+    pytest.param(toy.SPEC_TOY, toy.chain(4), 200_000, id="spec-sd-L4"),
+    pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="iid", verifier="rrs"), 200_000, id="spec-rrs-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 200_000, id="spec-rrsw-sequoia"),
+    pytest.param(toy.SPEC_TOY, toy.tree(B21, draw="swor", verifier="rrsw"), 200_000, id="spec-rsd_c-2-1"),
+    pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="swor", verifier="rrsw"), 200_000, id="spec-rsd_c-2-2"),
+    pytest.param(toy.SPEC_TOY, toy.beam(2, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy.beam(3, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy.tree(K32, draw="iid", verifier="kseq"), 200_000, id="spec-spectr-3x2"),
+    pytest.param(
+        toy.SPEC_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 200_000, id="spec-spechub-binary3"
+    ),
+    pytest.param(toy.RAGGED_TOY, toy.chain(4, ragged=True), 200_000, id="ragged-sd-ragged-lengths"),
+    pytest.param(toy.RAGGED_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 200_000, id="ragged-rrsw-sequoia"),
+    pytest.param(toy.RAGGED_TOY, toy.beam(3, 2, verifier="rrsw"), 200_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(
+        toy.RAGGED_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 200_000, id="ragged-spechub-binary3"
+    ),
+    pytest.param(toy.RAGGED_TOY, toy.tree(K22, draw="iid", verifier="kseq"), 200_000, id="ragged-spectr-2x2"),
 ]
 
 
@@ -116,17 +127,22 @@ def test_first_two_tokens_follow_target_slow(model: toy.ToyModel, decoder: toy.D
 @pytest.mark.parametrize("width", [2, 3])
 def test_untruncated_beam_selection_keeps_output_exact(width: int) -> None:
     """Not a negative control: selecting the beam by untruncated scores biases the beam's sequence law but
-    not the verified output (see toy.rsd_s_untruncated); 200k generations agree with the exact law."""
-    assert_exact(toy.SPEC_TOY, toy.rsd_s_untruncated(width, 2), 200_000, seed=5)
+    not the verified output (see toy.beam_untruncated); 200k generations agree with the exact law."""
+    assert_exact(toy.SPEC_TOY, toy.beam_untruncated(width, 2, verifier="rrsw"), 200_000, seed=5)
 
 
 NEGATIVE = [
-    pytest.param(toy.PEAKED_TOY, toy.wrong_rrs_skip_duplicates(ROOT3), 10_000, id="rrs-skip-duplicates"),
-    pytest.param(toy.PEAKED_TOY, toy.wrong_rrsw_unrenormalized(ROOT2), 10_000, id="rrsw-unrenormalized-p"),
-    pytest.param(toy.SPEC_TOY, toy.wrong_rsd_c_token_order((2, 2)), 5_000, id="rsd_c-token-order"),
-    pytest.param(toy.SPEC_TOY, toy.wrong_rsd_s_token_order(2, 2), 5_000, id="rsd_s-token-order"),
-    pytest.param(toy.SPEC_TOY, toy.wrong_spechub_token_order(3), 5_000, id="spechub-token-order"),
-    pytest.param(toy.SPEC_TOY, toy.wrong_spectr_gamma_one(3, 2), 10_000, id="spectr-gamma-1"),
+    pytest.param(toy.PEAKED_TOY, toy.wrong_skip_duplicates(ROOT3), 10_000, id="rrs-skip-duplicates"),
+    pytest.param(toy.PEAKED_TOY, toy.wrong_unrenormalized(ROOT2), 10_000, id="rrsw-unrenormalized-p"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_token_order(B22, draw="swor", verifier="rrsw"), 5_000, id="rsd_c-token-order"),
+    pytest.param(toy.SPEC_TOY, toy.wrong_beam_token_order(2, 2, verifier="rrsw"), 5_000, id="rsd_s-token-order"),
+    pytest.param(
+        toy.SPEC_TOY,
+        toy.wrong_token_order(BINARY3, draw="spechub", verifier="spechub"),
+        5_000,
+        id="spechub-token-order",
+    ),
+    pytest.param(toy.SPEC_TOY, toy.wrong_gamma_one(K32), 10_000, id="spectr-gamma-1"),
 ]
 
 
@@ -139,15 +155,15 @@ def test_negative_control_fails_law_check(model: toy.ToyModel, decoder: toy.Deco
 
 
 GREEDY = [
-    toy.sd(1, greedy=True),
-    toy.sd(4, greedy=True),
-    toy.sd(4, ragged=True, greedy=True),
-    toy.rrs_tree(SEQUOIA, greedy=True),
-    toy.rrsw_tree(SEQUOIA, greedy=True),
-    toy.rsd_c((3, 2, 1), greedy=True),
-    toy.rsd_s(3, 3, greedy=True),
-    toy.spectr(3, 3, greedy=True),
-    toy.spechub(4, greedy=True),
+    toy.chain(1, greedy=True),
+    toy.chain(4, greedy=True),
+    toy.chain(4, ragged=True, greedy=True),
+    toy.tree(SEQUOIA, draw="iid", verifier="rrs", greedy=True),
+    toy.tree(SEQUOIA, draw="swor", verifier="rrsw", greedy=True),
+    toy.tree(branching_parents([3, 2, 1]), draw="swor", verifier="rrsw", greedy=True),
+    toy.beam(3, 3, verifier="rrsw", greedy=True),
+    toy.tree(kseq_chain_parents(3, 3), draw="iid", verifier="kseq", greedy=True),
+    toy.tree(binary_tree_parents(4), draw="spechub", verifier="spechub", greedy=True),
 ]
 
 
@@ -178,10 +194,17 @@ def test_greedy_trees_accept_a_non_first_child() -> None:
     model = toy.ToyModel(torch.softmax(draft_logits, -1), target)
     start = torch.arange(vocab)
     n_tokens = 12
-    run = toy.generate(model, toy.rsd_c((2, 2), greedy=True), vocab, seed=0, n_tokens=n_tokens, start=start)
+    run = toy.generate(
+        model,
+        toy.tree(B22, draw="swor", verifier="rrsw", greedy=True),
+        vocab,
+        seed=0,
+        n_tokens=n_tokens,
+        start=start,
+    )
     assert (run.tokens == toy.target_greedy(model, start, n_tokens)).all()
     assert (run.iterations == n_tokens // 3).all()  # 2 accepted levels + bonus per iteration
-    chain = toy.generate(model, toy.sd(2, greedy=True), vocab, seed=0, n_tokens=n_tokens, start=start)
+    chain = toy.generate(model, toy.chain(2, greedy=True), vocab, seed=0, n_tokens=n_tokens, start=start)
     assert (chain.iterations == n_tokens).all()  # the chain drafts only the wrong argmax
 
 
@@ -192,7 +215,7 @@ def test_spec_toy_law_matches_spec_table() -> None:
 
 
 def test_generate_is_reproducible_by_seed() -> None:
-    dec = toy.rsd_s(2, 2)
+    dec = toy.beam(2, 2, verifier="rrsw")
     a = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
     b = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
     c = toy.generate(toy.SPEC_TOY, dec, 400, seed=4)

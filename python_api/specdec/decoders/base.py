@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 
@@ -41,6 +41,10 @@ class Children(NamedTuple):
 
 class TreeBuilder(ABC):
     """Grows the draft trees of one round for a batch; ``verifier`` names the node verifier to use."""
+
+    #: how a node's children are drawn: "iid", "swor" (without replacement), "spechub" (hub pairs) or "beam"
+    #: (stochastic beam search); the toy loops of specdec_kernels.testing.toy name the same rules
+    draw: ClassVar[str]
 
     def __init__(self, config: MethodConfig) -> None:
         self.config = config

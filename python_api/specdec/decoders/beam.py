@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 class BeamTreeBuilder(TreeBuilder):
+    draw = "beam"
+
     def __init__(self, config: MethodConfig) -> None:
         super().__init__(config)
         self.width = int(config.beam_width or 1)

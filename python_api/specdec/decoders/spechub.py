@@ -12,6 +12,8 @@ from .base import StaticTreeBuilder, greedy_topk, op_seed
 
 
 class SpecHubBuilder(StaticTreeBuilder):
+    draw = "spechub"
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -25,6 +27,6 @@ class SpecHubBuilder(StaticTreeBuilder):
             tokens, valid = greedy_topk(logits, k)
             return tokens, valid, None
         assert logp is not None
-        draw = sk.spechub_sample(logp, seed=op_seed(generator), validate=False)
+        pair = sk.spechub_sample(logp, seed=op_seed(generator), validate=False)
         # The hub is stored per node and reused by the verifier, never recomputed.
-        return draw.tokens[..., :k], draw.valid[..., :k], draw.hub
+        return pair.tokens[..., :k], pair.valid[..., :k], pair.hub

@@ -14,6 +14,8 @@ class IIDTreeBuilder(StaticTreeBuilder):
     """rrs: every node's children are i.i.d. draws; duplicates stay separate nodes with their own subtrees (the
     verifier applies one residual update per copy)."""
 
+    draw = "iid"
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -31,6 +33,8 @@ class SWORTreeBuilder(StaticTreeBuilder):
     """rrsw / rsd_c: Gumbel-top-k without replacement; a node gets fewer children when the draft law has fewer
     tokens with mass. Greedy: top-k of the raw draft logits."""
 
+    draw = "swor"
+
     def sample(
         self,
         logits: torch.Tensor,
@@ -44,5 +48,5 @@ class SWORTreeBuilder(StaticTreeBuilder):
             tokens, valid = greedy_topk(logits, k)
             return tokens, valid, None
         assert logp is not None
-        draw = sk.gumbel_topk(logp, k, seed=op_seed(generator), validate=False)
-        return draw.tokens, draw.valid, None
+        pick = sk.gumbel_topk(logp, k, seed=op_seed(generator), validate=False)
+        return pick.tokens, pick.valid, None
