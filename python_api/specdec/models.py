@@ -33,8 +33,9 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 # Up to this many rows, inference linears run specdec_kernels.skinny_linear, which reads each weight once for all
 # rows: a decode step reads its weights from DRAM, and BLAS's small-batch paths read them at a fraction of copy
 # speed, so a verification pass of a few tree nodes would cost several one-token steps (benchmarks/
-# bench_skinny_linear.py, bench_target_step.py). With bf16 dot products PyTorch's linear wins beyond about 8 rows.
-DECODE_ROWS = 8
+# bench_skinny_linear.py, bench_target_step.py). With bf16 dot products PyTorch's linear wins beyond about 8 rows;
+# AMX tiles multiply up to 16 rows in the time of one.
+DECODE_ROWS = 16 if sk.skinny_linear_isa() == "amx" else 8
 # bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
 # is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so all rows
 # go to skinny_linear.
