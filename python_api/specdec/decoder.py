@@ -26,7 +26,7 @@ from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
 from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
-from .drafting import Drafter, FeatureDrafter, HiddenStateDrafter, ModelDrafter, NGramDrafter
+from .drafting import Drafter, as_drafter
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree, LawBuffer
@@ -52,45 +52,7 @@ def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden:
         return None
     if draft is None:
         raise ValueError(f"draft is required for method {config.method!r}: pass a draft model, a Drafter or 'ngram'")
-    if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
-        if getattr(draft, "reads_target_features", False):
-            raise ValueError(
-                "head= (adaptive depth) is not supported with a feature draft (EAGLE-style, it reads the target's "
-                "hidden states); use a plain draft model such as specdec.train.load_draft('smollm2-distill')"
-            )
-        if isinstance(draft, HiddenStateDrafter):
-            drafter: Drafter = draft
-        elif isinstance(draft, (Drafter, str)):
-            raise ValueError(
-                f"head= needs a neural draft model (its hidden states feed the head), got {draft!r}; pass the HF "
-                "draft model itself"
-            )
-        else:
-            drafter = HiddenStateDrafter(draft, name="draft")
-    elif isinstance(draft, Drafter):
-        drafter = draft
-    elif getattr(draft, "reads_target_features", False):
-        drafter = FeatureDrafter(draft, name="draft")
-    elif isinstance(draft, str):
-        if draft != "ngram":
-            raise ValueError(f"draft must be a model, a Drafter or the string 'ngram', got {draft!r}")
-        drafter = NGramDrafter(target.vocab_size)
-    else:
-        drafter = ModelDrafter(draft, name="draft")
-    if isinstance(drafter, FeatureDrafter):
-        width = int(getattr(target.model.config, "hidden_size", -1))
-        want = int(getattr(drafter.lm.model.config, "hidden_size", -1))
-        if want != width:
-            raise ValueError(
-                f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "
-                "a feature draft only works with the target it was trained on"
-            )
-    if drafter.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft vocabulary size {drafter.vocab_size} differs from the target's {target.vocab_size}; draft and "
-            "target must share one tokenizer and output layer size"
-        )
-    return drafter
+    return as_drafter(draft, target, hidden=hidden)
 
 
 def _eos_list(eos: int | Sequence[int] | torch.Tensor | None, vocab: int) -> list[int]:
@@ -303,9 +265,8 @@ class SpeculativeDecoder:
         state = target.new_state(batch)
         if drafter is not None:
             drafter.start(prompts)
-        feature_drafter = drafter if drafter is not None and drafter.reads_target_features else None
-        # the target keeps the hidden states a feature draft reads (final + extra layers) only while it runs
-        target.feature_layers = tuple(getattr(feature_drafter, "feature_layers", ())) if feature_drafter else ()
+        # the target keeps the extra hidden states the drafter reads (Drafter.feature_layers) only for this run
+        target.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         calls_before = drafter.calls if drafter is not None else 0
         while active:
             rows = [committed[r] for r in active]
@@ -318,9 +279,8 @@ class SpeculativeDecoder:
                     target.forward_chain(state, pending, last_logits=False)
                     stats.prefill_calls += 1
                     chain_len = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
-                    if feature_drafter is not None:
-                        assert target.last_features is not None
-                        feature_drafter.observe_target(target.last_features, chain_len)
+                    if drafter is not None:
+                        drafter.after_target(target, None, chain_len)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
             room = max(max_new - len(new_tokens[r]) for r in active)
             with stats.timer("draft"):
@@ -345,14 +305,9 @@ class SpeculativeDecoder:
                 idx = F.pad(acc_nodes.clamp_min(0), (1, 0))
                 # each row keeps them right after its committed tokens
                 state.keep(torch.full_like(chain_len, chain_at), chain_len, root_slot + idx, 1 + n_acc)
-                if feature_drafter is not None:
-                    # target states of the root and the accepted nodes: the newly committed positions but the last
-                    hid = target.last_features
-                    assert hid is not None
-                    feature_drafter.observe_target(
-                        hid.gather(1, idx[..., None].expand(-1, -1, hid.shape[-1])), n_acc + 1
-                    )
                 if drafter is not None:
+                    # the root and the accepted nodes: the newly committed positions but the last
+                    drafter.after_target(target, idx, n_acc + 1)
                     drafter.accept(tree, acc_nodes, n_acc)
                 if any(finished):
                     keep = torch.tensor([i for i, f in enumerate(finished) if not f], dtype=torch.long, device=dev)

@@ -73,13 +73,28 @@ class Drafter(ABC):
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (int64 [B']) of the batch."""
 
-    #: True for drafters that read the target's final hidden states (EAGLE-style); the decoder then calls
-    #: ``observe_target`` after every target forward.
+    #: True for drafters that read the target's hidden states (EAGLE-style): they take them in ``after_target``.
     reads_target_features: bool = False
+    #: target layers whose inputs such a drafter reads besides the final hidden state; the decoder asks the target
+    #: to keep them (``HFCausalLM.feature_layers``) for the run
+    feature_layers: tuple[int, ...] = ()
+
+    def after_target(self, target: HFCausalLM, positions: torch.Tensor | None, count: torch.Tensor) -> None:
+        """Called by the decoder after every target forward whose positions become committed tokens: row b
+        committed the positions ``positions[b, :count[b]]`` of that forward (None: its first ``count[b]``), in
+        order, every committed token but each row's newest. A drafter that reads the target's hidden states takes
+        them from ``target.last_features`` (:meth:`observe_target`); the others need nothing.
+
+        Shape: positions [B, m] int64 or None, count [B] int64."""
+        if self.reads_target_features:
+            hidden = target.last_features
+            assert hidden is not None
+            if positions is not None:
+                hidden = hidden.gather(1, positions[..., None].expand(-1, -1, hidden.shape[-1]))
+            self.observe_target(hidden, count)
 
     def observe_target(self, hidden: torch.Tensor, count: torch.Tensor) -> None:  # noqa: B027 (optional hook)
-        """The target's final hidden states of newly committed positions, in order: row b's are
-        ``hidden[b, :count[b]]`` (every committed token but each row's newest, whose state comes next round).
+        """The target's hidden states of newly committed positions, in order: row b's are ``hidden[b, :count[b]]``.
 
         Shape: hidden [B, m, E], count [B] int64."""
 
@@ -389,3 +404,50 @@ class NGramDrafter(Drafter):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self._proposals = [self._proposals[int(r)] for r in rows.tolist()] if self._proposals else []
+
+
+def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Drafter:
+    """The drafter for ``draft`` as ``generate`` takes it: a :class:`Drafter` as is, a feature draft (a model with
+    ``reads_target_features``) as a :class:`FeatureDrafter`, ``"ngram"`` as an :class:`NGramDrafter`, any other
+    model as a :class:`ModelDrafter`; ``hidden``: an acceptance head reads the draft's hidden states, so only a
+    plain neural draft goes (as a :class:`HiddenStateDrafter`). Raises ValueError when draft and ``target`` do not
+    fit together (vocabulary size; a feature draft's width)."""
+    if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
+        if getattr(draft, "reads_target_features", False):
+            raise ValueError(
+                "head= (adaptive depth) is not supported with a feature draft (EAGLE-style, it reads the target's "
+                "hidden states); use a plain draft model such as specdec.train.load_draft('smollm2-distill')"
+            )
+        if isinstance(draft, HiddenStateDrafter):
+            drafter: Drafter = draft
+        elif isinstance(draft, (Drafter, str)):
+            raise ValueError(
+                f"head= needs a neural draft model (its hidden states feed the head), got {draft!r}; pass the HF "
+                "draft model itself"
+            )
+        else:
+            drafter = HiddenStateDrafter(draft, name="draft")
+    elif isinstance(draft, Drafter):
+        drafter = draft
+    elif getattr(draft, "reads_target_features", False):
+        drafter = FeatureDrafter(draft, name="draft")
+    elif isinstance(draft, str):
+        if draft != "ngram":
+            raise ValueError(f"draft must be a model, a Drafter or the string 'ngram', got {draft!r}")
+        drafter = NGramDrafter(target.vocab_size)
+    else:
+        drafter = ModelDrafter(draft, name="draft")
+    if isinstance(drafter, FeatureDrafter):
+        width = int(getattr(target.model.config, "hidden_size", -1))
+        want = int(getattr(drafter.lm.model.config, "hidden_size", -1))
+        if want != width:
+            raise ValueError(
+                f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "
+                "a feature draft only works with the target it was trained on"
+            )
+    if drafter.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft vocabulary size {drafter.vocab_size} differs from the target's {target.vocab_size}; draft and "
+            "target must share one tokenizer and output layer size"
+        )
+    return drafter
