@@ -93,12 +93,18 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
         ) from err
 
 
+#: the method parameters the demo's shared tree flags set (--draft-length, --branching, --beam-width, --num-chains);
+#: a parameter without a flag (parents) keeps the method's default
+TREE_FLAGS = ("draft_length", "branching", "beam_width", "num_chains")
+
+
 def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
     """Tree parameters from the command line that apply to ``method`` (its spec's ``cli_params``)."""
+    takes = registry.get(method).cli_params
     out: dict[str, Any] = {}
-    for name in registry.get(method).cli_params:
+    for name in TREE_FLAGS:
         value = getattr(args, name)
-        if value:
+        if name in takes and value:
             out[name] = tuple(int(x) for x in value.split(",")) if name == "branching" else value
     return out
 

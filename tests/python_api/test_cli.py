@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import specdec
 from specdec import cli
 from specdec.cli import build_parser, format_table, load_prompts, method_kwargs
 
@@ -34,6 +35,11 @@ def test_method_options_apply_only_where_they_belong() -> None:
     assert method_kwargs("rsd_s", args) == {"draft_length": 5, "beam_width": 4}
     assert method_kwargs("spectr", args) == {"draft_length": 5, "num_chains": 2}
     assert method_kwargs("ar", args) == {}
+    # every registered method: the flags it takes, nothing it does not (rrs also takes parents, which has no flag)
+    assert method_kwargs("rrs", args) == {"branching": (3, 1)}
+    assert method_kwargs("specdec_pp", args) == {}  # its draft_length is the adaptive chain's cap, not the demo's L
+    for method in specdec.methods.available():
+        assert set(method_kwargs(method, args)) <= specdec.methods.get(method).allowed
 
 
 def test_format_table() -> None:
