@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from pathlib import Path
 
 import pytest
 import specdec
@@ -46,6 +47,12 @@ def test_every_spec_has_a_description_with_its_reference_and_a_label(name: str) 
     assert config.describe() == spec.label(config) and config.describe().startswith(name)
     assert set(spec.defaults) <= spec.allowed <= methods.PARAMETERS
     assert spec.drafts == (spec.verifier is not None)
+
+
+def test_the_methods_table_of_the_docs_lists_every_method_with_its_verifier() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "methods.md").read_text(encoding="utf-8")
+    rows = {m: v or "none" for m, v in re.findall(r"^\| `(\w+)` \| (?:`(\w+)`|none) \|", text, flags=re.MULTILINE)}
+    assert rows == {m: methods.get(m).verifier or "none" for m in methods.available()}
 
 
 def test_labels() -> None:
