@@ -113,8 +113,8 @@ except ImportError as exc:  # pragma: no cover - depends on the build
 def skinny_linear_isa() -> str:
     """The bf16 path of the loaded CPU variant's skinny_linear (see :func:`cpu_isa`): ``"amx"`` (AMX-BF16 tiles;
     the amx variant takes ``"avx512bf16"`` where the operating system refuses the tile state), ``"avx512bf16"``
-    (bf16 dot-product instructions), ``"avx2"`` (AVX2 + FMA tiles), ``"portable"``; ``"none"`` without the
-    extension."""
+    (bf16 dot-product instructions), ``"avx512"`` (AVX-512F FMA tiles), ``"avx2"`` (AVX2 + FMA tiles),
+    ``"portable"``; ``"none"`` without the extension."""
     return str(torch.ops.specdec.skinny_linear_isa()) if HAVE_CPU else "none"
 
 

@@ -30,7 +30,7 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
           continue;
         }
       }
-#elif defined(SPECDEC_LINEAR_AVX2)
+#elif defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (dim % 16 == 0 && dim <= kAttentionMaxDimAvx2) {
           decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,

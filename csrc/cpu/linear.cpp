@@ -86,7 +86,7 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const int64_t block = st == at::kBFloat16 ? kLinearBlockBf16 : kLinearBlock;
   const int64_t blocks = (out + block - 1) / block;
   const int threads = omp_threads(blocks, n * out * in);
-#if defined(SPECDEC_LINEAR_AVX2)
+#if defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
   // x widened once here, not once per block of W
   const at::Tensor xf = st == at::kBFloat16 ? x.to(at::kFloat).contiguous() : at::Tensor();
 #endif
@@ -98,6 +98,9 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
       skinny_linear_block_bf16_avx512(static_cast<const uint16_t*>(x.const_data_ptr()),
                                       static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out, o0, o1,
                                       static_cast<uint16_t*>(y.mutable_data_ptr()));
+#elif defined(SPECDEC_LINEAR_AVX512F)
+      skinny_linear_block_bf16_avx512f(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()),
+                                       n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
 #elif defined(SPECDEC_LINEAR_AVX2)
       skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
                                     in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
@@ -123,6 +126,8 @@ std::string skinny_linear_isa() {
 #endif
 #if defined(SPECDEC_LINEAR_AVX512BF16)
   return "avx512bf16";  // also an AMX build where the OS refuses the tile state
+#elif defined(SPECDEC_LINEAR_AVX512F)
+  return "avx512";
 #elif defined(SPECDEC_LINEAR_AVX2)
   return "avx2";
 #else

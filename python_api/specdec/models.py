@@ -36,10 +36,10 @@ SUPPORTED_ATTENTION = ("sdpa", "eager")
 # bench_skinny_linear.py, bench_target_step.py). With bf16 dot products PyTorch's linear wins beyond about 8 rows;
 # AMX tiles multiply up to 16 rows in the time of one.
 DECODE_ROWS = 16 if sk.skinny_linear_isa() == "amx" else 8
-# bf16 calls: where skinny_linear runs its AVX2 tiles, the CPU has no bf16 dot products and PyTorch's bf16 linear
-# is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so all rows
-# go to skinny_linear.
-BF16_ROWS = 1 << 40 if sk.skinny_linear_isa() == "avx2" else DECODE_ROWS
+# bf16 calls: where skinny_linear runs its AVX2 or AVX-512F tiles, the CPU has no bf16 dot products and PyTorch's
+# bf16 linear is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so
+# all rows go to skinny_linear.
+BF16_ROWS = 1 << 40 if sk.skinny_linear_isa() in ("avx2", "avx512") else DECODE_ROWS
 _skinny = threading.local()
 _NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention would be the slow fp32 reference
 

@@ -51,7 +51,7 @@ def test_forced_variant_loads_and_matches_torch(isa):
     assert res.returncode == 0, res.stderr[-2000:]
     loaded, path, err = res.stdout.split()
     assert loaded == isa
-    paths = {"baseline": "portable", "avx2": "avx2", "avx512": "avx2", "avx512bf16": "avx512bf16", "amx": "amx"}
+    paths = {"baseline": "portable", "avx2": "avx2", "avx512": "avx512", "avx512bf16": "avx512bf16", "amx": "amx"}
     assert path == paths[isa]
     assert float(err) < 1e-2  # bf16 output rounding; the parity suites check the exact budgets
 

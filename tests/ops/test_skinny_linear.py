@@ -55,4 +55,4 @@ def test_unvalidated_call_is_the_same_op() -> None:
 def test_the_built_path_is_reported() -> None:
     from specdec_kernels import native
 
-    assert native.skinny_linear_isa() in ("amx", "avx512bf16", "avx2", "portable", "none")
+    assert native.skinny_linear_isa() in ("amx", "avx512bf16", "avx512", "avx2", "portable", "none")

@@ -96,11 +96,6 @@ inline __m512 exp_nonpos_ps512(__m512 x) {
   return _mm512_mask_mov_ps(y, nan, x);
 }
 
-inline __m512 widen_bf16x16(const uint16_t* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
                                       int64_t s_len, int64_t dim, float scale, float* scores, float* acc,
                                       uint16_t* out) {
@@ -150,7 +145,7 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * b + 8), float_to_bf16x8(_mm256_loadu_ps(acc + 16 * b + 8)));
   }
 }
-#elif defined(SPECDEC_LINEAR_AVX2)
+#elif defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
 // AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 16 and at most 128. Each 16 bf16 values are
 // loaded as 8 32-bit words and split into their even and odd halves with a shift and a mask (no cross-lane widening),
 // q is split the same way once, the weighted sum of v is kept split and interleaved back at the end; dot products

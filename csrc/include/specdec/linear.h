@@ -10,6 +10,9 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define SPECDEC_LINEAR_AVX512BF16 1
+#elif defined(__AVX512F__) && defined(__FMA__)
+#include <immintrin.h>
+#define SPECDEC_LINEAR_AVX512F 1
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SPECDEC_LINEAR_AVX2 1
@@ -72,8 +75,16 @@ inline void skinny_linear_block_bf16(const uint16_t* x, const uint16_t* w, int64
   }
 }
 
+#if defined(__AVX512F__)
+// 16 bf16 values widened to fp32 (a bf16 is the top half of its fp32)
+inline __m512 widen_bf16x16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+#endif
+
 // Output features per block of the bf16 paths (the unit the adapter's OpenMP loop hands out).
-#if defined(SPECDEC_LINEAR_AVX512BF16)
+#if defined(SPECDEC_LINEAR_AVX512BF16) || defined(SPECDEC_LINEAR_AVX512F)
 constexpr int64_t kLinearBlockBf16 = 16;
 #else
 constexpr int64_t kLinearBlockBf16 = kLinearBlock;
@@ -355,6 +366,82 @@ inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const u
         _mm_store_si128(reinterpret_cast<__m128i*>(t + 8), hi);
         std::memcpy(yr, t, mj * sizeof(uint16_t));
       }
+    }
+  }
+}
+#endif
+
+#if defined(SPECDEC_LINEAR_AVX512F)
+// AVX-512F without bf16 dot products: the AVX2 scheme below on 16-wide vectors and 32 registers. x comes widened to
+// fp32 once per call (xf [n, in]); each 16-element chunk of a W row is widened once in registers and feeds every row
+// of the tile's FMAs (up to 24 accumulators), so the extra rows of a verification pass cost arithmetic, not another
+// trip through W. Every row's sum runs the same lanes in the same order (then _mm512_reduce_add_ps) whichever rows
+// share its call, so row r of a call equals a call on row r alone.
+constexpr int kPrefetchBytesAvx512 = 16384;  // into L2, as in the AVX512-BF16 path; a prefetch never faults
+
+// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped).
+template <int R, int O>
+inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t in, int64_t out, int64_t r0,
+                                     int64_t o0, int64_t m, uint16_t* y) {
+  const int64_t in16 = in / 16 * 16;
+  const uint16_t* wr[O];
+  for (int j = 0; j < O; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;
+  __m512 a[R][O];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < O; ++j) a[q][j] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < in16; i += 16) {
+    __m512 u[O];
+#pragma GCC unroll 8
+    for (int j = 0; j < O; ++j) u[j] = widen_bf16x16(wr[j] + i);
+    if ((i & 31) == 0)  // one prefetch per 64-byte line; W's rows are contiguous, so this runs into later tiles' rows
+#pragma GCC unroll 8
+      for (int j = 0; j < O; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytesAvx512, _MM_HINT_T1);
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      const __m512 v = _mm512_loadu_ps(xf + (r0 + q) * in + i);
+#pragma GCC unroll 8
+      for (int j = 0; j < O; ++j) a[q][j] = _mm512_fmadd_ps(u[j], v, a[q][j]);
+    }
+  }
+  float s[R][O];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 8
+    for (int j = 0; j < O; ++j) s[q][j] = _mm512_reduce_add_ps(a[q][j]);
+  for (int q = 0; q < R; ++q) {
+    const float* xr = xf + (r0 + q) * in;
+    for (int j = 0; j < m; ++j) {
+      float t = s[q][j];
+      for (int64_t k = in16; k < in; ++k) t += xr[k] * bf16_to_float(wr[j][k]);
+      y[(r0 + q) * out + o0 + j] = float_to_bf16(t);
+    }
+  }
+}
+
+// One or two rows: 8 W rows per tile; three rows and more: 4 W rows x up to 6 rows of x, more than 6 rows 4 at a
+// time until at most 6 are left (the later groups read the tile's W rows from L1).
+inline void skinny_linear_block_bf16_avx512f(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
+                                             int64_t o_begin, int64_t o_end, uint16_t* y) {
+  if (n <= 2) {
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += 8) {
+      const int64_t m = (o_end - o0) < 8 ? (o_end - o0) : 8;
+      if (n == 2) skinny_tile_bf16_avx512f<2, 8>(xf, w, in, out, 0, o0, m, y);
+      if (n == 1) skinny_tile_bf16_avx512f<1, 8>(xf, w, in, out, 0, o0, m, y);
+    }
+    return;
+  }
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
+    const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
+    int64_t r0 = 0;
+    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx512f<4, 4>(xf, w, in, out, r0, o0, m, y);
+    switch (n - r0) {  // 3 to 6 rows left
+      case 6: skinny_tile_bf16_avx512f<6, 4>(xf, w, in, out, r0, o0, m, y); break;
+      case 5: skinny_tile_bf16_avx512f<5, 4>(xf, w, in, out, r0, o0, m, y); break;
+      case 4: skinny_tile_bf16_avx512f<4, 4>(xf, w, in, out, r0, o0, m, y); break;
+      default: skinny_tile_bf16_avx512f<3, 4>(xf, w, in, out, r0, o0, m, y);
     }
   }
 }
