@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 PARAMETERS = frozenset({"draft_length", "branching", "parents", "beam_width", "num_chains"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one spec object per method: identity is equality (its tables are not hashable)
 class MethodSpec:
     """Everything specific to one decoding method.
 
