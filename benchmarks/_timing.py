@@ -120,6 +120,33 @@ def git_rev() -> str:
         return "unknown"
 
 
+def run_meta() -> dict[str, str]:
+    """Where a row was measured: machine, torch version, commit, CPU flags and the extension variant loaded."""
+    return {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev(), "cpu_flags": cpu_flags(),
+            "cpu_isa": cpu_isa()}  # fmt: skip
+
+
+def append_csv(path: str | os.PathLike[str], fields: list[str], rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` to the CSV at ``path`` with columns ``fields``. A file written with other columns (an older
+    harness) is first rewritten with ``fields``, the columns it lacks left blank, so every row keeps its values."""
+    new = not os.path.exists(path)
+    if not new:
+        with open(path, newline="") as fh:
+            header = next(csv.reader(fh), [])
+        if header != fields:
+            with open(path, newline="") as fh:
+                old = list(csv.DictReader(fh))
+            with open(path, "w", newline="") as fh:
+                writer = csv.DictWriter(fh, fieldnames=fields, restval="", extrasaction="ignore")
+                writer.writeheader()
+                writer.writerows(old)
+    with open(path, "a", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields, restval="")
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
 def impl(op: str, backend: str) -> Callable[..., Any]:
     """The registered implementation (bypasses validation: the benchmark times the kernel, not the checks)."""
     return specdec_kernels.implementation(op, backend, "cpu")
@@ -157,13 +184,7 @@ class Recorder:
         self.op, self.args = op, args
         self.rows: list[dict[str, Any]] = []
         self.stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        self.meta = {
-            "machine": machine(),
-            "torch": torch.__version__,
-            "git_rev": git_rev(),
-            "cpu_flags": cpu_flags(),
-            "cpu_isa": cpu_isa(),
-        }
+        self.meta = run_meta()
 
     def case(self, name: str, fns: dict[str, Callable[[], Any]], nbytes: int, bytes_kind: str = "read") -> None:
         roof = copy_gbps(nbytes, self.args.budget)
@@ -206,20 +227,5 @@ class Recorder:
             return
         os.makedirs(RESULTS, exist_ok=True)
         path = os.path.join(RESULTS, f"{self.op}.csv")
-        new = not os.path.exists(path)
-        if not new:
-            with open(path, newline="") as fh:
-                header = next(csv.reader(fh), [])
-            if header != FIELDS:  # a file from an older harness: rewrite it with the current columns, blanks filled
-                with open(path, newline="") as fh:
-                    old = list(csv.DictReader(fh))
-                with open(path, "w", newline="") as fh:
-                    writer = csv.DictWriter(fh, fieldnames=FIELDS, restval="", extrasaction="ignore")
-                    writer.writeheader()
-                    writer.writerows(old)
-        with open(path, "a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELDS)
-            if new:
-                writer.writeheader()
-            writer.writerows(self.rows)
+        append_csv(path, FIELDS, self.rows)
         print(f"appended {len(self.rows)} rows to {os.path.relpath(path, ROOT)}")

@@ -18,14 +18,13 @@ agreement and head coverage (target mass inside the draft's reduced head); appen
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from _timing import RESULTS, ROOT, git_rev, machine
+from _timing import RESULTS, ROOT, append_csv, run_meta
 
 sys.path.insert(0, str(Path(ROOT) / "python_api"))
 
@@ -108,15 +107,9 @@ def main() -> None:
             )
     if not args.no_csv:
         path = Path(RESULTS) / "draft_alpha.csv"
-        new = not path.is_file()
-        meta = {"threads": args.threads, "machine": machine(), "git_rev": git_rev()}
-        with open(path, "a", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=[*rows[0], *meta, "date"])
-            if new:
-                w.writeheader()
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            for r in rows:
-                w.writerow({**r, **meta, "date": stamp})
+        meta = {"threads": args.threads, **run_meta()}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        append_csv(path, [*rows[0], *meta, "date"], [{**r, **meta, "date": stamp} for r in rows])
 
 
 if __name__ == "__main__":

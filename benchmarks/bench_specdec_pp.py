@@ -17,7 +17,6 @@ Writes benchmarks/results/specdec_pp.csv (appends) and benchmarks/results/specde
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -30,10 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python_api"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import RESULTS, git_rev, machine  # noqa: E402
+from _timing import RESULTS, append_csv, run_meta  # noqa: E402
 
-FIELDS = ["machine", "torch", "git_rev", "prompts", "new_tokens", "config", "family", "param", "tokens",
-          "target_calls", "draft_calls", "discard_rate", "verification_rate", "block_efficiency", "tok_per_s",
+FIELDS = ["machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "prompts", "new_tokens", "config", "family", "param",
+          "tokens", "target_calls", "draft_calls", "discard_rate", "verification_rate", "block_efficiency", "tok_per_s",
           "speedup_vs_ar"]  # fmt: skip
 
 
@@ -99,16 +98,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def write_csv(results: list[dict[str, Any]], args: argparse.Namespace) -> Path:
     path = Path(RESULTS) / "specdec_pp.csv"
-    new = not path.is_file()
-    with open(path, "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        if new:
-            w.writeheader()
-        for r in results:
-            row = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev(), "prompts": args.prompts,
-                   "new_tokens": args.new_tokens}  # fmt: skip
-            row.update({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
-            w.writerow(row)
+    meta = {**run_meta(), "prompts": args.prompts, "new_tokens": args.new_tokens}
+    rows = [{**meta, **{k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()}} for r in results]
+    append_csv(path, FIELDS, rows)
     return path
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import datetime as dt
 import json
 import os
@@ -38,7 +37,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from _timing import RESULTS, ROOT, git_rev, machine
+from _timing import RESULTS, ROOT, append_csv, run_meta
 
 import specdec_kernels
 import specdec_kernels.ops.sampling as ops_sampling
@@ -53,6 +52,8 @@ FIELDS = [
     "machine",
     "torch",
     "git_rev",
+    "cpu_flags",
+    "cpu_isa",
     "model",
     "dtype",
     "draft",
@@ -269,7 +270,7 @@ def main() -> None:
                 )
     rows = []
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    meta = {"machine": machine(), "torch": torch.__version__, "git_rev": git_rev()}
+    meta = run_meta()
     totals: dict[str, dict[str, Any]] = {}
     for (method, backend), a in acc.items():
         rows.append(row_of(stamp, meta, args, method, backend, a))
@@ -369,12 +370,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 def save(rows: list[dict[str, Any]]) -> None:
     os.makedirs(RESULTS, exist_ok=True)
     path = os.path.join(RESULTS, "step_overhead.csv")
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=FIELDS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
+    append_csv(path, FIELDS, rows)
     print(f"appended {len(rows)} rows to {os.path.relpath(path, ROOT)}")
 
 
