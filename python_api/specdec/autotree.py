@@ -1,0 +1,215 @@
+"""Trees chosen for the machine (``branching="auto"``): pick each round's draft-tree shape from this machine's cost
+curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 2024, arXiv:2402.12374).
+
+* :class:`CostCurve`: seconds of a target forward over n new rows (a verification pass of n tree nodes, summed
+  over the batch) and of a draft step over r rows, measured once per (model, dtype, CPU variant, threads) and cached
+  as JSON under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``) ``/costs``. The draft step is re-estimated from
+  the rounds as they run (a running mean per row count), since drafters differ in what one step does.
+* :class:`AcceptanceModel`: g[d][k] = P(the child of sibling rank k is accepted | a node at depth d - 1 was reached
+  and has more than k children), counted from the verifier's accepted ranks with a few prior pseudo-counts. For
+  sampling without replacement (RSD-C) the chance of acceptance at rank k does not depend on how many further
+  siblings exist, so one count serves every branching.
+* :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
+  root), the one that maximises expected tokens per second:
+  E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = sum_{k < b} g[j][k];
+  cost = target(B * nodes) + sum_levels draft(B * rows of the level).
+
+The choice reads only past rounds and the machine's costs, never the current round's draws, so every round is an
+ordinary fixed tree verified exactly: the output law stays the target's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+#: deepest level with its own acceptance counts; deeper levels share the last one
+MAX_DEPTH_BUCKETS = 4
+#: widest sibling rank with its own counts (and the widest level auto trees use)
+MAX_WIDTH = 4
+#: prior acceptance by rank (pseudo-counts PRIOR_WEIGHT each): a first draft accepted about half the time, later
+#: ranks each less likely
+PRIOR = (0.5, 0.15, 0.07, 0.04)
+PRIOR_WEIGHT = 4.0
+#: row counts a cost curve is measured at (linear interpolation between them, the last slope beyond)
+CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "costs"
+
+
+def _interp(points: dict[int, float], n: float) -> float:
+    xs = sorted(points)
+    if n <= xs[0]:
+        return points[xs[0]] * n / xs[0] if xs[0] > 1 else points[xs[0]]
+    for a, b in zip(xs, xs[1:], strict=False):
+        if n <= b:
+            return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
+    a, b = xs[-2], xs[-1]
+    return points[b] + (points[b] - points[a]) / (b - a) * (n - b)
+
+
+@dataclass
+class CostCurve:
+    """Seconds per target pass by rows (``target``) and per draft step by rows (``draft``)."""
+
+    target: dict[int, float]
+    draft: dict[int, float] = field(default_factory=dict)
+    _draft_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+
+    def target_cost(self, rows: float) -> float:
+        return _interp(self.target, rows)
+
+    def draft_cost(self, rows: float) -> float:
+        seen = {r: s / c for r, (s, c) in self._draft_seen.items() if c}
+        points = {**self.draft, **seen}
+        if not points:  # nothing measured yet: a draft step as a twentieth of a one-row target pass
+            return 0.05 * self.target_cost(1) * (1 + 0.1 * (rows - 1))
+        if len(points) == 1:
+            ((r0, s0),) = points.items()
+            return s0 * (1 + 0.1 * (rows - r0) / max(r0, 1))
+        return max(_interp(points, rows), 1e-6)
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        s, c = self._draft_seen.get(rows, (0.0, 0))
+        self._draft_seen[rows] = (s + seconds, c + 1)
+
+    def to_json(self) -> dict:
+        return {"target": {str(k): v for k, v in self.target.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostCurve:
+        return cls(target={int(k): float(v) for k, v in data["target"].items()})
+
+
+def curve_key(model: torch.nn.Module, threads: int) -> str:
+    """What a cost curve depends on: the model's class, size and dtype, the CPU variant and the thread count."""
+    import specdec_kernels as sk
+
+    p = next(model.parameters())
+    n = sum(q.numel() for q in model.parameters())
+    raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_isa()}|{sk.skinny_linear_isa()}|{threads}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def measure_target(
+    forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 3
+) -> dict[int, float]:
+    """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call."""
+    out = {}
+    for n in rows:
+        forward(n)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            forward(n)
+            times.append(time.perf_counter() - t0)
+        out[n] = sorted(times)[len(times) // 2]
+    return out
+
+
+def load_or_measure(key: str, forward: Callable[[int], None]) -> CostCurve:
+    """The cached curve of ``key``, or a fresh measurement written to the cache."""
+    path = cache_dir() / f"{key}.json"
+    if path.is_file():
+        try:
+            return CostCurve.from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError):
+            pass  # a damaged cache file is measured again
+    curve = CostCurve(target=measure_target(forward))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_json()))
+    tmp.replace(path)
+    return curve
+
+
+class AcceptanceModel:
+    """Acceptance by depth and sibling rank, counted from the rounds (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.hits = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
+        self.trials = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
+
+    @staticmethod
+    def _bucket(depth: int) -> int:
+        return min(depth, MAX_DEPTH_BUCKETS) - 1
+
+    def g(self, depth: int, rank: int) -> float:
+        d = self._bucket(depth)
+        return (self.hits[d][rank] + PRIOR[rank] * PRIOR_WEIGHT) / (self.trials[d][rank] + PRIOR_WEIGHT)
+
+    def accept(self, depth: int, width: int) -> float:
+        """A_depth(width): the chance that one of ``width`` siblings at ``depth`` is accepted."""
+        return min(sum(self.g(depth, k) for k in range(min(width, MAX_WIDTH))), 0.99)
+
+    def observe(self, branching: tuple[int, ...], ranks: list[int], n_accepted: int, depth: int) -> None:
+        """One row's round: ``ranks`` (draft-order rank of each accepted child, 0-based) of a tree of constant
+        ``branching`` drafted to ``depth`` levels; the level after the accepted path was tried and rejected."""
+        for level in range(min(n_accepted + 1, depth)):
+            width = min(branching[level], MAX_WIDTH)
+            d = self._bucket(level + 1)
+            if level < n_accepted:
+                r = min(ranks[level], MAX_WIDTH - 1)
+                # rank r accepted: ranks 0..r were tried, r succeeded
+                for k in range(r + 1):
+                    self.trials[d][k] += 1
+                self.hits[d][r] += 1
+            else:
+                for k in range(width):
+                    self.trials[d][k] += 1
+
+    def expected_tokens(self, branching: tuple[int, ...]) -> float:
+        total, reach = 1.0, 1.0
+        for level, b in enumerate(branching):
+            reach *= self.accept(level + 1, b)
+            total += reach
+        return total
+
+
+def shapes(max_nodes: int, max_depth: int, max_width: int = MAX_WIDTH) -> Iterator[tuple[int, ...]]:
+    """Constant-branching shapes (non-increasing widths) of at most ``max_nodes`` nodes counting the root."""
+
+    def grow(prefix: tuple[int, ...], nodes: int, level_size: int) -> Iterator[tuple[int, ...]]:
+        if prefix:
+            yield prefix
+        if len(prefix) == max_depth:
+            return
+        top = prefix[-1] if prefix else max_width
+        for b in range(1, top + 1):
+            size = level_size * b
+            if nodes + size <= max_nodes:
+                yield from grow((*prefix, b), nodes + size, size)
+
+    yield from grow((), 1, 1)
+
+
+def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int) -> float:
+    """Seconds of one round: a draft step per level (its rows: the level's parents) and one target pass."""
+    nodes, size, cost = 1, 1, 0.0
+    for b in branching:
+        cost += curve.draft_cost(batch * size)
+        size *= b
+        nodes += size
+    return cost + curve.target_cost(batch * nodes)
+
+
+def choose(
+    curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int
+) -> tuple[tuple[int, ...], float]:
+    """The shape with the most expected tokens per second and that rate (tokens per second per row)."""
+    best: tuple[int, ...] = (1,)
+    best_rate = -1.0
+    for shape in shapes(max_nodes, max_depth):
+        rate = model.expected_tokens(shape) / round_cost(curve, shape, batch)
+        if rate > best_rate:
+            best, best_rate = shape, rate
+    return best, best_rate

@@ -1,0 +1,86 @@
+"""Trees chosen for the machine (specdec.autotree, branching="auto"): the shape enumeration, the acceptance counts,
+the cost curve and its cache, and the choice between shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from specdec import autotree
+from specdec.autotree import AcceptanceModel, CostCurve, choose, round_cost, shapes
+
+FLAT = CostCurve(target={1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.050, 32: 0.090}, draft={1: 0.002, 8: 0.003})
+STEEP = CostCurve(target={1: 0.040, 2: 0.060, 4: 0.100, 8: 0.180, 16: 0.340, 32: 0.660}, draft={1: 0.002, 8: 0.003})
+
+
+def test_shapes_are_non_increasing_and_within_the_node_budget() -> None:
+    seen = list(shapes(8, 6))
+    assert len(seen) == len(set(seen))
+    for s in seen:
+        assert all(a >= b for a, b in zip(s, s[1:], strict=False))
+        nodes, size = 1, 1
+        for b in s:
+            size *= b
+            nodes += size
+        assert nodes <= 8 and len(s) <= 6
+    assert (1,) in seen and (1, 1, 1, 1, 1, 1) in seen and (2, 2) in seen and (4,) in seen
+    assert (2, 2, 1) not in seen  # 1 + 2 + 4 + 4 nodes
+    assert (3, 3) not in seen  # 1 + 3 + 9 nodes
+
+
+def test_acceptance_counts_ranks_by_depth() -> None:
+    m = AcceptanceModel()
+    prior = m.g(1, 0)
+    for _ in range(100):  # depth 1 always accepted at rank 1 (the second sibling), depth 2 always rejected
+        m.observe((2, 2), [1], 1, 2)
+    assert m.g(1, 1) > 0.9 and m.g(1, 0) < 0.1
+    assert m.g(2, 0) < 0.1 and m.g(2, 1) < 0.1
+    assert m.g(3, 0) == pytest.approx(prior)  # never reached: the prior
+    assert m.accept(1, 1) < 0.1 < 0.9 < m.accept(1, 2)
+
+
+def test_expected_tokens_is_one_plus_the_reach_of_each_level() -> None:
+    m = AcceptanceModel()
+    a1, a2 = m.accept(1, 2), m.accept(2, 1)
+    assert m.expected_tokens((2, 1)) == pytest.approx(1 + a1 + a1 * a2)
+
+
+def test_choice_follows_the_cost_curve_and_the_acceptance() -> None:
+    good = AcceptanceModel()
+    for _ in range(300):  # every draft accepted at rank 0, to depth 6
+        good.observe((1,) * 6, [0] * 6, 6, 6)
+    deep, _ = choose(FLAT, good, batch=1, max_nodes=8, max_depth=6)
+    assert deep == (1, 1, 1, 1, 1, 1)  # cheap passes and sure drafts: the deepest chain
+    bad = AcceptanceModel()
+    for _ in range(300):  # nothing is ever accepted
+        bad.observe((4,), [], 0, 1)
+    shallow, _ = choose(FLAT, bad, batch=1, max_nodes=8, max_depth=6)
+    assert shallow == (1,)
+    wide, _ = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
+    assert round_cost(STEEP, wide, 8) <= round_cost(STEEP, deep, 8)
+    rate = lambda s, c, b: good.expected_tokens(s) / round_cost(c, s, b)  # noqa: E731
+    best, best_rate = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
+    assert best_rate == pytest.approx(max(rate(s, STEEP, 8) for s in shapes(8, 6)))
+
+
+def test_draft_cost_follows_what_the_rounds_observe() -> None:
+    c = CostCurve(target={1: 0.04, 2: 0.041})
+    assert c.draft_cost(1) == pytest.approx(0.002)  # a twentieth of a one-row pass until a step is seen
+    c.observe_draft(1, 0.005)
+    c.observe_draft(1, 0.007)
+    assert c.draft_cost(1) == pytest.approx(0.006)
+
+
+def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    calls = []
+    curve = autotree.load_or_measure("k1", lambda n: calls.append(n))
+    assert set(curve.target) == set(autotree.CURVE_ROWS) and calls
+    n_calls = len(calls)
+    again = autotree.load_or_measure("k1", lambda n: calls.append(n))
+    assert len(calls) == n_calls and again.target == curve.target
+    path = tmp_path / "costs" / "k1.json"
+    assert set(json.loads(path.read_text())["target"]) == {str(n) for n in autotree.CURVE_ROWS}
+    path.write_text("{not json")
+    autotree.load_or_measure("k1", lambda n: calls.append(n))  # a damaged file is measured again
+    assert len(calls) > n_calls
