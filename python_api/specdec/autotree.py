@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+#: deepest auto tree (levels below the root)
+AUTO_MAX_DEPTH = 6
 #: deepest level with its own acceptance counts; deeper levels share the last one
 MAX_DEPTH_BUCKETS = 4
 #: widest sibling rank with its own counts (and the widest level auto trees use)
@@ -101,9 +103,11 @@ def curve_key(model: torch.nn.Module, threads: int) -> str:
 
 
 def measure_target(
-    forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 3
+    forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 5
 ) -> dict[int, float]:
-    """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call."""
+    """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call; then
+    cost(n) = min over m >= n of the medians, since a pass over more rows cannot cost less (a spike from machine load
+    at one row count would otherwise steer every choice away from it)."""
     out = {}
     for n in rows:
         forward(n)
@@ -113,6 +117,9 @@ def measure_target(
             forward(n)
             times.append(time.perf_counter() - t0)
         out[n] = sorted(times)[len(times) // 2]
+    low = float("inf")
+    for n in sorted(out, reverse=True):
+        low = out[n] = min(out[n], low)
     return out
 
 

@@ -17,6 +17,7 @@ import torch
 import specdec_kernels as sk
 
 from . import methods
+from .autotree import AUTO_MAX_DEPTH
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -40,6 +41,8 @@ class MethodConfig:
     parents: tuple[int, ...] | None = None
     beam_width: int | None = None
     num_chains: int | None = None
+    #: branching="auto": the tree's shape is chosen each round (the spec's auto_builder, specdec.autotree)
+    auto: bool = False
 
     @property
     def spec(self) -> methods.MethodSpec:
@@ -54,7 +57,9 @@ class MethodConfig:
     @property
     def depth(self) -> int:
         """Maximum draft length L (tree depth, root excluded); 0 for ``ar``. A tree grown by its builder (no
-        static template) is ``draft_length`` deep."""
+        static template) is ``draft_length`` deep; an auto tree at most AUTO_MAX_DEPTH."""
+        if self.auto:
+            return AUTO_MAX_DEPTH
         if self.parents is None:
             return int(self.draft_length or 0)
         depth = [0] * len(self.parents)
@@ -71,7 +76,7 @@ def make_method(
     method: str,
     *,
     draft_length: int | None = None,
-    branching: Sequence[int] | None = None,
+    branching: Sequence[int] | str | None = None,
     parents: Sequence[int] | None = None,
     beam_width: int | None = None,
     num_chains: int | None = None,
@@ -79,7 +84,8 @@ def make_method(
     """Validate ``method`` and its tree parameters; fill the method's defaults.
 
     Parameters: ``draft_length`` (chain length L, or the hard cap of an adaptive chain), ``branching`` (children
-    per level), ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K).
+    per level, or ``"auto"`` where the method's spec has an ``auto_builder``: a shape chosen each round),
+    ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K).
     Which of them a method takes, their defaults and any extra rule (spechub: binary trees) are in the method's
     module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).
     """
@@ -113,6 +119,11 @@ def make_method(
     if "num_chains" in opts:
         opts["num_chains"] = _positive_int("num_chains", opts["num_chains"])
     tree: list[int] | None = None
+    auto = isinstance(opts.get("branching"), str) and opts["branching"] == "auto"
+    if auto:
+        if spec.auto_builder is None:
+            raise ValueError(f"method {method!r} does not take branching='auto' (trees chosen per round)")
+        opts.pop("branching")
     if "branching" in opts:
         raw = opts["branching"]
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
@@ -143,6 +154,7 @@ def make_method(
         parents=None if tree is None else tuple(tree),
         beam_width=opts.get("beam_width"),
         num_chains=opts.get("num_chains"),
+        auto=auto,
     )
     if spec.check is not None:
         spec.check(config)

@@ -135,7 +135,7 @@ class SpeculativeDecoder:
         *,
         method: str = "sd",
         draft_length: int | None = None,
-        branching: Sequence[int] | None = None,
+        branching: Sequence[int] | str | None = None,
         parents: Sequence[int] | None = None,
         beam_width: int | None = None,
         num_chains: int | None = None,
@@ -163,6 +163,9 @@ class SpeculativeDecoder:
         self.target = target if isinstance(target, HFCausalLM) else HFCausalLM(target, name="target")
         self.drafter = _as_drafter(draft, self.target, self.config, hidden=head is not None)
         self.builder = make_builder(self.config)
+        if self.config.auto:
+            assert self.builder is not None and self.drafter is not None
+            self.builder.calibrate(self.target)
         self._laws = LawBuffer()  # reused by every round's verification (DraftTree.p_rows)
         if head is not None:
             assert self.builder is not None
@@ -295,6 +298,8 @@ class SpeculativeDecoder:
             root_slot = state.length - tree.size
             with stats.timer("verify"):
                 verdict = self._verify(tree, q_logits, sampling, eos, generator)
+                if builder is not None:
+                    builder.observe(verdict[3], verdict[1], tree)
             with stats.timer("other"):
                 acc_nodes, n_acc, next_tok, acc_rank = verdict
                 finished = self._commit(

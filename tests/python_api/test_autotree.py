@@ -84,3 +84,17 @@ def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) 
     path.write_text("{not json")
     autotree.load_or_measure("k1", lambda n: calls.append(n))  # a damaged file is measured again
     assert len(calls) > n_calls
+
+
+def test_measured_curve_never_falls_with_more_rows(monkeypatch) -> None:
+    cost = {1: 1.0, 2: 3.0, 3: 1.5, 4: 2.0, 6: 2.5, 8: 2.4, 12: 4.0, 16: 5.0, 24: 8.0, 32: 9.0}
+    now = [0.0]
+
+    def forward(n: int) -> None:  # a pass over n rows takes cost[n] seconds of the fake clock
+        now[0] += cost[n]
+
+    monkeypatch.setattr(autotree.time, "perf_counter", lambda: now[0])
+    curve = autotree.measure_target(forward, reps=1)
+    assert list(curve) == list(autotree.CURVE_ROWS)
+    assert [curve[n] for n in (1, 2, 6, 32)] == pytest.approx([1.0, 1.5, 2.4, 9.0])
+    assert all(curve[a] <= curve[b] for a, b in zip(autotree.CURVE_ROWS, autotree.CURVE_ROWS[1:], strict=False))

@@ -170,3 +170,17 @@ def test_self_draft_accepts_everything(setup, method: str) -> None:
     )
     # p and q differ only by float round-off between the draft's level forwards and the target's tree forward.
     assert sampled.stats.acceptance_rate > 0.97, sampled.stats.as_dict()
+
+
+def test_auto_trees_equal_target_greedy(setup, tmp_path, monkeypatch) -> None:
+    """branching="auto" changes the tree's shape between rounds; every round still returns the target's greedy
+    tokens."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target, draft, prompts, refs = setup
+    ids, mask = left_pad(prompts)
+    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    for _ in range(2):  # the second call starts from the first call's acceptance counts
+        out = decoder.generate(ids, mask, max_new_tokens=N_NEW, do_sample=False)
+        assert out.new_tokens == refs
+    assert decoder.config.describe() == "rsd_c(auto)"
+    assert len(decoder.builder.shapes_used) >= 2, decoder.builder.shapes_used

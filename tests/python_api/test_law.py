@@ -42,6 +42,7 @@ import pytest
 import specdec
 import specdec.decoder
 import torch
+from specdec.autotree import CostCurve
 from specdec.config import SamplingConfig
 from test_train_specdec_pp import random_head
 from tiny_models import left_pad, tiny_llama
@@ -271,3 +272,39 @@ def test_first_two_tokens_follow_the_target_law_big(models, method: str) -> None
 def test_more_wrong_verifiers_fail(models, method: str, control: str, monkeypatch) -> None:
     route_to_torch(monkeypatch, control)
     assert_caught(run_law(models, method, N_SLOW_CONTROL), f"{method} with {control}")
+
+
+def auto_law(models, tmp_path, monkeypatch) -> tuple[list, dict]:
+    """Law checks of rsd_c with branching="auto" on the main pair, and the shapes its rounds used. The target's
+    cost curve is made flat (a pass costs the same at any size), so the rounds take wide trees whose siblings the
+    verifier must handle, and the shape moves with the acceptance counted so far."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target, draft = models
+    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})
+    ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
+    out = decoder.generate(ids, mask, max_new_tokens=2, temperature=TEMPERATURE, seed=3)
+    first_two = np.array([t[:2] for t in out.new_tokens])
+    checks = []
+    for i, prompt in enumerate(PROMPTS):
+        counts = np.zeros((VOCAB, VOCAB))
+        np.add.at(counts, (first_two[i::2, 0], first_two[i::2, 1]), 1)
+        law = exact_law(target, prompt, SamplingConfig(temperature=TEMPERATURE))
+        checks.append(law_check(counts, law, max_tv=0.08))
+    return checks, decoder.builder.shapes_used
+
+
+def test_auto_trees_follow_the_target_law(models, tmp_path, monkeypatch) -> None:
+    """branching="auto": each round's shape comes from the rounds before (the acceptance counted so far), so every
+    round is a fixed RSD-C tree verified exactly; the first two tokens follow the target's law."""
+    checks, shapes = auto_law(models, tmp_path, monkeypatch)
+    assert any(s[0] >= 2 for s in shapes), shapes
+    for prompt, check in zip(PROMPTS, checks, strict=True):
+        assert check.ok, f"auto prompt {prompt}: {check}"
+
+
+def test_auto_trees_with_a_wrong_verifier_fail(models, tmp_path, monkeypatch) -> None:
+    """Power: the same run with the rrsw verifier made wrong is caught."""
+    route_to_torch(monkeypatch, CONTROLS["rrsw"])
+    checks, _ = auto_law(models, tmp_path, monkeypatch)
+    assert_caught(checks, "auto trees with rrsw_unrenormalized")

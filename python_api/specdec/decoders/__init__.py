@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 
 def make_builder(config: MethodConfig) -> TreeBuilder | None:
-    """The tree builder of ``config.method``, from its spec (None for a method that drafts nothing, ``ar``)."""
-    factory = config.spec.builder
+    """The tree builder of ``config.method``, from its spec (None for a method that drafts nothing, ``ar``); the
+    spec's auto_builder for ``branching="auto"``."""
+    factory = config.spec.auto_builder if config.auto else config.spec.builder
     return None if factory is None else factory(config)
 
 

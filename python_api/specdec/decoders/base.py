@@ -56,6 +56,12 @@ class TreeBuilder(ABC):
     def reset(self, batch: int, device: torch.device) -> None:  # noqa: B027 (optional hook)
         """Per-round state (beam scores for RSD-S); nothing for static trees."""
 
+    def calibrate(self, target: Any) -> None:  # noqa: B027 (optional hook)
+        """Read what the builder needs from the target before the first round (auto trees: the cost curve)."""
+
+    def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:  # noqa: B027
+        """A verified round: the accepted ranks [B, depth] and counts [B] (auto trees count acceptance)."""
+
     @abstractmethod
     def expand(
         self,

@@ -38,6 +38,8 @@ class MethodSpec:
       ``parents``, or is grown by the builder.
     * ``check``: extra validation of the finished config (raises ValueError naming the parameter).
     * ``needs_head``: the method runs only with an acceptance head (``head=``).
+    * ``auto_builder``: the tree builder of ``branching="auto"`` (trees chosen per round for the machine,
+      :mod:`specdec.autotree`); None when the method takes no auto trees.
     * ``cli_params``: the parameters that the demo's shared tree flags (--draft-length, --branching, --beam-width,
       --num-chains) set for this method; None: every allowed one.
     * ``description``: one paragraph with the paper reference (authors, title, venue, year, arXiv id).
@@ -54,6 +56,7 @@ class MethodSpec:
     check: Callable[[MethodConfig], None] | None = None
     needs_head: bool = False
     cli_params: frozenset[str] | None = None
+    auto_builder: Callable[[MethodConfig], TreeBuilder] | None = None
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -112,6 +115,8 @@ def available() -> tuple[str, ...]:
 
 def tree_label(config: MethodConfig) -> str:
     """Label of a method whose tree comes from ``branching`` or ``parents``: ``rsd_c(b=2,2)`` or ``rrs(N=8)``."""
+    if config.auto:
+        return f"{config.method}(auto)"
     if config.branching is not None:
         return f"{config.method}(b={','.join(map(str, config.branching))})"
     return f"{config.method}(N={len(config.parents or ())})"

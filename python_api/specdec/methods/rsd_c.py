@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..decoders.auto import AutoTreeBuilder
 from ..decoders.static_trees import SWORTreeBuilder
 from . import MethodSpec, register, tree_label
 
@@ -20,5 +21,6 @@ SPEC = register(
         label=tree_label,
         defaults={"branching": (2, 2)},
         allowed=frozenset({"branching"}),
+        auto_builder=AutoTreeBuilder,
     )
 )

@@ -1,0 +1,113 @@
+"""``branching="auto"``: RSD-C trees whose shape is chosen per round for the machine (specdec.autotree)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import torch
+
+import specdec_kernels as sk
+
+from .. import models
+from ..autotree import AUTO_MAX_DEPTH, AcceptanceModel, CostCurve, choose, curve_key, load_or_measure
+from ..drafting import Drafter
+from ..tree import DraftTree
+from .base import Children, TreeBuilder
+from .static_trees import SWORTreeBuilder
+
+if TYPE_CHECKING:
+    from ..config import MethodConfig, SamplingConfig
+
+#: cached tokens behind the calibration passes (a typical early decoding position)
+CALIBRATION_CONTEXT = 128
+
+
+class AutoTreeBuilder(TreeBuilder):
+    """Each round, the constant-branching RSD-C tree (siblings without replacement, recursive rejection sampling
+    without replacement) with the most expected tokens per second under this machine's cost curve and the
+    acceptance counted so far (:func:`specdec.autotree.choose`); the shape depends on past rounds only."""
+
+    draw = "swor"
+
+    def __init__(self, config: MethodConfig, max_nodes: int = 8) -> None:
+        super().__init__(config)
+        self.depth = AUTO_MAX_DEPTH
+        self.max_nodes = max_nodes
+        self.acceptance = AcceptanceModel()
+        self.curve: CostCurve | None = None  # set by the decoder from the target (needs a model to measure)
+        self.shape: tuple[int, ...] = (1,)
+        self.shapes_used: dict[tuple[int, ...], int] = {}
+        self._builders: dict[tuple[int, ...], SWORTreeBuilder] = {}
+
+    def calibrate(self, target: models.HFCausalLM) -> None:
+        """The target's pass cost by rows: from the cache, or measured once (about a second per row count)."""
+        self.max_nodes = models.DECODE_ROWS
+        state: models.KVState | None = None
+
+        def forward(n: int) -> None:
+            nonlocal state
+            dev = target.device
+            with torch.inference_mode():
+                if state is None:
+                    state = target.new_state(1)
+                    g = torch.Generator().manual_seed(0)
+                    ctx = torch.randint(0, target.vocab_size, (CALIBRATION_CONTEXT,), generator=g).tolist()
+                    target.forward_chain(state, [ctx], last_logits=False)
+                tokens = torch.zeros((1, n), dtype=torch.long, device=dev)
+                parent = torch.arange(-1, n - 1, device=dev)[None]
+                depth = torch.arange(n, device=dev)[None]
+                target.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
+                models.crop_cache(state.cache, n)  # back to the context alone
+                state.valid = state.valid[:, : state.valid.shape[1] - n]
+
+        self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads()), forward)
+
+    def _builder(self, shape: tuple[int, ...]) -> SWORTreeBuilder:
+        if shape not in self._builders:
+            parents = tuple(sk.branching_parents(list(shape)))
+            self._builders[shape] = SWORTreeBuilder(replace(self.config, branching=shape, parents=parents, auto=False))
+        return self._builders[shape]
+
+    def expand(
+        self,
+        tree: DraftTree,
+        lo: int,
+        hi: int,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        live: torch.Tensor,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> Children:
+        return self._builder(self.shape).expand(tree, lo, hi, logits, logp, live, greedy, generator)
+
+    def build(
+        self,
+        drafter: Drafter,
+        roots: torch.Tensor,
+        committed: list[list[int]],
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        max_depth: int,
+    ) -> DraftTree:
+        if self.curve is None:
+            raise RuntimeError("branching='auto' needs the target's cost curve (set by SpeculativeDecoder)")
+        batch = int(roots.shape[0])
+        self.shape, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH)
+        self.shapes_used[self.shape] = self.shapes_used.get(self.shape, 0) + 1
+        builder = self._builder(self.shape)
+        builder.stop_rule = self.stop_rule
+        calls, t0 = drafter.calls, time.perf_counter()
+        tree = builder.build(drafter, roots, committed, sampling, generator, max_depth)
+        steps = drafter.calls - calls
+        if steps > 0:  # the mean draft step of this round, at the mean rows of its levels
+            rows = sum(hi - lo for lo, hi in tree.levels[:steps]) * batch / steps
+            self.curve.observe_draft(max(1, round(rows)), (time.perf_counter() - t0) / steps)
+        return tree
+
+    def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:
+        depth = len(tree.levels) - 1
+        for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
+            self.acceptance.observe(self.shape, ranks, n, depth)
