@@ -392,7 +392,7 @@ def block_draft_alpha(results: Path, short: bool = False) -> str:
     ]
     head = ["draft", "prompt set", "positions", "alpha", "alpha, depth 2", "greedy agreement", "head coverage"]
     extra = f"{', '.join(dict.fromkeys(r['threads'] for r in picked))} thread(s), T = 1 target answers"
-    prov = provenance(picked, machine="machine", torch=None, commit="git_rev", extra=extra, short=short)
+    prov = provenance(picked, machine="machine", torch="torch", commit="git_rev", extra=extra, short=short)
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
