@@ -489,7 +489,9 @@ def block_end_to_end_headline(results: Path) -> str:
         name = r["method"].replace("specdec:", "").replace("hf:", "transformers ")
         lines.append([name, num(r["tok_s"]), f"{num(r['ratio_vs_ar'])}x", num(r["block_eff"])])
     r0 = run[0]
-    extra = f"greedy, {r0['prompts']} HumanEval prompts x {r0['tokens']} tokens, {r0['threads']} thread(s)"
+    t = float(r0["temperature"])
+    mode = "greedy" if t == 0 else f"T = {r0['temperature']}"
+    extra = f"{mode}, {r0['prompts']} HumanEval prompts x {r0['tokens']} tokens, {r0['threads']} thread(s)"
     prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra, short=True)
     return table(["method", "tok/s", "vs our AR", "block eff."], lines) + "\n\n" + prov + "\n"
 

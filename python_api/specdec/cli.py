@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from . import methods as registry
+from .baselines import hf_generate, logit_error
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
@@ -93,6 +94,9 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
         ) from err
 
 
+#: one-token steps whose logits the demo compares with an fp32 forward (the numerics line)
+NUMERICS_TOKENS = 16
+
 #: the method parameters the demo's shared tree flags set (--draft-length, --branching, --beam-width, --num-chains);
 #: a parameter without a flag (parents) keeps the method's default
 TREE_FLAGS = ("draft_length", "branching", "beam_width", "num_chains")
@@ -105,7 +109,14 @@ def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
     for name in TREE_FLAGS:
         value = getattr(args, name)
         if name in takes and value:
-            out[name] = tuple(int(x) for x in value.split(",")) if name == "branching" else value
+            if name == "branching":
+                # "auto" goes to the methods whose spec can choose trees per round; the others keep their default
+                if value == "auto":
+                    if registry.get(method).auto_builder is not None:
+                        out[name] = "auto"
+                    continue
+                value = tuple(int(x) for x in value.split(","))
+            out[name] = value
     return out
 
 
@@ -117,6 +128,10 @@ def _taking(param: str) -> str:
 def _with_head() -> str:
     """The methods that run with an acceptance head, for the help of --head, --pp-draft and --threshold."""
     return ", ".join(m for m in registry.available() if registry.get(m).needs_head)
+
+
+def _num(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -143,10 +158,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['wall_time']:.1f}",
                 f"{r['tokens_per_second']:.1f}",
                 f"{r['speed_ratio']:.2f}x",
-                f"{r['block_efficiency']:.2f}",
-                f"{r['acceptance_rate']:.2f}",
+                _num(r["block_efficiency"]),
+                _num(r["acceptance_rate"]) if r["target_calls"] else "-",
                 depth,
-                str(r["target_calls"]),
+                str(r["target_calls"] or "-"),
                 r["same_as_ar"],
             ]
         )
@@ -191,9 +206,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     )
     parts = args.branching.split(",")
     need(
-        all(p.strip().isdigit() and int(p) >= 1 for p in parts),
+        args.branching == "auto" or all(p.strip().isdigit() and int(p) >= 1 for p in parts),
         "--branching",
-        f"must be comma-separated integers >= 1, got {args.branching!r}",
+        f"must be 'auto' or comma-separated integers >= 1, got {args.branching!r}",
     )
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     need(bool(methods), "--methods", "names no method")
@@ -232,6 +247,13 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     say(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
+    hf_settings = dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id or 0,
+    )
     gen = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -266,14 +288,31 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     decoders = {
         m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
     }
+    # transformers' own decoding on the same prompts: plain generate, and assisted generation with the plain draft
+    # (a feature draft is not an HF assistant model: the plain --pp-draft then; the n-gram draft: prompt lookup)
+    hf: dict[str, dict[str, Any]] = {}
+    if not args.no_hf:
+        hf["hf generate"] = {}
+        if args.draft == "ngram":
+            hf["hf prompt lookup"] = {"prompt_lookup_num_tokens": 4}
+        elif isinstance(draft, torch.nn.Module):
+            plain = args.draft
+            helper = draft
+            if getattr(draft, "reads_target_features", False):
+                plain = args.pp_draft
+                helper = make_draft(args.pp_draft, target, dtype)
+            hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
     for dec in decoders.values():
         dec.generate(warm, max_new_tokens=2, temperature=args.temperature, seed=0)
+    for kw in hf.values():
+        hf_generate(target, warm, torch.ones_like(warm), max_new_tokens=2, **hf_settings, seed=0, **kw)
     batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     results: dict[str, GenerationStats] = {}
-    outputs = {m: [[] for _ in prompts] for m in methods}
-    bar = tqdm(total=len(methods) * len(batches), desc="demo", unit="run", file=sys.stderr)
+    runs = methods + list(hf)
+    outputs = {m: [[] for _ in prompts] for m in runs}
+    bar = tqdm(total=len(runs) * len(batches), desc="demo", unit="run", file=sys.stderr)
     for bi, batch in enumerate(batches):
         width = max(len(p) for p in batch)
         ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0, dtype=torch.long)
@@ -283,24 +322,34 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
             mask[b, width - len(p) :] = 1
         # Methods take turns on each batch, in a rotating order, so that a drifting machine load (shared CPUs)
         # spreads over all methods instead of favouring whichever ran last.
-        for m in methods[bi % len(methods) :] + methods[: bi % len(methods)]:
-            bar.set_postfix_str(f"{decoders[m].config.describe()} batch {bi + 1}/{len(batches)}")
-            out = decoders[m].generate(ids, mask, seed=args.seed + bi, **gen)
-            start = bi * args.batch_size
-            outputs[m][start : start + len(batch)] = out.new_tokens
-            if m in results:
-                results[m].merge(out.stats)
+        for m in runs[bi % len(runs) :] + runs[: bi % len(runs)]:
+            label = m if m in hf else decoders[m].config.describe()
+            bar.set_postfix_str(f"{label} batch {bi + 1}/{len(batches)}")
+            if m in hf:
+                new, stats = hf_generate(
+                    target, ids, mask, max_new_tokens=args.max_new_tokens, **hf_settings, seed=args.seed + bi,
+                    label=m, **hf[m],
+                )  # fmt: skip
             else:
-                results[m] = out.stats
+                out = decoders[m].generate(ids, mask, seed=args.seed + bi, **gen)
+                new, stats = out.new_tokens, out.stats
+            start = bi * args.batch_size
+            outputs[m][start : start + len(batch)] = new
+            if m in results:
+                results[m].merge(stats)
+            else:
+                results[m] = stats
             bar.update(1)
     bar.close()
     ar_rate = results["ar"].tokens_per_second if "ar" in results else None
     greedy = args.temperature == 0
     rows = []
-    for m in methods:
+    for m in runs:
         s = results[m]
         row = s.as_dict()
-        row["label"] = decoders[m].config.describe()
+        row["label"] = m if m in hf else decoders[m].config.describe()
+        if m in hf and ("assistant_model" in hf[m] or "prompt_lookup_num_tokens" in hf[m]):
+            row["block_efficiency"] = float("nan")  # transformers does not report its target calls
         row["speed_ratio"] = s.tokens_per_second / ar_rate if ar_rate else float("nan")
         if greedy and "ar" in outputs:
             same = sum(a == b for a, b in zip(outputs[m], outputs["ar"], strict=True))
@@ -320,6 +369,23 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         "accepted a draft; P(acc>=d) = share of rounds accepting at least d draft tokens; calls = target calls; "
         "= AR = prompts whose output equals AR's"
     )
+    numerics = None
+    if args.dtype == "bf16" and not args.no_numerics:
+        ref_tokens = outputs["ar" if "ar" in outputs else runs[0]][0][:NUMERICS_TOKENS]
+        if len(ref_tokens) >= 2:
+            reference, _ = load_smollm2(torch.float32)
+            numerics = logit_error(target, reference, prompts[0], ref_tokens)
+            del reference
+            say(f"\nnumerics: next-token logits of the first prompt's {len(ref_tokens)} steps against an fp32 forward")
+            for path, e in numerics.items():
+                say(
+                    f"  {path:16s} max |err| {e['max_abs']:.3f}  mean |err| {e['mean_abs']:.4f}  "
+                    f"argmax = fp32's at {100 * e['argmax_equal']:.0f} % of steps"
+                )
+            say(
+                "  (specdec's decoders all run the adapter path; transformers' generate runs its own bf16 forward, "
+                "so greedy outputs of the two can part after a near-tie)"
+            )
     slower = [r["label"] for r in rows if r["label"] != "ar" and r["speed_ratio"] < 1.0]
     if slower:
         say(f"\nslower than AR on this machine: {', '.join(slower)}")
@@ -336,11 +402,11 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     if args.csv:
         append_csv(args.csv, rows)
     if args.json:
-        print(json_report(args, rows))
+        print(json_report(args, rows, numerics))
     return rows
 
 
-def json_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
+def json_report(args: argparse.Namespace, rows: list[dict[str, Any]], numerics: dict | None = None) -> str:
     """The demo's settings and rows as one JSON document (non-finite numbers as null)."""
 
     def clean(x: Any) -> Any:
@@ -353,7 +419,7 @@ def json_report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         return x
 
     settings = {k: v for k, v in vars(args).items() if k not in ("check", "command")}
-    return json.dumps(clean({"settings": settings, "rows": rows}), allow_nan=False)
+    return json.dumps(clean({"settings": settings, "rows": rows, "numerics": numerics}), allow_nan=False)
 
 
 CSV_KEYS = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
@@ -408,7 +474,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--top-k", type=int, default=0, help="0 = off")
     demo.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     demo.add_argument("--draft-length", type=int, default=2, help=f"L for {_taking('draft_length')}")
-    demo.add_argument("--branching", default="2,1", help=f"children per level for {_taking('branching')}")
+    demo.add_argument(
+        "--branching",
+        default="2,1",
+        help=f"children per level for {_taking('branching')}; 'auto': trees chosen per round for the machine "
+        f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; "
+        "the others keep their default)",
+    )
     demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")
     demo.add_argument("--num-chains", type=int, default=2, help=f"K for {_taking('num_chains')}")
     demo.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")
@@ -419,6 +491,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch threads (default 1: on a shared, oversubscribed CPU more threads mostly wait for each other; "
         "raise it on a dedicated machine)",
+    )
+    demo.add_argument(
+        "--no-hf",
+        action="store_true",
+        help="skip the transformers baselines (model.generate, and assisted generation with the plain draft)",
+    )
+    demo.add_argument(
+        "--no-numerics",
+        action="store_true",
+        help="skip the logit error of each bf16 path against an fp32 forward (loads an fp32 copy of the target)",
     )
     demo.add_argument("--show", action="store_true", help="print the decoded outputs of the first method")
     demo.add_argument("--csv", help="append the table to this CSV file")

@@ -38,6 +38,13 @@ def test_method_options_apply_only_where_they_belong() -> None:
     # every registered method: the flags it takes, nothing it does not (rrs also takes parents, which has no flag)
     assert method_kwargs("rrs", args) == {"branching": (3, 1)}
     assert method_kwargs("specdec_pp", args) == {}  # its draft_length is the adaptive chain's cap, not the demo's L
+
+
+def test_branching_auto_goes_to_the_methods_that_choose_trees() -> None:
+    args = build_parser().parse_args(["demo", "--branching", "auto"])
+    assert method_kwargs("rsd_c", args) == {"branching": "auto"}
+    assert method_kwargs("rrs", args) == {}  # no auto trees: the method's default tree
+    assert method_kwargs("spechub", args) == {}
     for method in specdec.methods.available():
         assert set(method_kwargs(method, args)) <= specdec.methods.get(method).allowed
 
@@ -83,6 +90,7 @@ BAD_FLAGS = [
     (["--head", "no-such-head", "--methods", "specdec_pp"], "--head"),
     (["--prompts", "/no/such/file.jsonl"], "--prompts"),
     (["--csv", "/no/such/dir/out.csv"], "--csv"),
+    (["--branching", "wide"], "--branching"),
 ]
 
 
