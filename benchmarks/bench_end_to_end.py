@@ -1,54 +1,52 @@
-"""End-to-end benchmark on SmolLM2-135M-Instruct: AR vs the specdec decoders vs HuggingFace generation, with
-HF assisted generation (prompt lookup, and ``assistant_model=`` for a neural draft) as the peer baseline.
+"""End-to-end benchmark on SmolLM2-135M-Instruct: AR vs every specdec method vs HuggingFace generation, with
+HF assisted generation (prompt lookup with the n-gram draft, ``assistant_model=`` with a plain neural draft) as the
+peer baseline.
 
 Same prompts, same model pair and seeds for every method; methods take turns per prompt in rotating order so that
-load drift on a shared machine does not favour one of them. Reports tokens/s, ratio to specdec AR, block efficiency
-and MBSU, plus a batch-size sweep of SD vs AR (where speculation stops paying). Rows go to
-``benchmarks/results/end_to_end.csv``, a bar plot to ``benchmarks/results/end_to_end.png``.
+load drift on a shared machine does not favour one of them. Each decoder is built once and reused over the prompts
+(so ``rsd_c(auto)`` keeps its acceptance counts, as a user's decoder would). SpecDec++ runs with the shipped
+acceptance head and the plain draft it was trained on (``--pp-draft``) when ``--draft`` is a feature draft.
+Reports tokens/s, ratio to specdec AR, block efficiency and MBSU, plus a batch-size sweep of SD and rsd_c(auto) vs
+AR (where speculation stops paying). Rows go to ``benchmarks/results/end_to_end.csv`` with the machine, CPU flags,
+torch version, commit and extension variant; a bar plot to ``benchmarks/results/end_to_end.png``.
 
-    python benchmarks/bench_end_to_end.py --prompts 4 --tokens 64 [--draft ngram|self-bf16|<asset>] [--batches 1 2 4]
+    python benchmarks/bench_end_to_end.py --prompts 6 --tokens 64 --temperature 0.7 --draft smollm2-eagle
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 from pathlib import Path
 from typing import Any
 
 import specdec
 import torch
-from _timing import cpu_flags, git_rev, machine
+from _timing import append_csv, run_meta
 from specdec.cli import load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-SPECDEC_METHODS: dict[str, dict[str, Any]] = {
-    "ar": {},
-    "sd": {"draft_length": 4},
-    "rsd_c": {"branching": (2, 2, 1)},
-    "rsd_s": {"beam_width": 2, "draft_length": 3},
-    "spectr": {"num_chains": 2, "draft_length": 3},
-    "spechub": {"branching": (2, 2, 1)},
-}
+#: (label, method, parameters): every registered method, trees of up to 8 nodes, and the machine-chosen trees
+SPECDEC_METHODS: list[tuple[str, str, dict[str, Any]]] = [
+    ("ar", "ar", {}),
+    ("sd", "sd", {"draft_length": 4}),
+    ("rrs", "rrs", {"branching": (2, 2, 1)}),
+    ("rrsw", "rrsw", {"branching": (2, 2, 1)}),
+    ("rsd_c", "rsd_c", {"branching": (2, 2, 1)}),
+    ("rsd_c(auto)", "rsd_c", {"branching": "auto"}),
+    ("rsd_s", "rsd_s", {"beam_width": 2, "draft_length": 3}),
+    ("spectr", "spectr", {"num_chains": 2, "draft_length": 3}),
+    ("spechub", "spechub", {"branching": (2, 2, 1)}),
+    ("specdec_pp", "specdec_pp", {}),
+]
 
 
-def run_specdec(target: Any, draft: Any, ids: torch.Tensor, method: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_specdec(decoder: specdec.SpeculativeDecoder, ids: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
-    out = specdec.generate(
-        target,
-        draft,
-        ids,
-        method=method,
-        max_new_tokens=args.tokens,
-        temperature=args.temperature,
-        eos_token_id=None,
-        seed=0,
-        **SPECDEC_METHODS[method],
-    )
+    out = decoder.generate(ids, max_new_tokens=args.tokens, temperature=args.temperature, eos_token_id=None, seed=0)
     dt = time.perf_counter() - t0
     st = out.stats
     return {
@@ -84,6 +82,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--draft", default="ngram")
+    ap.add_argument("--pp-draft", default="smollm2-distill", help="plain draft of specdec_pp with a feature draft")
+    ap.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4])
     args = ap.parse_args()
@@ -91,20 +91,33 @@ def main() -> None:
     target, tok = load_smollm2(dtype=torch.bfloat16)
     draft = make_draft(args.draft, target, torch.bfloat16)
     prompts = [torch.tensor([chat_prompt(tok, p)]) for p in load_prompts(args.prompt_file, args.prompts)]
+    feature = getattr(draft, "reads_target_features", False)
+    decoders: dict[str, specdec.SpeculativeDecoder] = {}
+    for label, method, params in SPECDEC_METHODS:
+        extra: dict[str, Any] = {}
+        use = draft
+        if specdec.methods.get(method).needs_head:
+            if args.draft == "ngram":
+                continue  # an acceptance head reads a neural draft's hidden states
+            from specdec.train import load_head
 
-    methods = [f"specdec:{m}" for m in SPECDEC_METHODS] + ["hf:generate"]
+            extra["head"] = load_head(args.head)[0]
+            use = make_draft(args.pp_draft, target, torch.bfloat16) if feature else draft
+        decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
+
+    methods = [f"specdec:{m}" for m in decoders] + ["hf:generate"]
     if args.draft == "ngram":
         methods.append("hf:prompt_lookup")
-    elif isinstance(draft, torch.nn.Module) and not getattr(draft, "reads_target_features", False):
+    elif isinstance(draft, torch.nn.Module) and not feature:
         methods.append("hf:assistant_model")  # a feature draft (EAGLE-style) is not an HF assistant model
     totals = {m: {"tokens": 0, "seconds": 0.0, "block_eff": [], "mbsu": []} for m in methods}
     with torch.inference_mode():
         for i, ids in enumerate(tqdm(prompts, desc="prompts")):
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             for m in order:
-                kind, name = m.split(":")
+                kind, name = m.split(":", 1)
                 if kind == "specdec":
-                    r = run_specdec(target, draft, ids, name, args)
+                    r = run_specdec(decoders[name], ids, args)
                 elif name == "generate":
                     r = run_hf(target, ids, args)
                 elif name == "prompt_lookup":
@@ -116,18 +129,18 @@ def main() -> None:
                 t["seconds"] += r["seconds"]
                 t["block_eff"].append(r["block_eff"])
                 t["mbsu"].append(r["mbsu"])
-        # batch sweep: SD vs AR with the same prompt replicated (rows decode independently)
+        # batch sweep: SD and auto trees vs AR with the same prompt replicated (rows decode independently)
         sweep = []
         for b in args.batches:
             ids = prompts[0].expand(b, -1).contiguous()
-            ar = run_specdec(target, draft, ids, "ar", args)
-            sd = run_specdec(target, draft, ids, "sd", args)
-            sweep.append((b, ar["tokens"] / ar["seconds"], sd["tokens"] / sd["seconds"], sd["block_eff"]))
+            ar = run_specdec(decoders["ar"], ids, args)
+            for name in ("sd", "rsd_c(auto)"):
+                r = run_specdec(decoders[name], ids, args)
+                sweep.append((name, b, ar["tokens"] / ar["seconds"], r["tokens"] / r["seconds"], r["block_eff"]))
 
     base = totals["specdec:ar"]["tokens"] / totals["specdec:ar"]["seconds"]
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / "end_to_end.csv"
-    new = not path.exists()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows = []
     print(f"\n{'method':22s} {'tok/s':>8s} {'vs AR':>7s} {'block eff':>10s} {'MBSU':>6s}")
@@ -137,54 +150,26 @@ def main() -> None:
         mb = sum(t["mbsu"]) / len(t["mbsu"])
         print(f"{m:22s} {rate:8.2f} {rate / base:6.2f}x {be:10.2f} {mb:6.2f}")
         rows.append({"method": m, "tok_s": rate, "ratio_vs_ar": rate / base, "block_eff": be, "mbsu": mb, "batch": 1})
-    print(f"\n{'batch':>5s} {'AR tok/s':>9s} {'SD tok/s':>9s} {'SD/AR':>6s} {'SD block eff':>13s}")
-    for b, ar_rate, sd_rate, be in sweep:
-        print(f"{b:5d} {ar_rate:9.2f} {sd_rate:9.2f} {sd_rate / ar_rate:5.2f}x {be:13.2f}")
+    print(f"\n{'method':12s} {'batch':>5s} {'AR tok/s':>9s} {'tok/s':>9s} {'vs AR':>6s} {'block eff':>10s}")
+    for name, b, ar_rate, rate, be in sweep:
+        print(f"{name:12s} {b:5d} {ar_rate:9.2f} {rate:9.2f} {rate / ar_rate:5.2f}x {be:10.2f}")
         rows.append(
             {
-                "method": "sweep:sd",
-                "tok_s": sd_rate,
-                "ratio_vs_ar": sd_rate / ar_rate,
+                "method": f"sweep:{name}",
+                "tok_s": rate,
+                "ratio_vs_ar": rate / ar_rate,
                 "block_eff": be,
                 "mbsu": float("nan"),
                 "batch": b,
             }
         )
-    with open(path, "a", newline="") as fh:
-        w = csv.DictWriter(
-            fh,
-            fieldnames=[
-                "time",
-                "machine",
-                "cpu_flags",
-                "torch",
-                "git",
-                "draft",
-                "temperature",
-                "tokens",
-                "prompts",
-                "threads",
-                *rows[0].keys(),
-            ],
-        )
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow(
-                {
-                    "time": stamp,
-                    "machine": machine(),
-                    "cpu_flags": cpu_flags(),
-                    "torch": torch.__version__,
-                    "git": git_rev(),
-                    "draft": args.draft,
-                    "temperature": args.temperature,
-                    "tokens": args.tokens,
-                    "prompts": args.prompts,
-                    "threads": args.threads,
-                    **r,
-                }
-            )
+    meta = run_meta()
+    fields = ["time", "machine", "cpu_flags", "cpu_isa", "torch", "git", "draft", "temperature", "tokens", "prompts"]
+    fields += ["threads", *rows[0].keys()]
+    run = {"time": stamp, "machine": meta["machine"], "cpu_flags": meta["cpu_flags"], "cpu_isa": meta["cpu_isa"]}
+    run |= {"torch": meta["torch"], "git": meta["git_rev"], "draft": args.draft, "temperature": args.temperature}
+    run |= {"tokens": args.tokens, "prompts": args.prompts, "threads": args.threads}
+    append_csv(path, fields, [{**run, **r} for r in rows])
     try:
         import matplotlib
 
