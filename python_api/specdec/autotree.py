@@ -10,7 +10,7 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
   sampling without replacement (RSD-C) the chance of acceptance at rank k does not depend on how many further
   siblings exist, so one count serves every branching.
 * :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
-  root), the one that maximises expected tokens per second:
+  root) and no draft at all, the one that maximises expected tokens per second:
   E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = sum_{k < b} g[j][k];
   cost = target(B * nodes) + sum_levels draft(B * rows of the level).
 
@@ -212,9 +212,11 @@ def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int) -> floa
 def choose(
     curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int
 ) -> tuple[tuple[int, ...], float]:
-    """The shape with the most expected tokens per second and that rate (tokens per second per row)."""
-    best: tuple[int, ...] = (1,)
-    best_rate = -1.0
+    """The shape with the most expected tokens per second and that rate (tokens per second per row). The empty
+    shape (no draft: a plain one-token step) competes too, so where no tree pays (large batches on a machine whose
+    pass cost grows with rows) the round is plain decoding."""
+    best: tuple[int, ...] = ()
+    best_rate = 1.0 / curve.target_cost(batch)
     for shape in shapes(max_nodes, max_depth):
         rate = model.expected_tokens(shape) / round_cost(curve, shape, batch)
         if rate > best_rate:

@@ -184,3 +184,17 @@ def test_auto_trees_equal_target_greedy(setup, tmp_path, monkeypatch) -> None:
         assert out.new_tokens == refs
     assert decoder.config.describe() == "rsd_c(auto)"
     assert len(decoder.builder.shapes_used) >= 2, decoder.builder.shapes_used
+
+
+def test_auto_trees_fall_back_to_plain_steps_where_no_tree_pays(setup, tmp_path, monkeypatch) -> None:
+    """A cost curve on which every extra row is expensive: the rounds draft nothing and stay the target's greedy."""
+    from specdec.autotree import CostCurve
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target, draft, prompts, refs = setup
+    ids, mask = left_pad(prompts)
+    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    decoder.builder.curve = CostCurve(target={1: 1.0, 2: 10.0, 32: 160.0}, draft={1: 1.0})
+    out = decoder.generate(ids, mask, max_new_tokens=N_NEW, do_sample=False)
+    assert out.new_tokens == refs
+    assert set(decoder.builder.shapes_used) == {()} and out.stats.draft_calls == 0

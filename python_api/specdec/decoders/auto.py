@@ -97,6 +97,8 @@ class AutoTreeBuilder(TreeBuilder):
         batch = int(roots.shape[0])
         self.shape, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH)
         self.shapes_used[self.shape] = self.shapes_used.get(self.shape, 0) + 1
+        if not self.shape:  # no tree pays at this batch size: a plain one-token step
+            return DraftTree.from_roots(roots)
         builder = self._builder(self.shape)
         builder.stop_rule = self.stop_rule
         calls, t0 = drafter.calls, time.perf_counter()
@@ -109,5 +111,7 @@ class AutoTreeBuilder(TreeBuilder):
 
     def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:
         depth = len(tree.levels) - 1
+        if depth == 0:
+            return
         for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
             self.acceptance.observe(self.shape, ranks, n, depth)
