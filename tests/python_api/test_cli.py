@@ -148,3 +148,48 @@ def test_json_report_is_strict_json_with_settings_and_rows() -> None:
     assert doc["settings"]["methods"] == "ar,sd" and doc["settings"]["json"] is True
     assert "check" not in doc["settings"]
     assert doc["rows"][0]["label"] == "ar" and doc["rows"][1]["speed_ratio"] is None
+
+
+def tiny_model_dir(path) -> str:
+    """A tiny Llama and a word-level tokenizer with a chat template, saved as an HF model directory."""
+    from tiny_models import tiny_llama
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, 64)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<eos>", pad_token="[UNK]")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w5{% endif %}"
+    )
+    model = tiny_llama(0, vocab=64, std=0.2)
+    model.config.eos_token_id = 1
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return str(path)
+
+
+def test_demo_runs_any_local_model_directory(tmp_path, capsys) -> None:
+    folder = tiny_model_dir(tmp_path / "model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w3 w4 w7"}) + "\n" + json.dumps({"prompt": "w9 w2"}) + "\n")
+    argv = ["demo", "--model", folder, "--draft", "ngram", "--prompts", str(prompts), "--num-prompts", "2"]
+    argv += ["--max-new-tokens", "6", "--methods", "ar,sd", "--json"]
+    cli.main(argv)
+    report = json.loads(capsys.readouterr().out)
+    labels = [r["label"] for r in report["rows"]]
+    assert labels[:2] == ["ar", "sd(L=2)"] and "hf generate" in labels
+    assert all(r["same_as_ar"] == "2/2" for r in report["rows"])  # greedy: every path gives the target's tokens
+    assert set(report["numerics"]) == {"specdec adapter", "transformers"}
+
+
+def test_model_flag_is_checked_before_any_load(tmp_path, monkeypatch, capsys) -> None:
+    import specdec.smollm2
+
+    monkeypatch.setattr(specdec.smollm2, "load_smollm2", lambda *a, **k: pytest.fail("loaded a model"))
+    for bad in (str(tmp_path), str(tmp_path / "missing.gguf")):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["demo", "--model", bad])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("specdec demo: error: --model")
