@@ -8,9 +8,10 @@ moving every row's kept slots right after its committed ones: between rounds row
 ``[0, n_cached[b])`` and S is the longest row's count, so memory and attention cost follow the longest sequence.
 Position ids come from the number of committed tokens of the row, never from the slot index.
 
-Only architectures whose attention takes a 4-D additive float mask plus explicit ``position_ids`` are accepted
-(Llama/SmolLM, Mistral, Qwen2) with the ``sdpa`` or ``eager`` attention implementation; FlashAttention and
-flex-attention cannot take an arbitrary tree mask.
+Only families whose attention takes a 4-D additive float mask plus explicit ``position_ids`` are accepted
+(:data:`SUPPORTED_MODEL_TYPES`) with the ``sdpa`` or ``eager`` attention implementation; FlashAttention and
+flex-attention cannot take an arbitrary tree mask. Sliding-window layers get the tree mask with every key older than
+the window hidden as well (:func:`window_mask`), and the cache keeps every layer whole.
 """
 
 from __future__ import annotations
@@ -27,7 +28,22 @@ import torch.nn.functional as F
 
 import specdec_kernels as sk
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# How each family applies ``config.sliding_window``: to no layer, to every layer (one mask), or to the layers that
+# ``config.layer_types`` marks "sliding_attention" (the base model takes a dict of masks keyed by layer type).
+_WINDOWED_LAYERS = {
+    "llama": "none",
+    "mistral": "all",
+    "phi3": "all",
+    "qwen2": "typed",
+    "qwen3": "typed",
+    "gemma2": "typed",
+    "gemma3_text": "typed",
+}
+SUPPORTED_MODEL_TYPES = tuple(_WINDOWED_LAYERS)
+# families whose attention applies ``config.attn_logit_softcapping``, which HF's sdpa refuses (only eager applies it)
+_SOFTCAPPED_ATTENTION = ("gemma2",)
+# families whose *ForCausalLM caps the logits after lm_head with ``config.final_logit_softcapping``
+_SOFTCAPPED_LOGITS = ("gemma2", "gemma3_text")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
 # Up to this many rows, inference linears run specdec_kernels.skinny_linear, which reads each weight once for all
@@ -172,8 +188,7 @@ def _specdec_attention(
     if (
         getattr(_skinny, "on", False)  # another thread calling the model meanwhile keeps HF's sdpa, as for linears
         and not dropout
-        and kwargs.get("sliding_window") is None
-        and kwargs.get("softcap") is None
+        and kwargs.get("softcap") is None  # (a sliding window is in the adapter's masks already: window_mask)
         and kwargs.get("s_aux") is None
         and not kwargs.get("output_attentions")
     ):
@@ -343,6 +358,42 @@ def chain_mask(past_valid: torch.Tensor, block_valid: torch.Tensor, dtype: torch
     return mask[:, None]
 
 
+def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """``mask`` with every key hidden that lies ``window`` or more positions before its query (HF's sliding window: a
+    query at position q sees positions q - window + 1 .. q).
+
+    Shape: mask [B, 1, n, K] additive (0 = visible). The keys a query sees are its own sequence, one per position
+    0 .. q in slot order (committed slots, then the chain or the tree path), so a key's distance from the query is
+    the number of visible keys after it: no slot positions are needed."""
+    if mask.shape[-1] <= window:
+        return mask
+    seen = mask == 0
+    newer = seen.flip(-1).cumsum(-1).flip(-1)  # visible keys at or after each slot, the query itself included
+    return mask.masked_fill(seen & (newer > window), torch.finfo(mask.dtype).min)
+
+
+def _sliding_window(config: Any, name: str) -> tuple[int | None, bool]:
+    """The window of the model's sliding-window layers (None: no layer has one) and whether only some layers have it
+    (the base model then takes a dict of masks keyed by layer type)."""
+    layers = _WINDOWED_LAYERS[config.model_type]
+    window = getattr(config, "sliding_window", None) if layers != "none" else None
+    if layers == "typed":
+        types = set(getattr(config, "layer_types", None) or ())
+        unknown = sorted(types - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(
+                f"{name}: layer_types {unknown} are not supported; tree masks are built for full_attention and "
+                f"sliding_attention layers only"
+            )
+        if "sliding_attention" not in types:
+            window = None
+    if window is None:
+        return None, False
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"{name}: sliding_window must be a positive int or None, got {window!r}")
+    return window, layers == "typed"
+
+
 def layer_features(base: Any, hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
     """The inputs of decoder layers ``layers`` as those layers see them (after their input RMSNorm, which tames the
     residual stream's outlier channels), concatenated; read by feature drafts with extra layers.
@@ -365,9 +416,10 @@ class HFCausalLM:
             raise TypeError(f"{name} must be a HuggingFace causal LM (PreTrainedModel), got {type(model).__name__}")
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
+            hint = "; for Gemma 3 load the text model (Gemma3ForCausalLM)" if model_type == "gemma3" else ""
             raise ValueError(
                 f"{name}: architecture {model_type!r} is not supported; tree decoding needs a model that takes a 4-D "
-                f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}"
+                f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}{hint}"
             )
         attn = getattr(config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
@@ -375,6 +427,21 @@ class HFCausalLM:
                 f"{name}: attn_implementation {attn!r} cannot take a custom tree mask; load the model with "
                 f"attn_implementation='sdpa' or 'eager'"
             )
+        softcap = getattr(config, "attn_logit_softcapping", None)
+        if model_type in _SOFTCAPPED_ATTENTION and softcap is not None and attn != "eager":
+            raise ValueError(
+                f"{name}: attn_logit_softcapping={softcap} is applied by {model_type}'s eager attention only (sdpa "
+                f"cannot); load the model with attn_implementation='eager'"
+            )
+        if getattr(config, "use_bidirectional_attention", False):
+            raise ValueError(
+                f"{name}: use_bidirectional_attention=True makes attention non-causal; tree decoding needs a causal LM"
+            )
+        # sliding-window layers: the tree mask also hides keys older than the window (window_mask)
+        self.window, self.typed_window = _sliding_window(config, name)
+        # the adapter applies the head itself, so also the cap the model's own forward puts after it
+        cap = getattr(config, "final_logit_softcapping", None) if model_type in _SOFTCAPPED_LOGITS else None
+        self.logit_softcap: float | None = cap
         head = model.get_output_embeddings()
         if head is None:
             raise ValueError(f"{name} has no output embedding (lm_head); pass a *ForCausalLM model")
@@ -409,8 +476,10 @@ class HFCausalLM:
         """An empty cache for ``batch`` rows."""
         from transformers import DynamicCache
 
+        # no config: every layer a plain DynamicLayer, sliding ones too (a config would make those drop keys past
+        # the window, while the masks index all S slots and KVState moves and crops every layer alike)
         return KVState(
-            cache=DynamicCache(config=self.model.config),
+            cache=DynamicCache(),
             valid=torch.zeros((batch, 0), dtype=torch.bool, device=self.device),
             n_cached=torch.zeros((batch,), dtype=torch.long, device=self.device),
         )
@@ -438,7 +507,7 @@ class HFCausalLM:
         with self.routing.active():
             out = self.base(
                 input_ids=tokens,
-                attention_mask=mask,
+                attention_mask=self._layer_masks(mask),
                 position_ids=position_ids,
                 past_key_values=state.cache,
                 use_cache=True,
@@ -461,18 +530,30 @@ class HFCausalLM:
         logits[want] = rows
         return logits
 
+    def _layer_masks(self, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The attention mask argument of the base model: ``mask`` itself, windowed for sliding-window layers."""
+        if self.window is None:
+            return mask
+        local = window_mask(mask, self.window)
+        return {"full_attention": mask, "sliding_attention": local} if self.typed_window else local
+
     def project(self, hidden: torch.Tensor, reduced: bool = False) -> torch.Tensor:
         """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
         (only for a head with a support, see ``support``; called through the module so that forward hooks see it)."""
         if not reduced:
             with self.routing.active():
-                return self.head(hidden)
+                return self._softcap(self.head(hidden))
         if self.support is None:
             raise ValueError(
                 f"{self.name}: reduced logits need an output head that scores a subset of the vocabulary (ReducedHead)"
             )
-        z = self.head(hidden, full=False)
+        z = self._softcap(self.head(hidden, full=False))
         return z if self._support_order is None else z[..., self._support_order]
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        """``final_logit_softcapping`` as the model's own forward applies it (same ops, so the same bits)."""
+        cap = self.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward_chain(
         self,

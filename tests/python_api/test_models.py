@@ -141,37 +141,6 @@ def test_not_a_model_is_rejected() -> None:
         HFCausalLM(object(), name="target")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
-def test_tree_forward_other_architectures(arch: str) -> None:
-    transformers = pytest.importorskip("transformers")
-    common = dict(
-        vocab_size=32,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    if arch == "qwen2":
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
-    else:
-        model = transformers.MistralForCausalLM(transformers.MistralConfig(**common, sliding_window=None)).eval()
-    lm = HFCausalLM(model)
-    tree = _trees(3)
-    with torch.inference_mode():
-        state = lm.new_state(2)
-        lm.forward_chain(state, [p[:-1] for p in PROMPTS], last_logits=False)
-        logits = lm.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
-    worst = 0.0
-    for b in range(2):
-        for n in tree.valid[b].nonzero().squeeze(1).tolist():
-            ref = _path_logits(model, PROMPTS[b] + tree.path_tokens(b, n))
-            worst = max(worst, float((logits[b, n] - ref).abs().max()))
-    assert worst <= 1e-4, f"{arch}: tree forward differs from path forwards by {worst:.2e}"
-
-
 def test_chain_mask_without_padding_follows_the_definition():
     """chain_mask's padding-free path (a single row or equal chains): token j sees the valid past and chain tokens
     0..j; the padded path still agrees on the rows that are fully valid."""

@@ -1,0 +1,156 @@
+"""Every supported model family, tiny random configs in fp32: the adapter's chain and tree forwards give the model's
+own full-forward logits, and greedy speculative decoding gives the model's own greedy decoding. Sliding windows are
+set shorter than the contexts, so local layers must hide the keys that fall out of their window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import specdec
+import torch
+from specdec.models import SUPPORTED_MODEL_TYPES, HFCausalLM
+from specdec.tree import DraftTree
+from tiny_models import left_pad, noisy_copy, reference_greedy, transformers
+
+VOCAB = 64
+WINDOW = 4
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    max_position_embeddings=128,
+    initializer_range=0.2,
+)
+LOCAL_GLOBAL = ["sliding_attention", "full_attention"]
+# family -> (config class, model class, attention implementation, config fields beyond COMMON)
+FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "sdpa", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "sdpa", {"sliding_window": WINDOW}),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        "sdpa",
+        {"use_sliding_window": True, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+    ),
+    "qwen3": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        "sdpa",
+        {"use_sliding_window": True, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+    ),
+    # attention logit softcapping runs in Gemma 2's own eager attention only
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        "eager",
+        {"sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL, "final_logit_softcapping": 3.0},
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        "sdpa",
+        {"sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL, "final_logit_softcapping": 3.0},
+    ),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "sdpa", {"sliding_window": WINDOW, "pad_token_id": 0}),
+}
+PROMPTS = [[3, 17, 5, 9, 21, 40, 2, 33, 8], [11, 2, 30, 7, 50, 12]]  # both longer than the window
+# a tree of depth 3 laid out level by level (node 0 = root = the prompt's last token)
+LEVEL_PARENTS = [[0, 0], [1, 1, 2], [3, 5]]
+N_NEW = 10
+
+
+def tiny(family: str, seed: int = 0, **overrides: Any) -> Any:
+    config_cls, model_cls, attn, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides}, attn_implementation=attn)
+    return getattr(transformers, model_cls)(cfg).eval()
+
+
+def test_every_supported_family_has_a_case() -> None:
+    assert set(FAMILIES) == set(SUPPORTED_MODEL_TYPES)
+
+
+def _tree() -> DraftTree:
+    g = torch.Generator().manual_seed(0)
+    tree = DraftTree.from_roots(torch.tensor([p[-1] for p in PROMPTS]))
+    for parents in LEVEL_PARENTS:
+        n = len(parents)
+        tokens = torch.randint(0, VOCAB, (2, n), generator=g)
+        tree.append_level(tokens, torch.tensor([parents] * 2), torch.ones((2, n), dtype=torch.bool))
+    return tree
+
+
+@torch.no_grad()
+def _last_logits(model: Any, seq: list[int]) -> torch.Tensor:
+    return model(torch.tensor([seq])).logits[0, -1]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_chain_and_tree_logits_equal_full_forwards(family: str) -> None:
+    model = tiny(family)
+    lm = HFCausalLM(model)
+    tree = _tree()
+    with torch.inference_mode():
+        state = lm.new_state(2)
+        # the prompts in two chain forwards (the second past the window), then the tree whose root is the last token
+        lm.forward_chain(state, [p[:3] for p in PROMPTS], last_logits=False)
+        chain = lm.forward_chain(state, [p[3:-1] for p in PROMPTS], last_logits=True)
+        logits = lm.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
+    worst = 0.0
+    for b, p in enumerate(PROMPTS):
+        worst = max(worst, float((chain[b] - _last_logits(model, p[:-1])).abs().max()))
+        for n in range(tree.size):
+            ref = _last_logits(model, p + tree.path_tokens(b, n))
+            worst = max(worst, float((logits[b, n] - ref).abs().max()))
+    assert worst <= 1e-4, f"{family}: adapter logits differ from the model's full forwards by {worst:.2e}"
+
+
+@pytest.mark.parametrize("method,params", [("sd", {"draft_length": 3}), ("rsd_c", {"branching": (2, 2, 1)})])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_equals_the_models_own_greedy(family: str, method: str, params: dict[str, Any]) -> None:
+    target = tiny(family, 1)
+    draft = noisy_copy(target, 2, 0.1)
+    refs = []
+    for p in PROMPTS:
+        toks, gap = reference_greedy(target, p, N_NEW)
+        assert gap > 1e-4, f"{family}: reference greedy decoding has a near-tie ({gap:.1e}); pick another seed"
+        refs.append(toks)
+    ids, mask = left_pad(PROMPTS)
+    out = specdec.generate(
+        target, draft, ids, method=method, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False, **params
+    )
+    assert out.new_tokens == refs
+    assert out.stats.block_efficiency > 1.2, f"{family}: the draft should often be accepted"
+
+
+def test_gemma2_softcapped_attention_needs_eager() -> None:
+    model = tiny("gemma2")
+    model.config._attn_implementation = "sdpa"  # as a model loaded with attn_implementation="sdpa" would be
+    with pytest.raises(ValueError, match="attn_logit_softcapping.*attn_implementation='eager'"):
+        HFCausalLM(model, name="target")
+
+
+def test_bidirectional_gemma3_is_refused() -> None:
+    model = tiny("gemma3_text")
+    model.config.use_bidirectional_attention = True
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        HFCausalLM(model, name="target")
+
+
+def test_unknown_layer_types_are_refused() -> None:
+    model = tiny("qwen3")
+    model.config.layer_types = ["chunked_attention", "full_attention"]
+    with pytest.raises(ValueError, match="layer_types.*chunked_attention"):
+        HFCausalLM(model, name="target")
+
+
+def test_multimodal_gemma3_is_refused() -> None:
+    model = tiny("llama")
+    model.config.model_type = "gemma3"
+    with pytest.raises(ValueError, match="architecture 'gemma3' is not supported.*Gemma3ForCausalLM"):
+        HFCausalLM(model, name="target")
