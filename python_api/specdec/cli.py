@@ -222,7 +222,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     need(
         args.threshold is None or 0.0 < args.threshold < 1.0, "--threshold", f"must be in (0, 1), got {args.threshold}"
     )
-    parts = args.branching.split(",")
+    parts = (args.branching or "1").split(",")
     need(
         args.branching == "auto" or all(p.strip().isdigit() and int(p) >= 1 for p in parts),
         "--branching",
@@ -504,10 +504,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--draft-length", type=int, default=2, help=f"L for {_taking('draft_length')}")
     demo.add_argument(
         "--branching",
-        default="2,1",
-        help=f"children per level for {_taking('branching')}; 'auto': trees chosen per round for the machine "
-        f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; "
-        "the others keep their default)",
+        default=None,
+        help=f"children per level for {_taking('branching')}, or 'auto': trees chosen per round for the machine "
+        f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; the "
+        "others keep their default); default: each method's own (rsd_c: auto, the others 2,2)",
     )
     demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")
     demo.add_argument("--num-chains", type=int, default=2, help=f"K for {_taking('num_chains')}")

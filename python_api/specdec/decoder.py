@@ -118,9 +118,11 @@ def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[list[int]]
 class SpeculativeDecoder:
     """A target model, a drafter and a decoding method, reusable across ``generate`` calls.
 
-    ``target``: HF causal LM (Llama/SmolLM, Mistral, Qwen2; sdpa or eager attention) or an ``HFCausalLM``.
+    ``target``: HF causal LM of a family in ``specdec.models.SUPPORTED_MODEL_TYPES`` (sdpa or eager attention) or an
+    ``HFCausalLM``.
     ``draft``: an HF model of the same vocabulary, any :class:`~specdec.drafting.Drafter`, the string
-    ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. Method parameters: see
+    ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
+    default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
     ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default 0.7) make the draft
     depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
@@ -133,7 +135,7 @@ class SpeculativeDecoder:
         target: Any,
         draft: Any = None,
         *,
-        method: str = "sd",
+        method: str = "rsd_c",
         draft_length: int | None = None,
         branching: Sequence[int] | str | None = None,
         parents: Sequence[int] | None = None,

@@ -45,7 +45,9 @@ def test_ngram_sampling_is_exact_on_one_hot_laws() -> None:
 
 def test_stats_bookkeeping() -> None:
     target, draft = tiny_llama(0, vocab=16, hidden=32), tiny_llama(1, vocab=16, hidden=32)
-    out = specdec.generate(target, draft, torch.tensor([[1, 2, 3]]), method="rsd_c", max_new_tokens=15, seed=0)
+    out = specdec.generate(
+        target, draft, torch.tensor([[1, 2, 3]]), method="rsd_c", branching=(2, 2), max_new_tokens=15, seed=0
+    )
     s = out.stats
     assert s.emitted == s.new_tokens == 15
     assert s.row_rounds == s.target_calls  # batch 1

@@ -120,8 +120,9 @@ def drafting_methods() -> list[str]:
     return [m for m in methods.available() if methods.get(m).drafts]
 
 
-# small trees keep the toy runs short; every other method runs with its defaults
-TOY_PARAMS = {"specdec_pp": {"draft_length": 3}}
+# small trees keep the toy runs short, and toy loops take fixed trees (rsd_c's default, trees chosen per round for the
+# machine, has its law and greedy tests with the real decoder); every other method runs with its defaults
+TOY_PARAMS = {"specdec_pp": {"draft_length": 3}, "rsd_c": {"branching": (2, 2)}}
 N_TOY = 20_000
 
 

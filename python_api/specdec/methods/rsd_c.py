@@ -19,7 +19,7 @@ SPEC = register(
         verifier="rrsw",
         builder=SWORTreeBuilder,
         label=tree_label,
-        defaults={"branching": (2, 2)},
+        defaults={"branching": "auto"},  # trees chosen per round for the machine (specdec.autotree)
         allowed=frozenset({"branching"}),
         auto_builder=AutoTreeBuilder,
     )
