@@ -290,7 +290,7 @@ def _runs_by_isa(rows: Rows) -> list[Rows]:
     """The newest run of each (machine, CPU variant) in a kernel CSV, oldest variant first."""
     newest: dict[tuple[str, str], str] = {}
     for r in rows:
-        key = (r["machine"], r.get("cpu_isa", ""))
+        key = (r["machine"], (r.get("cpu_isa") or "").split(" ")[0])  # a variant's newest run, whatever its path
         newest[key] = max(newest.get(key, ""), r["timestamp"])
     return [[r for r in rows if r["timestamp"] == stamp] for stamp in sorted(newest.values())]
 
