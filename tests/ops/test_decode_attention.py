@@ -75,3 +75,26 @@ def test_bad_inputs(case: int, backend: str) -> None:
     args, exc, match = _bad()[case]
     with pytest.raises(exc, match=match):
         decode_attention(*args, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("dim", [64, 128])
+def test_blocked_slots_do_not_change_a_row(dtype: torch.dtype, dim: int) -> None:
+    """A tree node sees the cache and its ancestors, with blocked slots (other branches) between them; a one-token
+    step sees the same keys packed together. The row must come out bitwise the same either way: the kernels sum the
+    softmax and the weighted values in slot order, where a blocked slot adds an exact 0."""
+    g = torch.Generator().manual_seed(dim)
+    s_len = 203
+    q = torch.randn(1, 9, 1, dim, generator=g).to(dtype)
+    k = torch.randn(1, 3, s_len, dim, generator=g).to(dtype)
+    v = torch.randn(1, 3, s_len, dim, generator=g).to(dtype)
+    for trial in range(4):
+        visible = torch.rand(s_len, generator=g) < (0.9 if trial % 2 else 0.5)
+        visible[0] = True
+        mask = torch.zeros(1, 1, 1, s_len)
+        mask[..., ~visible] = float("-inf")
+        spread = decode_attention(q, k, v, mask, dim**-0.5, backend="auto")
+        packed = decode_attention(
+            q, k[:, :, visible], v[:, :, visible], torch.zeros(1, 1, 1, int(visible.sum())), dim**-0.5, backend="auto"
+        )
+        assert torch.equal(spread, packed), trial

@@ -69,9 +69,10 @@ void decode_attention_row(const T* q,        // [D]
 // bf16 rows with D a multiple of 32, at most kAttentionMaxDim512: 16 cache slots at a time. Each slot's dot product
 // runs VDPBF16PS over D (32 products per instruction) into its own accumulator, the 16 accumulators are summed in
 // one transposing tree (sum_lanes_avx512) into a vector of 16 scores, the exponentials are vectorised, and v's
-// weighted sum is kept in fp32 vectors of 16 and divided by the total at the end. A partial last group reads no
-// slot past the cache (its missing slots score -inf, weight 0). Same math as decode_attention_row, another
-// summation order; every query row is computed alone, so a row's result does not depend on the other rows.
+// weighted sum (slot by slot) is kept in fp32 vectors of 16 and divided by the total (summed in slot order) at the
+// end. A partial last group reads no slot past the cache (its missing slots score -inf, weight 0). Same math as
+// decode_attention_row, another summation order; every query row is computed alone, so a row's result does not
+// depend on the other rows, nor on where blocked slots fall between its visible ones.
 constexpr int64_t kAttentionMaxDim512 = 256;
 
 // e^x for the softmax's x <= 0: round(x log2 e) = k, r = x - k ln 2 (two-part ln 2), a degree-6 Taylor polynomial
@@ -125,13 +126,14 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
     top = _mm512_max_ps(top, x);
   }
   const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
-    const __m512 e = exp_nonpos_ps512(_mm512_sub_ps(_mm512_loadu_ps(scores + s0), m));  // all -inf: NaN, as softmax
-    _mm512_storeu_ps(scores + s0, e);
-    total = _mm512_add_ps(total, e);
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+  for (int64_t s0 = 0; s0 < s_len; s0 += 16)  // all -inf: NaN, as softmax
+    _mm512_storeu_ps(scores + s0, exp_nonpos_ps512(_mm512_sub_ps(_mm512_loadu_ps(scores + s0), m)));
+  // The total in slot order, one slot at a time: a blocked slot adds an exact 0, so a tree node's total equals that of
+  // a one-token step over the same visible keys wherever the blocked slots fall (a sum in 16 lanes would group the
+  // slots by their position in the cache, which differs between a tree pass and a chain of one-token steps).
+  float total = 0;
+  for (int64_t s = 0; s < s_len; ++s) total += scores[s];
+  const __m512 inv = _mm512_set1_ps(1.0f / total);
   __m512 sum[kAttentionMaxDim512 / 16];
   const int64_t blocks = dim / 16;
   for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_setzero_ps();
