@@ -17,7 +17,8 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
   const int64_t group = heads / kv_heads, rows = batch * heads * n;
 #pragma omp parallel num_threads(omp_threads(rows, rows * s_len * dim))
   {
-    std::vector<Acc> scores((s_len + 15) / 16 * 16), acc(dim);  // whole groups of 16 slots for the vector paths
+    // whole groups of 16 slots for the vector paths, twice (the AVX-512 path packs the nonzero weights after them)
+    std::vector<Acc> scores(2 * ((s_len + 15) / 16 * 16)), acc(dim);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;

@@ -69,8 +69,8 @@ void decode_attention_row(const T* q,        // [D]
 // bf16 rows with D a multiple of 32, at most kAttentionMaxDim512: 16 cache slots at a time. Each slot's dot product
 // runs VDPBF16PS over D (32 products per instruction) into its own accumulator, the 16 accumulators are summed in
 // one transposing tree (sum_lanes_avx512) into a vector of 16 scores, the exponentials are vectorised, and v's
-// weighted sum (slot by slot) is kept in fp32 vectors of 16 and divided by the total (summed in slot order) at the
-// end. A partial last group reads no slot past the cache (its missing slots score -inf, weight 0). Same math as
+// weighted sum (slot by slot) is kept in fp32 vectors of 16 and divided by the total (the nonzero weights packed in
+// slot order) at the end; ``scores`` holds 2 x s_len rounded up to 16 (scores, then the packed weights). A partial last group reads no slot past the cache (its missing slots score -inf, weight 0). Same math as
 // decode_attention_row, another summation order; every query row is computed alone, so a row's result does not
 // depend on the other rows, nor on where blocked slots fall between its visible ones.
 constexpr int64_t kAttentionMaxDim512 = 256;
@@ -128,12 +128,25 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
   const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(top));
   for (int64_t s0 = 0; s0 < s_len; s0 += 16)  // all -inf: NaN, as softmax
     _mm512_storeu_ps(scores + s0, exp_nonpos_ps512(_mm512_sub_ps(_mm512_loadu_ps(scores + s0), m)));
-  // The total in slot order, one slot at a time: a blocked slot adds an exact 0, so a tree node's total equals that of
-  // a one-token step over the same visible keys wherever the blocked slots fall (a sum in 16 lanes would group the
-  // slots by their position in the cache, which differs between a tree pass and a chain of one-token steps).
-  float total = 0;
-  for (int64_t s = 0; s < s_len; ++s) total += scores[s];
-  const __m512 inv = _mm512_set1_ps(1.0f / total);
+  // The total over the nonzero weights packed in slot order, then summed in 16 lanes by packed index: blocked slots
+  // (weight 0) drop out, so a tree node's total equals that of a one-token step over the same visible keys wherever
+  // the blocked slots fall (lanes indexed by cache slot would group the terms by their position in the cache, which
+  // differs between a tree pass and a chain of one-token steps). NaN weights are kept.
+  const int64_t padded = (s_len + 15) / 16 * 16;
+  float* packed = scores + padded;
+  int64_t np = 0;
+  for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
+    const __m512 e = _mm512_loadu_ps(scores + s0);
+    const __mmask16 keep = _mm512_cmp_ps_mask(e, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+    _mm512_mask_compressstoreu_ps(packed + np, keep, e);
+    np += _mm_popcnt_u32(keep);
+  }
+  __m512 lanes = _mm512_setzero_ps();
+  for (int64_t i = 0; i < np; i += 16) {
+    const __mmask16 in = np - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (np - i)) - 1u);
+    lanes = _mm512_add_ps(lanes, _mm512_maskz_loadu_ps(in, packed + i));
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(lanes));
   __m512 sum[kAttentionMaxDim512 / 16];
   const int64_t blocks = dim / 16;
   for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_setzero_ps();
