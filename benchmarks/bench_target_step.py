@@ -31,19 +31,17 @@ CONTEXT = 200
 NEW = (1, 2, 3, 4, 5, 8, 16)
 
 
-def verify_pass(lm: models.HFCausalLM, state: models.KVState, tree: tuple, skinny: bool) -> None:
-    """One target forward over ``tree`` (tokens, parent, depth [1, n]), then the cache as it was."""
-    tokens, parent, depth = tree
-    n, rows, bf16_rows = tokens.shape[1], models.DECODE_ROWS, models.BF16_ROWS
+def verify_pass(lm: models.HFCausalLM, state: models.KVState, tokens: torch.Tensor, skinny: bool) -> None:
+    """One target forward over a chain of ``tokens`` [1, n] (HFCausalLM.probe_chain), then the cache as it was;
+    ``skinny``: linears of a few rows through skinny_linear (the adapter's default), else F.linear everywhere."""
+    rows, bf16_rows = models.DECODE_ROWS, models.BF16_ROWS
     models.DECODE_ROWS = rows if skinny else 0
     models.BF16_ROWS = bf16_rows if skinny else 0
     try:
         with torch.no_grad():
-            lm.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
+            lm.probe_chain(state, tokens)
     finally:
         models.DECODE_ROWS, models.BF16_ROWS = rows, bf16_rows
-        models.crop_cache(state.cache, n)
-        state.valid = state.valid[:, : state.valid.shape[1] - n]
 
 
 OPS_FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "threads", "case", "new", "op"]
@@ -91,8 +89,8 @@ def main() -> None:
     ops_rows: list[dict] = []
     for n in NEW:
         # a chain of n nodes: the root (last committed token) and n - 1 drafts, logits at every node
-        tree = (torch.randint(100, 40000, (1, n), generator=g), torch.arange(-1, n - 1)[None], torch.arange(n)[None])
-        fns = {b: partial(verify_pass, lm, state, tree, b == "cpu") for b in ("cpu", "torch") if b in args.backends}
+        chain = torch.randint(100, 40000, (1, n), generator=g)
+        fns = {b: partial(verify_pass, lm, state, chain, b == "cpu") for b in ("cpu", "torch") if b in args.backends}
         case = f"{args.dtype} ctx {CONTEXT} new {n}"
         rec.case(case, fns, nbytes)
         if args.ops and "cpu" in fns:

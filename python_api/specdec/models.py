@@ -619,6 +619,18 @@ class HFCausalLM:
         assert logits is not None
         return logits
 
+    def probe_chain(self, state: KVState, tokens: torch.Tensor) -> None:
+        """A verification pass's cost: one forward over ``tokens`` [1, n] as a chain (a root and n - 1 drafts) after
+        the cache, then the cache as it was (the n new slots dropped). Benchmarks and the auto-tree cost curve."""
+        n = int(tokens.shape[1])
+        parent = torch.arange(-1, n - 1, device=self.device)[None]
+        depth = torch.arange(n, device=self.device)[None]
+        try:
+            self.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
+        finally:
+            crop_cache(state.cache, n)
+            state.valid = state.valid[:, : state.length - n]
+
     def forward_level(
         self,
         state: KVState,

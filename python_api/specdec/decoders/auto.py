@@ -48,19 +48,13 @@ class AutoTreeBuilder(TreeBuilder):
 
         def forward(n: int) -> None:
             nonlocal state
-            dev = target.device
             with torch.inference_mode():
                 if state is None:
                     state = target.new_state(1)
                     g = torch.Generator().manual_seed(0)
                     ctx = torch.randint(0, target.vocab_size, (CALIBRATION_CONTEXT,), generator=g).tolist()
                     target.forward_chain(state, [ctx], last_logits=False)
-                tokens = torch.zeros((1, n), dtype=torch.long, device=dev)
-                parent = torch.arange(-1, n - 1, device=dev)[None]
-                depth = torch.arange(n, device=dev)[None]
-                target.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth)
-                models.crop_cache(state.cache, n)  # back to the context alone
-                state.valid = state.valid[:, : state.valid.shape[1] - n]
+                target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
 
         self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads()), forward)
 
