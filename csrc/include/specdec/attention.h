@@ -65,6 +65,16 @@ void decode_attention_row(const T* q,        // [D]
   for (int64_t d = 0; d < dim; ++d) store_as(acc[d], out + d);
 }
 
+// The vector exponentials of the softmax (exp_nonpos_ps512, exp_nonpos_ps): e^x for x <= 0 as 2^k e^r with
+// k = round(x log2 e) and r = x - k ln 2, ln 2 taken in two parts (the first with few enough bits that k times it is
+// exact), e^r by a degree-6 Taylor polynomial (|r| <= ln2 / 2, relative error ~2e-7), 2^k built in the exponent bits;
+// 0 below kExpFloor (where e^x underflows), NaN stays NaN.
+constexpr float kExpFloor = -87.3f;
+constexpr float kLog2e = 1.44269504f;
+constexpr float kLn2Hi = 0.693359375f;     // ln 2 to 11 significant bits
+constexpr float kLn2Lo = -2.12194440e-4f;  // ln 2 - kLn2Hi
+constexpr float kExpTaylor[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};  // r^6 first
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 // bf16 rows with D a multiple of 32, at most kAttentionMaxDim512: 16 cache slots at a time. Each slot's dot product
 // runs VDPBF16PS over D (32 products per instruction) into its own accumulator, the 16 accumulators are summed in
@@ -75,23 +85,17 @@ void decode_attention_row(const T* q,        // [D]
 // depend on the other rows, nor on where blocked slots fall between its visible ones.
 constexpr int64_t kAttentionMaxDim512 = 256;
 
-// e^x for the softmax's x <= 0: round(x log2 e) = k, r = x - k ln 2 (two-part ln 2), a degree-6 Taylor polynomial
-// in r (|r| <= ln2 / 2, relative error ~2e-7), times 2^k built in the exponent bits; 0 below -87.3, NaN stays NaN.
+// e^x for x <= 0 on 16 lanes (see kExpTaylor).
 inline __m512 exp_nonpos_ps512(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.3f);
+  const __m512 lo = _mm512_set1_ps(kExpFloor);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
   const __m512 xc = _mm512_max_ps(x, lo);
   const __m512 k =
-      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-0.693359375f), xc);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+      _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-kLn2Hi), xc);
+  r = _mm512_fmadd_ps(k, _mm512_set1_ps(-kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpTaylor[i]));
   const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
   const __m512 y = _mm512_mask_mov_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e)), under, _mm512_setzero_ps());
   return _mm512_mask_mov_ps(y, nan, x);
@@ -176,23 +180,17 @@ inline __m128 sum_lanes4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {  // [sum 
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// e^x for the softmax's x <= 0: round(x log2 e) = k, r = x - k ln 2 (two-part ln 2), a degree-6 Taylor polynomial
-// in r (|r| <= ln2 / 2, relative error ~2e-7), times 2^k built in the exponent bits.
+// e^x for x <= 0 on 8 lanes (see kExpTaylor).
 inline __m256 exp_nonpos_ps(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 lo = _mm256_set1_ps(kExpFloor);
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
   const __m256 xc = _mm256_max_ps(x, lo);
   const __m256 k =
-      _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693359375f), xc);
-  r = _mm256_fmadd_ps(k, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+      _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Hi), xc);
+  r = _mm256_fmadd_ps(k, _mm256_set1_ps(-kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpTaylor[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpTaylor[i]));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
   __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   y = _mm256_blendv_ps(y, _mm256_setzero_ps(), under);
