@@ -270,20 +270,9 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     say(f"loaded {model_name} ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
-    hf_settings = dict(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_token_id=eos,
-        pad_token_id=tokenizer.pad_token_id or 0,
-    )
-    gen = dict(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_token_id=eos,
-    )
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=eos)
+    gen = {**sampling, "max_new_tokens": args.max_new_tokens}  # our decoders
+    hf_settings = {**sampling, "pad_token_id": tokenizer.pad_token_id or 0}  # transformers' generate
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
     drafts = {m: draft for m in methods}
