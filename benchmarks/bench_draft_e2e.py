@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "python_api"))
 def main() -> None:
     import specdec
     from specdec import SpecDecPPDecoder
+    from specdec.baselines import sampling_kwargs
     from specdec.smollm2 import chat_prompt, load_smollm2
     from specdec.train import load_draft, load_head
     from specdec.train.common import read_jsonl, shared_data_dir
@@ -59,7 +60,11 @@ def main() -> None:
         for name, dec in methods:
             t = time.perf_counter()
             out = dec.generate(
-                torch.tensor([p]), max_new_tokens=args.new_tokens, temperature=1.0, eos_token_id=2, seed=i
+                torch.tensor([p]),
+                max_new_tokens=args.new_tokens,
+                eos_token_id=2,
+                seed=i,
+                **sampling_kwargs(1.0, 0, 1.0),
             )
             a = acc[name]
             a["seconds"] += time.perf_counter() - t

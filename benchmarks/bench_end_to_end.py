@@ -23,6 +23,7 @@ from typing import Any
 import specdec
 import torch
 from _timing import append_csv, run_meta
+from specdec.baselines import sampling_kwargs
 from specdec.cli import load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
@@ -46,7 +47,9 @@ SPECDEC_METHODS: list[tuple[str, str, dict[str, Any]]] = [
 
 def run_specdec(decoder: specdec.SpeculativeDecoder, ids: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
-    out = decoder.generate(ids, max_new_tokens=args.tokens, temperature=args.temperature, eos_token_id=None, seed=0)
+    # the law run_hf samples: no top-k, no EOS
+    kw = sampling_kwargs(args.temperature, 0, 1.0)
+    out = decoder.generate(ids, max_new_tokens=args.tokens, eos_token_id=None, seed=0, **kw)
     dt = time.perf_counter() - t0
     st = out.stats
     return {

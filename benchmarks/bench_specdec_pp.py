@@ -38,6 +38,9 @@ FIELDS = ["machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "prompts", "new
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import specdec
+    from specdec.baselines import sampling_kwargs
+
+    sample_t1 = sampling_kwargs(1.0, 0, 1.0)  # the law at temperature 1, untruncated
     from specdec.smollm2 import chat_prompt, load_smollm2
     from specdec.train import load_draft, load_head
     from specdec.train.common import read_jsonl, shared_data_dir
@@ -70,7 +73,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         order = configs if i % 2 == 0 else configs[::-1]
         for name, _, _, dec in order:
             t0 = time.perf_counter()
-            out = dec.generate(torch.tensor([p]), max_new_tokens=args.new_tokens, temperature=1.0, seed=1000 + i)
+            out = dec.generate(
+                torch.tensor([p]), max_new_tokens=args.new_tokens, eos_token_id=None, seed=1000 + i, **sample_t1
+            )
             a = acc[name]
             a["seconds"] += time.perf_counter() - t0
             st = out.stats

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from _timing import RESULTS, ROOT, append_csv, run_meta
+from specdec.baselines import sampling_kwargs
 
 import specdec_kernels
 import specdec_kernels.ops.sampling as ops_sampling
@@ -247,7 +248,7 @@ def main() -> None:
     ids = prompts(tokenizer, args.prompts)
     methods = [m for m in args.methods.split(",") if m]
     decoders = {m: specdec.SpeculativeDecoder(target, draft, method=m) for m in methods}
-    gen_kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, eos_token_id=2)
+    gen_kw = dict(max_new_tokens=args.max_new_tokens, eos_token_id=2, **sampling_kwargs(args.temperature, 0, 1.0))
     # warm-up (first calls pay one-off costs: allocator, lazy imports)
     with backend_env("default"):
         decoders[methods[0]].generate(torch.tensor([ids[0]]), max_new_tokens=4, seed=0)

@@ -20,7 +20,7 @@ from specdec_kernels import __version__
 
 from . import methods
 from .config import MethodConfig, SamplingConfig, make_method
-from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, generate
+from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
 from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
@@ -45,6 +45,7 @@ __all__ = [
     "SamplingConfig",
     "SpecDecPPDecoder",
     "SpeculativeDecoder",
+    "custom_generate",
     "generate",
     "make_method",
     "max_gram_proposal",

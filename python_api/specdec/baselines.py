@@ -17,6 +17,15 @@ from .metrics import GenerationStats
 from .models import HFCausalLM
 
 
+def sampling_kwargs(temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
+    """``generate`` keyword arguments for the demo's settings, the same for transformers' generate and the
+    decoders: greedy at temperature 0, else sampling with every control given explicitly (top_k=0 turns off
+    transformers' default of 50)."""
+    if temperature == 0:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
 def hf_generate(
     model: Any,
     ids: torch.Tensor,
@@ -37,10 +46,8 @@ def hf_generate(
     to and including its first EOS) and a GenerationStats with its token count and wall time (block efficiency 1
     for plain generation: one target forward per token; not known for assisted generation, with ``assistant_model``
     or prompt lookup)."""
-    sample = temperature > 0
-    kw: dict[str, Any] = {"do_sample": sample, "max_new_tokens": max_new_tokens, "pad_token_id": pad_token_id}
-    if sample:
-        kw.update(temperature=temperature, top_k=top_k if top_k > 0 else None, top_p=top_p)
+    kw: dict[str, Any] = {**sampling_kwargs(temperature, top_k, top_p), "max_new_tokens": max_new_tokens}
+    kw["pad_token_id"] = pad_token_id
     if eos_token_id is not None:
         kw["eos_token_id"] = eos_token_id
     if assistant_model is not None:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from . import methods as registry
-from .baselines import hf_generate, logit_error
+from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
@@ -271,8 +271,10 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=eos)
-    gen = {**sampling, "max_new_tokens": args.max_new_tokens}  # our decoders
-    hf_settings = {**sampling, "pad_token_id": tokenizer.pad_token_id or 0}  # transformers' generate
+    # our decoders get the generate arguments transformers' generate gets (hf_generate builds the same ones)
+    gen = {**sampling_kwargs(args.temperature, args.top_k, args.top_p), "eos_token_id": eos}
+    gen["max_new_tokens"] = args.max_new_tokens
+    hf_settings = {**sampling, "pad_token_id": tokenizer.pad_token_id or 0}
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
     drafts = {m: draft for m in methods}
@@ -317,7 +319,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
     for dec in decoders.values():
-        dec.generate(warm, max_new_tokens=2, temperature=args.temperature, seed=0)
+        dec.generate(warm, **{**gen, "max_new_tokens": 2}, seed=0)
     for kw in hf.values():
         hf_generate(target, warm, torch.ones_like(warm), max_new_tokens=2, **hf_settings, seed=0, **kw)
     batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
@@ -488,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--threshold", type=float, help=f"{_with_head()} threshold h (default: the head's shipped h)")
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    demo.add_argument("--top-k", type=int, default=0, help="0 = off")
+    demo.add_argument("--top-k", type=int, default=50, help="0 = off (50: transformers' default)")
     demo.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     demo.add_argument("--draft-length", type=int, default=2, help=f"L for {_taking('draft_length')}")
     demo.add_argument(

@@ -12,8 +12,12 @@ One round for the active rows:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +26,15 @@ import torch.nn.functional as F
 
 import specdec_kernels as sk
 
-from .config import MethodConfig, SamplingConfig, make_method, resolve_sampling
+from .config import MethodConfig, RunContext, SamplingConfig, make_method
 from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, as_drafter
+from .generation import check_config, sampling_from_hf, split_criteria
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree, LawBuffer
-
-DEFAULT_MAX_NEW_TOKENS = 32
 
 
 @dataclass
@@ -179,50 +182,138 @@ class SpeculativeDecoder:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         *,
-        max_new_tokens: int | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        do_sample: bool | None = None,
-        eos_token_id: int | Sequence[int] | None = None,
-        pad_token_id: int | None = None,
         generation_config: Any | None = None,
+        stopping_criteria: Any | None = None,
+        streamer: Any | None = None,
+        tokenizer: Any | None = None,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        **kwargs: Any,
     ) -> GenerationOutput:
-        """Generate up to ``max_new_tokens`` tokens per row; exact in law (sampling) or equal to the target's
-        greedy decoding (``do_sample=False`` or ``temperature=0``).
+        """Generate as the target's ``generate`` would: exact in law when sampling, equal to the target's greedy
+        decoding of the processed logits otherwise.
 
         Shape: input_ids [B, P] (or [P]), attention_mask [B, P] with 0 = padding (left padding as produced by HF
-        tokenizers; any 0/1 mask works) -> GenerationOutput (sequences [B, P + T]).
-        Explicit arguments override ``generation_config`` (an HF GenerationConfig: do_sample, temperature, top_k,
-        top_p, max_new_tokens, eos_token_id, pad_token_id), which overrides the defaults (temperature 1, no top-k,
-        no top-p, sampling when temperature > 0, 32 new tokens, no EOS). ``seed`` (an int in [0, 2**63)) or
-        ``generator`` make the run reproducible. ``pad_token_id`` must be a token id of the target's vocabulary.
-        Rows stop at any token of ``eos_token_id`` (no bonus token after an accepted EOS).
+        tokenizers) -> GenerationOutput (sequences [B, P + T]).
+        The settings are resolved by transformers exactly as ``model.generate`` resolves them: the model's
+        ``generation_config``, then ``generation_config``, then ``kwargs`` (max_new_tokens, max_length,
+        min_new_tokens, min_length, do_sample, temperature, top_k, top_p, min_p, repetition_penalty, eos_token_id,
+        pad_token_id, stop_strings, max_time, ...), then transformers' defaults (greedy, 20 new tokens, top_k=50
+        when sampling). A setting the driver does not implement raises ValueError naming it
+        (:mod:`specdec.generation`). ``stop_strings`` needs ``tokenizer``; ``stopping_criteria`` (a list of
+        transformers StoppingCriteria) are called after every new token with one row at a time; ``streamer``
+        (TextStreamer, TextIteratorStreamer; batch size 1) receives the prompt, then each round's new tokens.
+        ``seed`` (an int in [0, 2**63)) or ``generator`` make the run reproducible.
         """
-        sampling = resolve_sampling(
-            generation_config, temperature=temperature, top_k=top_k, top_p=top_p, do_sample=do_sample
+        model = self.target.model
+        if not hasattr(model, "generate"):
+            raise TypeError(f"the target ({type(model).__name__}) has no generate method to resolve settings with")
+        _prompts(input_ids, attention_mask, self.target.vocab_size)  # clear errors before transformers sees them
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        criteria = list(stopping_criteria or [])
+        stops = kwargs.pop("stop_strings", None)
+        if generation_config is not None and getattr(generation_config, "stop_strings", None) is not None:
+            generation_config = copy.deepcopy(generation_config)
+            stops, generation_config.stop_strings = generation_config.stop_strings, None
+        if stops is not None:
+            # transformers would need the tokenizer inside its generate, which does not hand it on
+            if tokenizer is None:
+                raise ValueError("stop_strings needs tokenizer= (the target's tokenizer)")
+            criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+            attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
+        run = functools.partial(
+            self._generate_prepared, seed=seed, generator=generator, streamer=streamer, put_prompt=True, as_dict=True
         )
-        gc = generation_config
-        if max_new_tokens is None:
-            max_new_tokens = getattr(gc, "max_new_tokens", None) if gc is not None else None
-            max_new_tokens = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        if eos_token_id is None and gc is not None:
-            eos_token_id = getattr(gc, "eos_token_id", None)
-        vocab = self.target.vocab_size
-        eos = _eos_list(eos_token_id, vocab)
-        if pad_token_id is None and gc is not None:
-            pad_token_id = getattr(gc, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = eos[0] if eos else 0
-        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or not 0 <= pad_token_id < vocab:
+        return model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+            custom_generate=run,
+            **kwargs,
+        )
+
+    def custom_generate(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+        *,
+        seed: int | None = None,
+        generator: torch.Generator | None = None,
+        **model_kwargs: Any,
+    ) -> Any:
+        """transformers' ``custom_generate`` hook: ``target.generate(**inputs, custom_generate=decoder.custom_generate,
+        ...)`` runs this decoder with the settings, processors and stopping criteria transformers prepared.
+        Returns the sequences [B, P + T], or a :class:`GenerationOutput` with ``return_dict_in_generate=True``."""
+        call = _generate_call()
+        if call.get("assistant_model") is not None:
             raise ValueError(
-                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), "
-                f"got {pad_token_id!r}"
+                "assistant_model= is not read by SpeculativeDecoder.custom_generate: the decoder has its draft "
+                "(specdec.custom_generate takes the draft per call)"
             )
+        return self._generate_prepared(
+            model,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            seed=seed,
+            generator=generator,
+            streamer=call.get("streamer"),
+            **model_kwargs,
+        )
+
+    def _generate_prepared(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        logits_processor: Any,
+        stopping_criteria: Any,
+        generation_config: Any,
+        *,
+        seed: int | None,
+        generator: torch.Generator | None,
+        streamer: Any,
+        put_prompt: bool = False,
+        as_dict: bool = False,
+        **model_kwargs: Any,
+    ) -> Any:
+        """One run with what transformers' generate prepared. ``put_prompt``: the streamer has not seen the prompt
+        (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput."""
+        if model is not self.target.model:
+            raise ValueError("custom_generate: the model generate was called on is not this decoder's target")
+        gc = generation_config
+        if gc is None:
+            raise ValueError("custom_generate needs the generation_config transformers prepares")
+        check_config(gc, type(gc)()._get_default_generation_params())
+        for key, value in model_kwargs.items():
+            if key in ("attention_mask", "position_ids", "use_cache", "logits_to_keep"):
+                continue
+            if key == "cache" and (value is None or value.get_seq_length() == 0):
+                continue
+            raise ValueError(f"generate argument {key}= is not supported by speculative generation")
+        sampling = sampling_from_hf(gc, logits_processor)
+        vocab = self.target.vocab_size
+        eos = _eos_list(gc.eos_token_id, vocab)
+        width = int(input_ids.shape[1])
+        max_new = int(gc.max_length) - width
+        if max_new < 1:
+            raise ValueError(f"max_length={gc.max_length} leaves no room after the prompt ({width} tokens)")
+        pad = gc.pad_token_id
+        if pad is None:
+            pad = eos[0] if eos else 0
+        if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab:
+            raise ValueError(
+                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got {pad!r}"
+            )
+        if streamer is not None and input_ids.shape[0] != 1:
+            raise ValueError(f"streamer= needs batch size 1, got {input_ids.shape[0]} rows")
         if generator is not None and seed is not None:
             raise ValueError("pass either seed= or generator=, not both")
         if seed is not None:
@@ -233,16 +324,28 @@ class SpeculativeDecoder:
             # draws its noise from its own Philox stream on the tensors' device
             generator = torch.Generator()
             generator.manual_seed(seed)
-        prompts = _prompts(input_ids, attention_mask, vocab)
+        mask = model_kwargs.get("attention_mask")
+        prompts = _prompts(input_ids, mask, vocab)
+        rows = input_ids.cpu().tolist()
+        out = _Outputs(rows, split_criteria(stopping_criteria), streamer, hold=not eos)
+        if streamer is not None and put_prompt:
+            streamer.put(input_ids.cpu())
+        if sampling.needs_context:
+            # transformers' repetition penalty skips each row's leading padding
+            first = [0] * len(rows) if mask is None else (mask != 0).int().argmax(dim=1).tolist()
+            seen = [r[f:] for r, f in zip(rows, first, strict=True)] if sampling.repetition_penalty != 1.0 else None
+            ctx = RunContext([width] * len(rows), seen, vocab, self.target.device)
+            sampling = dataclasses.replace(sampling, context=ctx)
         with torch.inference_mode(), seed_block(generator):
-            new_tokens, stats = self._run(prompts, sampling, max_new_tokens, eos, generator)
+            new_tokens, stats = self._run(prompts, sampling, max_new, eos, generator, out)
+        out.end()
         self.last_stats = stats
-        width = max(len(t) for t in new_tokens)
-        ids = input_ids if input_ids.dim() == 2 else input_ids[None]
-        tail = torch.full((ids.shape[0], width), pad_token_id, dtype=ids.dtype, device=ids.device)
+        longest = max(len(t) for t in new_tokens)
+        tail = torch.full((input_ids.shape[0], longest), pad, dtype=input_ids.dtype, device=input_ids.device)
         for b, toks in enumerate(new_tokens):
-            tail[b, : len(toks)] = torch.tensor(toks, dtype=ids.dtype)
-        return GenerationOutput(torch.cat([ids, tail], dim=1), new_tokens, stats)
+            tail[b, : len(toks)] = torch.tensor(toks, dtype=input_ids.dtype)
+        result = GenerationOutput(torch.cat([input_ids, tail], dim=1), new_tokens, stats)
+        return result if as_dict or gc.return_dict_in_generate else result.sequences
 
     def _run(
         self,
@@ -251,6 +354,7 @@ class SpeculativeDecoder:
         max_new: int,
         eos: list[int],
         generator: torch.Generator | None,
+        out: _Outputs,
     ) -> tuple[list[list[int]], GenerationStats]:
         target, drafter, builder = self.target, self.drafter, self.builder
         dev = target.device
@@ -264,6 +368,7 @@ class SpeculativeDecoder:
         )
         t_start = time.perf_counter()
         eos_set = set(eos)
+        context = sampling.context
         committed = [list(p) for p in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
         active = list(range(batch))  # original row id of every row still in the batch
@@ -287,7 +392,7 @@ class SpeculativeDecoder:
                     if drafter is not None:
                         drafter.after_target(target, None, chain_len)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
-            room = max(max_new - len(new_tokens[r]) for r in active)
+            room = max(out.cap(max_new) - len(new_tokens[r]) for r in active)
             with stats.timer("draft"):
                 if builder is None or drafter is None:
                     tree = DraftTree.from_roots(roots)
@@ -303,9 +408,9 @@ class SpeculativeDecoder:
                 if builder is not None:
                     builder.observe(verdict[3], verdict[1], tree)
             with stats.timer("other"):
-                acc_nodes, n_acc, next_tok, acc_rank = verdict
+                acc_nodes, n_acc, _, _ = verdict
                 finished = self._commit(
-                    tree, acc_nodes, n_acc, next_tok, acc_rank, active, committed, new_tokens, max_new, eos_set, stats
+                    tree, verdict, q_logits, active, committed, new_tokens, max_new, eos_set, stats, out, context
                 )
                 # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when
                 # nothing was drafted (acc_nodes [B, 0])
@@ -323,6 +428,8 @@ class SpeculativeDecoder:
                         state.select_rows(keep)
                         if drafter is not None:
                             drafter.select_rows(keep)
+                        if context is not None:
+                            context.select_rows(keep)
         stats.draft_calls = (drafter.calls if drafter is not None else 0) - calls_before
         stats.new_tokens = sum(len(t) for t in new_tokens)
         stats.wall_time = time.perf_counter() - t_start
@@ -339,6 +446,7 @@ class SpeculativeDecoder:
         """Target laws with the shared processing, then the tree walk. Shape: q_logits [B, N, V]."""
         batch = tree.batch
         # padding nodes already hold zero logits (HFCausalLM computes rows of valid nodes only)
+        q_logits = sampling.adjust(q_logits, tree, 0, tree.size)
         if tree.size > 1 and not sampling.greedy:  # the verifier reads the target's law: get it in one call
             q_probs = sampling.process(q_logits, "target", log=False)
             return self._verify_tree(tree, q_logits, q_probs, eos, generator)
@@ -395,18 +503,20 @@ class SpeculativeDecoder:
     @staticmethod
     def _commit(
         tree: DraftTree,
-        acc_nodes: torch.Tensor,
-        n_acc: torch.Tensor,
-        next_tok: torch.Tensor,
-        acc_rank: torch.Tensor,
+        verdict: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        q_logits: torch.Tensor,
         active: list[int],
         committed: list[list[int]],
         new_tokens: list[list[int]],
         max_new: int,
         eos_set: set[int],
         stats: GenerationStats,
+        out: _Outputs,
+        context: RunContext | None,
     ) -> list[bool]:
-        """Append each row's emitted tokens; return which rows finished (EOS or max_new_tokens)."""
+        """Append each row's emitted tokens; return which rows finished (EOS, max_new_tokens or a stopping
+        criterion)."""
+        acc_nodes, n_acc, next_tok, acc_rank = verdict
         has_kids = tree.has_children() if tree.size > 1 else [[False]] * tree.batch
         tokens = tree.tokens.tolist()
         nodes, counts, nxt, ranks = acc_nodes.tolist(), n_acc.tolist(), next_tok.tolist(), acc_rank.tolist()
@@ -416,16 +526,89 @@ class SpeculativeDecoder:
             path = nodes[i][:m]
             emitted = [tokens[i][n] for n in path] + ([nxt[i]] if nxt[i] >= 0 else [])
             ended_on_eos = nxt[i] < 0
-            room = max_new - len(new_tokens[r])
-            emitted = emitted[:room]
+            cap = out.cap(max_new)
+            emitted = emitted[: cap - len(new_tokens[r])]
+            # the j-th emitted token was drawn at node [root, *path][j]: its logits go to the stopping criteria
+            cut = None
+            if r not in out.stop_at:
+                cut = out.cut(r, new_tokens[r], emitted, lambda j, i=i, at=[0, *path]: q_logits[i, at[j]])
+            if cut is not None and out.hold:
+                out.stop_at[r] = len(new_tokens[r]) + cut
+                cut = None
+            if cut is not None:
+                emitted = emitted[:cut]
             new_tokens[r].extend(emitted)
             committed[r].extend(emitted)
+            if context is not None:
+                context.commit(i, emitted)
+            out.put(emitted)
             visited = [0, *path] if not ended_on_eos else [0, *path[:-1]]
             steps = sum(1 for n in visited if has_kids[i][n])
             stats.record_round(m, len(emitted), ranks[i][:m], steps)
-            done = len(new_tokens[r]) >= max_new or any(t in eos_set for t in emitted)
+            done = cut is not None or len(new_tokens[r]) >= cap or any(t in eos_set for t in emitted)
             finished.append(done)
+        if out.hold and out.limit is None and len(out.stop_at) == len(out.rows):
+            # every row has met a criterion: transformers stops them all after the last one's token
+            out.limit = max(out.stop_at.values())
+            for i, r in enumerate(active):
+                extra = len(new_tokens[r]) - out.limit
+                if extra >= 0:
+                    del new_tokens[r][out.limit :], committed[r][len(committed[r]) - extra :]
+                    finished[i] = True
         return finished
+
+
+class _Outputs:
+    """Where new tokens go besides the output: stopping criteria called after every token (transformers calls them
+    once per step; a round emits several tokens, so each prefix is checked and the row is cut after the first token
+    that stops it, or held as transformers holds it, see ``hold``) and a streamer. ``rows``: each input row as
+    given (padding included), the layout the criteria read."""
+
+    def __init__(self, rows: list[list[int]], criteria: list[Any], streamer: Any | None, *, hold: bool) -> None:
+        self.rows = rows
+        self.criteria = criteria
+        self.streamer = streamer
+        # without an EOS to pad with, transformers keeps generating a stopped row until every row has stopped:
+        # stop_at records where each row met a criterion, limit is the common length once all have
+        self.hold = hold
+        self.stop_at: dict[int, int] = {}
+        self.limit: int | None = None
+
+    def cap(self, max_new: int) -> int:
+        """The most new tokens a row may have."""
+        return max_new if self.limit is None else min(max_new, self.limit)
+
+    def cut(self, r: int, done: list[int], emitted: list[int], scores: Callable[[int], torch.Tensor]) -> int | None:
+        """How many of ``emitted`` row ``r`` keeps when a criterion stops it, else None."""
+        if not self.criteria:
+            return None
+        base = self.rows[r] + done
+        for j in range(len(emitted)):
+            ids = torch.tensor([base + emitted[: j + 1]], dtype=torch.long)
+            row_scores = scores(j).float()[None]
+            if any(bool(torch.as_tensor(c(ids, row_scores)).any()) for c in self.criteria):
+                return j + 1
+        return None
+
+    def put(self, tokens: list[int]) -> None:
+        if self.streamer is not None and tokens:
+            self.streamer.put(torch.tensor(tokens, dtype=torch.long))
+
+    def end(self) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
+
+
+def _generate_call() -> dict[str, Any]:
+    """``assistant_model`` and ``streamer`` of the transformers ``generate`` call that runs a custom_generate
+    callable: transformers hands such a callable neither (it sends the streamer the prompt only), so they are read
+    from its frame. Empty when not called from there."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+            return {k: frame.f_locals.get(k) for k in ("assistant_model", "streamer")}
+        frame = frame.f_back
+    return {}
 
 
 class SpecDecPPDecoder(SpeculativeDecoder):
@@ -444,31 +627,66 @@ class SpecDecPPDecoder(SpeculativeDecoder):
         )
 
 
+#: SpeculativeDecoder's method arguments, taken out of a one-shot call's keyword arguments
+DECODER_ARGS = ("draft_length", "branching", "parents", "beam_width", "num_chains", "head", "threshold")
+
+
 def generate(
     target: Any,
     draft: Any,
     input_ids: torch.Tensor,
     *,
-    method: str,
+    method: str = "rsd_c",
     attention_mask: torch.Tensor | None = None,
-    draft_length: int | None = None,
-    branching: Sequence[int] | None = None,
-    parents: Sequence[int] | None = None,
-    beam_width: int | None = None,
-    num_chains: int | None = None,
-    head: Any = None,
-    threshold: float | None = None,
     **kwargs: Any,
 ) -> GenerationOutput:
     """One-shot speculative generation: ``SpeculativeDecoder(target, draft, method=..., ...).generate(...)``.
 
     Shape: input_ids [B, P], attention_mask [B, P] -> GenerationOutput (sequences [B, P + T], new_tokens,
-    stats). ``kwargs``: max_new_tokens, temperature, top_k, top_p, do_sample, eos_token_id, pad_token_id,
-    generation_config, seed, generator (see :meth:`SpeculativeDecoder.generate`).
+    stats). ``kwargs``: the decoder's method arguments (draft_length, branching, parents, beam_width, num_chains,
+    head, threshold; :class:`SpeculativeDecoder`), then any argument of :meth:`SpeculativeDecoder.generate`
+    (transformers' generation settings, stopping_criteria, streamer, tokenizer, seed, generator).
     """
+    params = {k: kwargs.pop(k) for k in DECODER_ARGS if k in kwargs}
+    decoder = SpeculativeDecoder(target, draft, method=method, **params)
+    return decoder.generate(input_ids, attention_mask, **kwargs)
+
+
+def custom_generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    logits_processor: Any = None,
+    stopping_criteria: Any = None,
+    generation_config: Any = None,
+    *,
+    # named one by one: transformers hands a custom_generate callable only the arguments its signature names
+    draft: Any = None,
+    method: str = "rsd_c",
+    draft_length: int | None = None,
+    branching: Sequence[int] | str | None = None,
+    parents: Sequence[int] | None = None,
+    beam_width: int | None = None,
+    num_chains: int | None = None,
+    head: Any = None,
+    threshold: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    **model_kwargs: Any,
+) -> Any:
+    """transformers' ``custom_generate`` hook: change one line of an existing ``generate`` call,
+    ``target.generate(**inputs, custom_generate=specdec.custom_generate, assistant_model=draft, ...)``, and it
+    runs speculatively with the settings transformers resolved. The draft comes from ``assistant_model=`` (an HF
+    model) or ``draft=`` (also a Drafter or ``"ngram"``); ``method`` and the method parameters, ``head``/
+    ``threshold``, ``seed``/``generator`` are passed like any generate argument. Returns what ``generate``
+    returns: the sequences, or (``return_dict_in_generate=True``) a :class:`GenerationOutput` with the
+    speculative statistics. A decoder built once (:class:`SpeculativeDecoder`) offers the same hook as
+    ``decoder.custom_generate`` without rebuilding per call."""
+    assistant = _generate_call().get("assistant_model")
+    if assistant is not None and draft is not None:
+        raise ValueError("pass the draft as assistant_model= or draft=, not both")
     decoder = SpeculativeDecoder(
-        target,
-        draft,
+        model,
+        draft if draft is not None else assistant,
         method=method,
         draft_length=draft_length,
         branching=branching,
@@ -478,4 +696,14 @@ def generate(
         head=head,
         threshold=threshold,
     )
-    return decoder.generate(input_ids, attention_mask, **kwargs)
+    return decoder._generate_prepared(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        seed=seed,
+        generator=generator,
+        streamer=_generate_call().get("streamer"),
+        **model_kwargs,
+    )

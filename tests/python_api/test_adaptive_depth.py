@@ -26,7 +26,7 @@ def test_adaptive_tree_keeps_the_target_law(method, kw):
     dec = specdec.SpeculativeDecoder(target, draft, method=method, head=random_head(32, 2), threshold=0.4, **kw)
     n = 3000
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n)])
-    out = dec.generate(ids, mask, max_new_tokens=4, temperature=TEMPERATURE, seed=11)
+    out = dec.generate(ids, mask, max_new_tokens=4, do_sample=True, temperature=TEMPERATURE, seed=11)
     lengths = [x for r in dec.builder.stop_rule.round_lengths for x in r]
     assert min(lengths) < dec.config.depth  # the rule did stop some trees early
     assert_first_two_law(target, out.new_tokens)
@@ -66,7 +66,7 @@ def test_threshold_moves_the_tree_depth():
         dec = specdec.SpeculativeDecoder(
             target, draft, method="rsd_c", branching=(2, 2, 2), head=random_head(32, 2), threshold=h
         )
-        dec.generate(ids, mask, max_new_tokens=5, temperature=TEMPERATURE, seed=0)
+        dec.generate(ids, mask, max_new_tokens=5, do_sample=True, temperature=TEMPERATURE, seed=0)
         first = dec.builder.stop_rule.round_lengths[0]
         mean_depth[h] = float(np.mean(first))
         if h == 1.0:

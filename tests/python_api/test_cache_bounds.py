@@ -115,7 +115,10 @@ def test_sampling_batch_caches_stay_bounded(monkeypatch, setup, method: str, kw:
     decoder = specdec.SpeculativeDecoder(target, draft, method=method, **kw)
     checks = CacheChecks(monkeypatch, decoder)
     ids, mask = left_pad(prompts)
-    runs = [decoder.generate(ids, mask, max_new_tokens=300, temperature=1.0, seed=11).new_tokens for _ in range(2)]
+    runs = [
+        decoder.generate(ids, mask, max_new_tokens=300, do_sample=True, temperature=1.0, seed=11).new_tokens
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1]  # same seed, same tokens
     assert [len(t) for t in runs[0]] == [300] * len(prompts)
     assert all(0 <= t < VOCAB for row in runs[0] for t in row)

@@ -38,7 +38,9 @@ def test_ngram_sampling_is_exact_on_one_hot_laws() -> None:
     """A one-hot draft under sampling: every emitted token still comes from the target (smoke: runs, accepts)."""
     target = tiny_llama(0, vocab=16, hidden=32)
     prompt = torch.tensor([[1, 2, 3, 4, 1, 2, 3, 4, 1, 2]])
-    out = specdec.generate(target, "ngram", prompt, method="sd", max_new_tokens=10, temperature=1.0, seed=0)
+    out = specdec.generate(
+        target, "ngram", prompt, method="sd", max_new_tokens=10, do_sample=True, temperature=1.0, seed=0
+    )
     assert len(out.new_tokens[0]) == 10
     assert out.stats.draft_params == 0 and out.stats.draft_calls > 0
 

@@ -67,7 +67,9 @@ def test_greedy_equals_target_greedy(setup, method: str) -> None:
 def test_temperature_zero_is_greedy(setup) -> None:
     target, draft, prompts, refs = setup
     ids, mask = left_pad(prompts[:2])
-    out = specdec.generate(target, draft, ids, method="rsd_c", attention_mask=mask, max_new_tokens=N_NEW, temperature=0)
+    out = specdec.generate(
+        target, draft, ids, method="rsd_c", attention_mask=mask, max_new_tokens=N_NEW, do_sample=False
+    )
     assert out.new_tokens == refs[:2]
 
 
@@ -88,7 +90,7 @@ def test_eos_stops_rows_independently(setup) -> None:
             method=method,
             attention_mask=mask,
             max_new_tokens=N_NEW,
-            temperature=0,
+            do_sample=False,
             eos_token_id=eos,
             pad_token_id=VOCAB - 1,
             **METHODS[method],
@@ -122,7 +124,7 @@ def test_ngram_drafter_greedy_and_speedup() -> None:
     ref_copy, gap = reference_greedy(target, copy_prompt, 20)
     assert gap > 1e-4
     ids, mask = left_pad([copy_prompt, prompt])
-    out = specdec.generate(target, "ngram", ids, method="sd", attention_mask=mask, max_new_tokens=20, temperature=0)
+    out = specdec.generate(target, "ngram", ids, method="sd", attention_mask=mask, max_new_tokens=20, do_sample=False)
     assert out.new_tokens == [ref_copy, ref[:20]]
     assert out.stats.draft_ratio == 0.0 and out.stats.mbsu == out.stats.block_efficiency
 
@@ -152,7 +154,7 @@ def test_self_draft_accepts_everything(setup, method: str) -> None:
         method=method,
         attention_mask=mask,
         max_new_tokens=N_NEW,
-        temperature=0,
+        do_sample=False,
         eos_token_id=eos,
         **params,
     )
@@ -164,6 +166,7 @@ def test_self_draft_accepts_everything(setup, method: str) -> None:
         method=method,
         attention_mask=mask,
         max_new_tokens=N_NEW,
+        do_sample=True,
         temperature=1.0,
         seed=0,
         **params,

@@ -52,7 +52,11 @@ def test_bad_prompts(pair, ids, mask, match) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"max_new_tokens": 0}, "max_new_tokens must be an int >= 1, got 0"),
+        ({"max_new_tokens": 0}, "max_new_tokens` must be greater than 0"),  # transformers' own check
+        ({"do_sample": True, "temperature": -1.0}, "temperature` .* has to be a strictly positive float"),
+        ({"no_repeat_ngram_size": 2}, "no_repeat_ngram_size=2 is not supported"),
+        ({"num_beams": 2}, "num_beams=2 is not supported"),
+        ({"output_scores": True}, "output_scores=True is not supported"),
         ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"top_k": -2}, "top_k must be an int >= 0"),
@@ -141,13 +145,18 @@ def test_seed_reproducibility(pair) -> None:
     target, draft = pair
     ids = PROMPT.expand(4, -1)
     runs = [
-        specdec.generate(target, draft, ids, method="rsd_s", max_new_tokens=12, seed=s).new_tokens for s in (7, 7, 8)
+        specdec.generate(target, draft, ids, method="rsd_s", max_new_tokens=12, do_sample=True, seed=s).new_tokens
+        for s in (7, 7, 8)
     ]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g1).new_tokens
-    b = specdec.generate(target, draft, ids, method="spechub", max_new_tokens=12, generator=g2).new_tokens
+    a = specdec.generate(
+        target, draft, ids, method="spechub", max_new_tokens=12, do_sample=True, generator=g1
+    ).new_tokens
+    b = specdec.generate(
+        target, draft, ids, method="spechub", max_new_tokens=12, do_sample=True, generator=g2
+    ).new_tokens
     assert a == b
 
 
@@ -157,13 +166,19 @@ def test_reseeding_one_generator_reproduces_the_run(pair) -> None:
     target, draft = pair
     ids = PROMPT.expand(3, -1)
     g = torch.Generator().manual_seed(5)
-    first = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
-    second = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
+    first = specdec.generate(
+        target, draft, ids, method="rsd_c", max_new_tokens=12, do_sample=True, generator=g
+    ).new_tokens
+    second = specdec.generate(
+        target, draft, ids, method="rsd_c", max_new_tokens=12, do_sample=True, generator=g
+    ).new_tokens
     g.manual_seed(5)
-    again = specdec.generate(target, draft, ids, method="rsd_c", max_new_tokens=12, generator=g).new_tokens
+    again = specdec.generate(
+        target, draft, ids, method="rsd_c", max_new_tokens=12, do_sample=True, generator=g
+    ).new_tokens
     assert again == first and second != first
     torch.manual_seed(9)
-    a = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12).new_tokens
+    a = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12, do_sample=True).new_tokens
     torch.manual_seed(9)
-    b = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12).new_tokens
+    b = specdec.generate(target, draft, ids, method="sd", max_new_tokens=12, do_sample=True).new_tokens
     assert a == b

@@ -146,7 +146,13 @@ def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: 
     decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params, **head)
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n_per_prompt)])
     out = decoder.generate(
-        ids, mask, max_new_tokens=max(decoder.config.depth + 1, 2), temperature=temperature, seed=seed, **sampling
+        ids,
+        mask,
+        max_new_tokens=max(decoder.config.depth + 1, 2),
+        do_sample=True,
+        temperature=temperature,
+        seed=seed,
+        **sampling,
     )
     return out.new_tokens
 
@@ -283,7 +289,7 @@ def auto_law(models, tmp_path, monkeypatch) -> tuple[list, dict]:
     decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
     decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
-    out = decoder.generate(ids, mask, max_new_tokens=2, temperature=TEMPERATURE, seed=3)
+    out = decoder.generate(ids, mask, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, seed=3)
     first_two = np.array([t[:2] for t in out.new_tokens])
     checks = []
     for i, prompt in enumerate(PROMPTS):

@@ -68,7 +68,9 @@ def tiny(family: str, seed: int = 0, **overrides: Any) -> Any:
     config_cls, model_cls, attn, extra = FAMILIES[family]
     torch.manual_seed(seed)
     cfg = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides}, attn_implementation=attn)
-    return getattr(transformers, model_cls)(cfg).eval()
+    model = getattr(transformers, model_cls)(cfg).eval()
+    model.generation_config.eos_token_id = None  # runs go to their length: the families' default EOS ids differ
+    return model
 
 
 def test_every_supported_family_has_a_case() -> None:
@@ -154,3 +156,25 @@ def test_multimodal_gemma3_is_refused() -> None:
     model.config.model_type = "gemma3"
     with pytest.raises(ValueError, match="architecture 'gemma3' is not supported.*Gemma3ForCausalLM"):
         HFCausalLM(model, name="target")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_entry_points_equal_model_generate(family: str) -> None:
+    """``specdec.generate`` and ``model.generate(custom_generate=specdec.custom_generate)`` against the family's own
+    ``generate`` on a left-padded batch, with a repetition penalty and an EOS id the plain run emits."""
+    target = tiny(family, 1)
+    draft = noisy_copy(target, 2, 0.1)
+    ids, mask = left_pad(PROMPTS)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=N_NEW)
+    kw = dict(do_sample=False, max_new_tokens=N_NEW, repetition_penalty=1.3, eos_token_id=int(plain[0, -4]),
+              pad_token_id=0)  # fmt: skip
+    ref = target.generate(ids, attention_mask=mask, output_scores=True, return_dict_in_generate=True, **kw)
+    for step in ref.scores:
+        top = torch.topk(step.float(), 2).values
+        live = torch.isfinite(top).all(dim=-1)
+        assert bool((top[live, 0] - top[live, 1] > 1e-4).all()), f"{family}: near-tie in the reference run"
+    ours = specdec.generate(target, draft, ids, method="rsd_c", branching=(2, 1), attention_mask=mask, **kw)
+    hooked = target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft,
+                             method="sd", **kw)  # fmt: skip
+    assert torch.equal(ours.sequences, ref.sequences), family
+    assert torch.equal(hooked, ref.sequences), family

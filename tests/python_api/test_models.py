@@ -347,7 +347,7 @@ def test_generate_leaves_the_users_model_untouched() -> None:
     draft = tiny_llama(2, vocab=32, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
     fresh = copy.deepcopy(target)
     ids = torch.tensor([[3, 4, 5, 6]])
-    specdec.generate(target, draft, ids, method="sd", draft_length=3, max_new_tokens=12, temperature=0)
+    specdec.generate(target, draft, ids, method="sd", draft_length=3, max_new_tokens=12, do_sample=False)
     for model in (target, draft):
         assert not any("forward" in m.__dict__ for m in model.modules())
         assert model.config._attn_implementation == "sdpa"

@@ -26,11 +26,13 @@ def test_smollm2_greedy_speculation_equals_ar() -> None:
     assert model.config.vocab_size == 49152 and tokenizer.eos_token_id == 2
     prompt = smollm2.chat_prompt(tokenizer, "Repeat exactly: the quick brown fox jumps over the lazy dog.")
     ids = torch.tensor([prompt])
-    ar = specdec.generate(model, None, ids, method="ar", max_new_tokens=12, temperature=0, eos_token_id=2)
-    sd = specdec.generate(model, "ngram", ids, method="sd", max_new_tokens=12, temperature=0, eos_token_id=2)
+    ar = specdec.generate(model, None, ids, method="ar", max_new_tokens=12, do_sample=False, eos_token_id=2)
+    sd = specdec.generate(model, "ngram", ids, method="sd", max_new_tokens=12, do_sample=False, eos_token_id=2)
     assert sd.new_tokens == ar.new_tokens
     assert sd.stats.target_calls <= ar.stats.target_calls
-    sampled = specdec.generate(model, "ngram", ids, method="rsd_c", max_new_tokens=8, temperature=0.8, seed=0)
+    sampled = specdec.generate(
+        model, "ngram", ids, method="rsd_c", max_new_tokens=8, do_sample=True, temperature=0.8, seed=0
+    )
     assert 1 <= len(sampled.new_tokens[0]) <= 8
 
 

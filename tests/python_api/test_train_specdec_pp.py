@@ -63,7 +63,7 @@ def test_specdec_pp_keeps_the_target_law():
     n = 4000
     rows = [PROMPTS[i % 2] for i in range(2 * n)]
     ids, mask = left_pad(rows)
-    out = dec.generate(ids, mask, max_new_tokens=4, temperature=TEMPERATURE, seed=3)
+    out = dec.generate(ids, mask, max_new_tokens=4, do_sample=True, temperature=TEMPERATURE, seed=3)
     assert_first_two_law(target, out.new_tokens)
 
 
@@ -84,7 +84,7 @@ def test_stopping_rule_varies_the_length():
     for h in (0.0, 0.5, 1.0):
         dec = SpecDecPPDecoder(target, draft, random_head(32, 2), threshold=h, max_draft_length=4)
         ids, mask = left_pad([PROMPTS[i % 2] for i in range(64)])
-        dec.generate(ids, mask, max_new_tokens=5, temperature=TEMPERATURE, seed=0)
+        dec.generate(ids, mask, max_new_tokens=5, do_sample=True, temperature=TEMPERATURE, seed=0)
         lengths = dec.builder.stop_rule.round_lengths[0]  # the first round may draft up to the cap (enough room)
         seen.update(lengths)
         if h == 0.0:

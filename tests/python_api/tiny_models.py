@@ -20,7 +20,9 @@ def tiny_llama(
     attn: str = "sdpa",
     dtype: torch.dtype = torch.float32,
 ) -> transformers.LlamaForCausalLM:
-    """A random LlamaForCausalLM in eval mode; ``std`` (initializer_range) sets how peaked its laws are."""
+    """A random LlamaForCausalLM in eval mode; ``std`` (initializer_range) sets how peaked its laws are. Its
+    generation config has no EOS (transformers' Llama default is id 2), so runs go to their length unless a test
+    passes ``eos_token_id``."""
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
         vocab_size=vocab,
@@ -33,7 +35,9 @@ def tiny_llama(
         initializer_range=std,
         attn_implementation=attn,
     )
-    return transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    model = transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    return model
 
 
 def noisy_copy(model: transformers.LlamaForCausalLM, seed: int, scale: float) -> transformers.LlamaForCausalLM:

@@ -100,6 +100,8 @@ class TreeBuilder(ABC):
             logits = out.logits.to(tree.device)
             # reduced logits [B, n, S]: everything below runs on the S columns; tokens map back after expand
             support = None if out.support is None else out.support.to(tree.device)
+            # the same context-dependent controls as the target's rows (repetition penalty, minimum length)
+            logits = sampling.adjust(logits, tree, lo, hi, support)
             live = tree.valid[:, lo:hi] & out.ok.to(tree.device)
             if rule is not None:
                 live = rule.live(level, tree, lo, hi, live, drafter)
