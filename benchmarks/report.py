@@ -60,6 +60,7 @@ KERNEL_OPS = (
     "kseq_gamma",
     "verify_node",
     "verify_chain",
+    "emission_law",
     "verify_tree",
     "tree_mask",
     "tree_positions",

@@ -51,11 +51,13 @@ TORCH_LIBRARY(specdec, m) {
   m.def("spechub_sample(Tensor logp, Tensor? noise, int seed=0) -> (Tensor, Tensor, Tensor)");
   // p, q [B, V], k [B] -> gamma [B] float64, beta [B] float64
   m.def("kseq_gamma(Tensor p, Tensor q, Tensor k) -> (Tensor, Tensor)");
-  // draft [B, L], p [B, L, V] (None when greedy), q [B, L+1, V], lengths [B], accept_u [B, L],
+  // draft [B, L], p [B, L, V] (None when greedy with leniency 1), q [B, L+1, V], lengths [B], accept_u [B, L],
   // final_noise [B, V], eos [E] -> n_accepted [B], next_token [B]
   m.def(
       "verify_chain(Tensor draft, Tensor? p, Tensor q, Tensor lengths, Tensor? accept_u, Tensor? final_noise, "
-      "bool greedy, Tensor? eos, int seed=0) -> (Tensor, Tensor)");
+      "bool greedy, Tensor? eos, int seed=0, float leniency=1.0) -> (Tensor, Tensor)");
+  // p, q [..., V] -> the law a lenient review emits [..., V] (float64 if an input is, else float32)
+  m.def("emission_law(Tensor p, Tensor q, float leniency=1.0) -> Tensor");
   // cand [B, K], cand_valid [B, K], p, q [B, V], accept_u [B, K], final_noise [B, V], hub [B]
   // -> slot [B], token [B], accept_prob [B, K], final_residual [B, V] (compute dtype)
   m.def(
@@ -87,6 +89,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("spechub_sample", &specdec::cpu::spechub_sample);
   m.impl("kseq_gamma", &specdec::cpu::kseq_gamma);
   m.impl("verify_chain", &specdec::cpu::verify_chain);
+  m.impl("emission_law", &specdec::cpu::emission_law);
   m.impl("verify_node", &specdec::cpu::verify_node);
   m.impl("verify_tree", &specdec::cpu::verify_tree);
   m.impl("skinny_linear", &specdec::cpu::skinny_linear);

@@ -146,6 +146,7 @@ CPU_OPS = (
     "spechub_sample",
     "kseq_gamma",
     "verify_chain",
+    "emission_law",
     "verify_node",
     "verify_tree",
     "skinny_linear",
@@ -323,7 +324,10 @@ if HAVE_CPU:
         batch = p.shape[0]
         return p.new_empty((batch,), dtype=torch.float64), p.new_empty((batch,), dtype=torch.float64)
 
-    # ---- verification (chain SD, greedy included) ----
+    # ---- verification (chain SD, greedy included; CS Drafting's lenient review and emission law) ----
+
+    def _compute_dtype(p: torch.Tensor | None, q: torch.Tensor) -> torch.dtype:
+        return torch.float64 if torch.float64 in (q.dtype, None if p is None else p.dtype) else torch.float32
 
     @register("verify_chain", "cpu", supports=_on_cpu)
     def verify_chain(
@@ -336,8 +340,10 @@ if HAVE_CPU:
         greedy: bool,
         eos: torch.Tensor | None,
         seed: int = 0,
+        leniency: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.verify_chain(draft, None if greedy else p, q, lengths, accept_u, final_noise, greedy, eos, seed)
+        p = None if greedy and leniency == 1.0 else p  # only the lenient greedy rule reads p in greedy mode
+        return ops.verify_chain(draft, p, q, lengths, accept_u, final_noise, greedy, eos, seed, leniency)
 
     @torch.library.register_fake("specdec::verify_chain")
     def _verify_chain_fake(
@@ -350,9 +356,18 @@ if HAVE_CPU:
         greedy: bool,
         eos: torch.Tensor | None,
         seed: int = 0,
+        leniency: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch = draft.shape[0]
         return draft.new_empty((batch,), dtype=torch.long), draft.new_empty((batch,), dtype=torch.long)
+
+    @register("emission_law", "cpu", supports=_on_cpu)
+    def emission_law(p: torch.Tensor, q: torch.Tensor, leniency: float) -> torch.Tensor:
+        return ops.emission_law(p, q, leniency)
+
+    @torch.library.register_fake("specdec::emission_law")
+    def _emission_law_fake(p: torch.Tensor, q: torch.Tensor, leniency: float = 1.0) -> torch.Tensor:
+        return p.new_empty(p.shape, dtype=_compute_dtype(p, q))
 
     # ---- node and tree verifiers ----
 
@@ -405,9 +420,6 @@ if HAVE_CPU:
             max_depth,
             seed,
         )
-
-    def _compute_dtype(p: torch.Tensor | None, q: torch.Tensor) -> torch.dtype:
-        return torch.float64 if torch.float64 in (q.dtype, None if p is None else p.dtype) else torch.float32
 
     @torch.library.register_fake("specdec::verify_node")
     def _verify_node_fake(
@@ -467,6 +479,7 @@ CUDA_OPS = (
     "spechub_sample",
     "kseq_gamma",
     "verify_chain",
+    "emission_law",
     "verify_node",
     "verify_tree",
 )

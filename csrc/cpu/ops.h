@@ -28,12 +28,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gumbel_topk(const at::Tensor& log
 at::Tensor process_logits(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
                           bool log);
 
-// verify.cpp: chain SD (greedy included)
+// verify.cpp: chain SD (greedy included; leniency > 1: CS Drafting's lenient review)
 std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft, const std::optional<at::Tensor>& p,
                                                 const at::Tensor& q, const at::Tensor& lengths,
                                                 const std::optional<at::Tensor>& accept_u,
                                                 const std::optional<at::Tensor>& final_noise, bool greedy,
-                                                const std::optional<at::Tensor>& eos, int64_t seed);
+                                                const std::optional<at::Tensor>& eos, int64_t seed, double leniency);
+// verify.cpp: p, q [..., V] -> the law a lenient review emits [..., V] (compute dtype)
+at::Tensor emission_law(const at::Tensor& p, const at::Tensor& q, double leniency);
 // verify.cpp, node verifiers: accept_prob [B, K] and final residual [B, V] are always returned
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
     const std::string& method, const at::Tensor& cand, const at::Tensor& cand_valid, const at::Tensor& p,

@@ -27,7 +27,7 @@ at::Tensor as_compute(const at::Tensor& t, at::ScalarType cd, const char* name) 
 template <typename S>
 void chain_rows(const int64_t* draft, const S* p, const S* q, const int64_t* lengths, const double* u,
                 const double* fin, bool greedy, const int64_t* eos, int64_t n_eos, int64_t batch, int64_t len_max,
-                int64_t vocab, int64_t* n_acc, int64_t* next) {
+                int64_t vocab, int64_t* n_acc, int64_t* next, double leniency) {
 #pragma omp parallel num_threads(omp_threads(batch, batch * vocab))
   {
     std::vector<S> scratch(vocab);
@@ -35,8 +35,14 @@ void chain_rows(const int64_t* draft, const S* p, const S* q, const int64_t* len
     for (int64_t b = 0; b < batch; ++b)
       n_acc[b] = verify_chain_row<S>(draft + b * len_max, p == nullptr ? nullptr : p + b * len_max * vocab,
                                      q + b * (len_max + 1) * vocab, lengths[b], u + b * len_max, fin + b * vocab,
-                                     greedy, eos, n_eos, vocab, scratch.data(), next + b);
+                                     greedy, eos, n_eos, vocab, scratch.data(), next + b, leniency);
   }
+}
+
+template <typename S>
+void emission_rows(const S* p, const S* q, int64_t rows, int64_t vocab, double leniency, S* out) {
+#pragma omp parallel for num_threads(omp_threads(rows, rows * vocab)) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) emission_law_row<S>(p + r * vocab, q + r * vocab, vocab, leniency, out + r * vocab);
 }
 
 Method method_of(const std::string& name) {
@@ -233,7 +239,8 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
                                                 const at::Tensor& q_in, const at::Tensor& lengths_in,
                                                 const std::optional<at::Tensor>& accept_u,
                                                 const std::optional<at::Tensor>& final_noise, bool greedy,
-                                                const std::optional<at::Tensor>& eos_in, int64_t seed) {
+                                                const std::optional<at::Tensor>& eos_in, int64_t seed,
+                                                double leniency) {
   const at::Tensor draft = as_long(draft_in, "draft");
   const at::Tensor lengths = as_long(lengths_in, "lengths");
   TORCH_CHECK(draft.dim() == 2, "draft must be [B, L], got ", draft.sizes());
@@ -243,11 +250,13 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
   const int64_t vocab = q_in.size(2);
   TORCH_CHECK(vocab > 0, "q must have V > 0");
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must be [B=", batch, "]");
-  TORCH_CHECK(greedy || p_in.has_value(), "p is required unless greedy");
-  const at::ScalarType cd = compute_type(greedy ? std::nullopt : p_in, q_in);
+  TORCH_CHECK(leniency >= 1.0, "leniency must be >= 1, got ", leniency);
+  const bool use_p = !greedy || leniency > 1.0;  // the lenient greedy rule reads p
+  TORCH_CHECK(!use_p || p_in.has_value(), "p is required unless greedy (with leniency 1)");
+  const at::ScalarType cd = compute_type(use_p ? p_in : std::nullopt, q_in);
   const at::Tensor q = as_compute(q_in, cd, "q");
   at::Tensor p;
-  if (!greedy) {
+  if (use_p) {
     p = as_compute(*p_in, cd, "p");
     TORCH_CHECK(p.dim() == 3 && p.size(0) == batch && p.size(1) == len_max && p.size(2) == vocab,
                 "p must be [B, L, V] = [", batch, ", ", len_max, ", ", vocab, "], got ", p.sizes());
@@ -270,15 +279,33 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
   const int64_t* e = eos.defined() ? eos.const_data_ptr<int64_t>() : nullptr;
   const int64_t n_eos = eos.defined() ? eos.numel() : 0;
   if (cd == at::kDouble) {
-    chain_rows<double>(d, greedy ? nullptr : p.const_data_ptr<double>(), q.const_data_ptr<double>(), lens,
+    chain_rows<double>(d, use_p ? p.const_data_ptr<double>() : nullptr, q.const_data_ptr<double>(), lens,
                        u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, len_max,
-                       vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>());
+                       vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), leniency);
   } else {
-    chain_rows<float>(d, greedy ? nullptr : p.const_data_ptr<float>(), q.const_data_ptr<float>(), lens,
+    chain_rows<float>(d, use_p ? p.const_data_ptr<float>() : nullptr, q.const_data_ptr<float>(), lens,
                       u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, len_max,
-                      vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>());
+                      vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), leniency);
   }
   return {n_acc, next};
+}
+
+at::Tensor emission_law(const at::Tensor& p_in, const at::Tensor& q_in, double leniency) {
+  TORCH_CHECK(p_in.dim() >= 1 && p_in.sizes() == q_in.sizes(), "p and q must be [..., V] of one shape, got ",
+              p_in.sizes(), " and ", q_in.sizes());
+  TORCH_CHECK(leniency >= 1.0, "leniency must be >= 1, got ", leniency);
+  const at::ScalarType cd = compute_type(p_in, q_in);
+  const at::Tensor p = as_compute(p_in, cd, "p"), q = as_compute(q_in, cd, "q");
+  at::Tensor out = at::empty(p.sizes(), p.options());
+  const int64_t vocab = p.size(-1), rows = vocab ? p.numel() / vocab : 0;
+  if (cd == at::kDouble) {
+    emission_rows<double>(p.const_data_ptr<double>(), q.const_data_ptr<double>(), rows, vocab, leniency,
+                          out.mutable_data_ptr<double>());
+  } else {
+    emission_rows<float>(p.const_data_ptr<float>(), q.const_data_ptr<float>(), rows, vocab, leniency,
+                         out.mutable_data_ptr<float>());
+  }
+  return out;
 }
 
 }  // namespace specdec::cpu

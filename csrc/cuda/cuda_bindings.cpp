@@ -209,19 +209,37 @@ Tensor eos_or_empty(const std::optional<Tensor>& eos, const Tensor& like) {
 std::tuple<Tensor, Tensor> verify_chain(const Tensor& draft, const std::optional<Tensor>& p, const Tensor& q,
                                         const Tensor& lengths, const std::optional<Tensor>& accept_u,
                                         const std::optional<Tensor>& final_noise, bool greedy,
-                                        const std::optional<Tensor>& eos, int64_t seed) {
+                                        const std::optional<Tensor>& eos, int64_t seed, double leniency) {
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t B = draft.size(0), L = draft.size(1), V = q.size(-1);
-  Tensor qf = f32(q), pf = (greedy || !p.has_value()) ? qf : f32(*p), e = eos_or_empty(eos, draft);
+  TORCH_CHECK(leniency >= 1.0, "specdec::verify_chain: leniency must be >= 1, got ", leniency);
+  const bool use_p = !greedy || leniency > 1.0;  // the lenient greedy rule reads p
+  TORCH_CHECK(!use_p || p.has_value(), "specdec::verify_chain: p is required unless greedy (with leniency 1)");
+  Tensor qf = f32(q), pf = use_p ? f32(*p) : qf, e = eos_or_empty(eos, draft);
   Tensor n_acc = at::empty({B}, draft.options().dtype(at::kLong)), next = at::empty_like(n_acc);
   Tensor u = noise_or_none(accept_u, {B, L}, seed, q, "accept_u");
   Tensor fin = noise_or_none(final_noise, {B, V}, seed, q, "final_noise");
   check(specdec_cuda_verify_chain(i64(draft).data_ptr<int64_t>(), pf.data_ptr<float>(), qf.data_ptr<float>(),
                                   i64(lengths).data_ptr<int64_t>(), noise_ptr(u), noise_ptr(fin),
                                   static_cast<uint64_t>(seed), e.data_ptr<int64_t>(), e.numel(),
-                                  n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, L, V, greedy, stream()),
+                                  n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, L, V, greedy, leniency,
+                                  stream()),
         "verify_chain");
   return {n_acc, next};
+}
+
+// p, q [..., V] of one shape -> E [..., V]; computed in fp32, returned in the reference's compute dtype.
+Tensor emission_law(const Tensor& p, const Tensor& q, double leniency) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(p.dim() >= 1 && p.sizes() == q.sizes(), "specdec::emission_law: p and q must be [..., V] of one shape");
+  TORCH_CHECK(leniency >= 1.0, "specdec::emission_law: leniency must be >= 1, got ", leniency);
+  Tensor pf = f32(p), qf = f32(q), out = at::empty_like(pf);
+  const int64_t V = p.size(-1), rows = V ? p.numel() / V : 0;
+  check(specdec_cuda_emission_law(pf.data_ptr<float>(), qf.data_ptr<float>(), out.data_ptr<float>(), rows, V,
+                                  leniency, stream()),
+        "emission_law");
+  const auto cd = (p.scalar_type() == at::kDouble || q.scalar_type() == at::kDouble) ? at::kDouble : at::kFloat;
+  return out.to(cd);
 }
 
 // accept_u [B, K] (row b, element = slot), final_noise [B, V] (row b).
@@ -307,6 +325,7 @@ TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
   m.impl("spechub_sample", &spechub_sample);
   m.impl("kseq_gamma", &kseq_gamma);
   m.impl("verify_chain", &verify_chain);
+  m.impl("emission_law", &emission_law);
   m.impl("verify_node", &verify_node);
   m.impl("verify_tree", &verify_tree);
 }

@@ -24,7 +24,10 @@ int specdec_cuda_filter_kv(void* kv, int64_t elem_size, int64_t B, int64_t H, in
 int specdec_cuda_verify_chain(const int64_t* draft, const float* p, const float* q, const int64_t* lengths,
                               const double* accept_u, const double* fin, uint64_t seed, const int64_t* eos,
                               int64_t n_eos, int64_t* n_acc, int64_t* next, int64_t B, int64_t L, int64_t V,
-                              bool greedy, void* stream);
+                              bool greedy, double leniency, void* stream);
+// p, q, out [rows, V] fp32 (float64 rows are computed in float32 by this backend)
+int specdec_cuda_emission_law(const float* p, const float* q, float* out, int64_t rows, int64_t V, double leniency,
+                              void* stream);
 int specdec_cuda_verify_node(const int64_t* cand, const bool* cvalid, const float* p, const float* q,
                              const double* accept_u, const double* fin, uint64_t seed, const int64_t* hub, float* r,
                              float* s, float* ap, int64_t* slot, int64_t* token, int64_t B, int64_t K, int64_t V,

@@ -255,7 +255,8 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
                                     const int64_t* __restrict__ eos, int64_t n_eos,
                                     int64_t* __restrict__ n_acc,         // [B]
                                     int64_t* __restrict__ next,          // [B]
-                                    int64_t L, int64_t V, bool greedy) {
+                                    int64_t L, int64_t V, bool greedy,
+                                    double leniency) {  // l >= 1: accept iff U p(x) < l q(x) (CS Drafting)
   const int64_t b = blockIdx.x;
   const NoiseRow ua = noise_row(accept_u, L, seed, kAcceptNoise, b), fz = noise_row(fin, V, seed, kFinalNoise, b);
   int64_t j = 0;
@@ -263,7 +264,11 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
   while (state == 0 && j < lengths[b]) {
     const int64_t x = draft[b * L + j];
     const float* qrow = q + (b * (L + 1) + j) * V;
-    const bool ok = greedy ? x == row_argmax<true>(qrow, V) : passes(ua.at(j), p[(b * L + j) * V + x], qrow[x]);
+    // greedy with l = 1: p is a placeholder, never read
+    const double lqx = leniency * static_cast<double>(qrow[x]);
+    const bool ok = greedy ? (x == row_argmax<true>(qrow, V) ||
+                              (leniency > 1.0 && static_cast<double>(p[(b * L + j) * V + x]) < lqx))
+                           : ua.at(j) * static_cast<double>(p[(b * L + j) * V + x]) < lqx;
     if (ok) {
       ++j;
       if (is_eos(x, eos, n_eos)) state = 2;
@@ -280,6 +285,30 @@ __global__ void verify_chain_kernel(const int64_t* __restrict__ draft,   // [B, 
   if (threadIdx.x == 0) {
     n_acc[b] = j;
     next[b] = out;
+  }
+}
+
+// E = min(p, l q) + r rho per row (CS Drafting's emission law; rho = res(q, p), q under the zero-mass rule):
+// l rounded to float like the reference, both sums accumulated in double.
+__global__ void emission_law_kernel(const float* __restrict__ p, const float* __restrict__ q,  // [R, V]
+                                    float* __restrict__ out,                                   // [R, V]
+                                    int64_t V, double leniency) {
+  const float* pr = p + blockIdx.x * V;
+  const float* qr = q + blockIdx.x * V;
+  float* o = out + blockIdx.x * V;
+  const float l = static_cast<float>(leniency);
+  double rej = 0.0, mass = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    rej += static_cast<double>(fmaxf(__fsub_rn(pr[v], __fmul_rn(l, qr[v])), 0.0f));
+    mass += static_cast<double>(fmaxf(qr[v] - pr[v], 0.0f));
+  }
+  const float r = static_cast<float>(block_sum<double>(rej));
+  const float tot = static_cast<float>(block_sum<double>(mass));
+  const bool use_q = tot <= kZeroMassTol;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float lq = __fmul_rn(l, qr[v]);
+    const float rho = use_q ? qr[v] : fmaxf(qr[v] - pr[v], 0.0f) / tot;
+    o[v] = __fadd_rn(fminf(pr[v], lq), __fmul_rn(r, rho));
   }
 }
 
@@ -406,10 +435,17 @@ using namespace specdec::cuda;
 extern "C" int specdec_cuda_verify_chain(const int64_t* draft, const float* p, const float* q, const int64_t* lengths,
                                          const double* accept_u, const double* fin, uint64_t seed, const int64_t* eos,
                                          int64_t n_eos, int64_t* n_acc, int64_t* next, int64_t B, int64_t L, int64_t V,
-                                         bool greedy, void* stream) {
+                                         bool greedy, double leniency, void* stream) {
   if (B == 0) return 0;
-  verify_chain_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(draft, p, q, lengths, accept_u, fin, seed,
-                                                                            eos, n_eos, n_acc, next, L, V, greedy);
+  verify_chain_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      draft, p, q, lengths, accept_u, fin, seed, eos, n_eos, n_acc, next, L, V, greedy, leniency);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int specdec_cuda_emission_law(const float* p, const float* q, float* out, int64_t rows, int64_t V,
+                                         double leniency, void* stream) {
+  if (rows == 0 || V == 0) return 0;
+  emission_law_kernel<<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, q, out, V, leniency);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -13,7 +13,16 @@ from .sampling import (
     spechub_sample,
 )
 from .tree import filter_kv, tree_mask, tree_positions
-from .verify import ChainVerdict, NodeVerdict, TreeVerdict, kseq_gamma, verify_chain, verify_node, verify_tree
+from .verify import (
+    ChainVerdict,
+    NodeVerdict,
+    TreeVerdict,
+    emission_law,
+    kseq_gamma,
+    verify_chain,
+    verify_node,
+    verify_tree,
+)
 
 __all__ = [
     "ChainVerdict",
@@ -23,6 +32,7 @@ __all__ = [
     "SpecHubDraft",
     "TreeVerdict",
     "decode_attention",
+    "emission_law",
     "filter_kv",
     "gumbel_topk",
     "is_greedy",

@@ -151,6 +151,15 @@ class NoisePlan:
         return u.clamp_min_(2.0**-60) if open_low else u
 
 
+def check_leniency(leniency: object) -> float:
+    """CS Drafting's leniency l: a finite number >= 1 (1 = exact speculative sampling)."""
+    if isinstance(leniency, bool) or not isinstance(leniency, (int, float)):
+        raise TypeError(f"leniency must be a number >= 1, got {type(leniency).__name__}")
+    if not math.isfinite(leniency) or leniency < 1.0:
+        raise ValueError(f"leniency must be a finite number >= 1 (1 = exact review), got {leniency!r}")
+    return float(leniency)
+
+
 def check_method(method: object) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")

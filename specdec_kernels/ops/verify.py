@@ -14,6 +14,7 @@ from ._checks import (
     check_bool,
     check_float,
     check_int,
+    check_leniency,
     check_logp,
     check_method,
     check_probs,
@@ -176,6 +177,8 @@ def verify_chain(
     generator: torch.Generator | None = None,
     seed: int | None = None,
     backend: str | None = None,
+    leniency: float = 1.0,
+    validate: bool = True,
 ) -> ChainVerdict:
     """Standard speculative sampling of a draft chain (docs/methods.md, SD; greedy: accept iff x == argmax q).
 
@@ -183,6 +186,13 @@ def verify_chain(
     ``greedy``), q [B, L+1, V] target laws (logits are fine when greedy), lengths [B] (default L) for ragged
     chains, accept_u [B, L], final_noise [B, V] -> n_accepted [B], next_token [B]. Stops after an accepted
     token in ``eos_token_id`` (next_token = -1).
+
+    ``leniency`` l >= 1 is the lenient review of CS Drafting (docs/methods.md, CS Drafting): a token is accepted
+    iff U * p(x) < l * q(x) and a rejection still draws from res(q, p), so with l > 1 the emitted tokens follow
+    :func:`emission_law` instead of q (exact only for l = 1). In greedy mode l > 1 accepts x iff x == argmax q or
+    p(x) < l * q(x); p and q must then be probability rows (the reviewers' laws at temperature 1).
+    ``validate=False`` skips the O(L V) value checks (laws sum to 1, drafted tokens have p > 0, token ids in range)
+    for callers that built the chain and the laws themselves; shapes and types are still checked.
     """
     check_tensor("draft", draft, ndim=2)
     check_int("draft", draft)
@@ -202,15 +212,19 @@ def verify_chain(
             raise ValueError(f"lengths must be in [0, L={length}], got {lengths.tolist()}")
         lens = lengths
     check_same_device(draft=draft, p=p, q=q, lengths=lens)
+    leniency = check_leniency(leniency)
+    lenient_greedy = greedy and leniency > 1.0
     in_use = torch.arange(length, device=draft.device)[None, :] < lens[:, None]
     q_use = torch.cat([torch.ones_like(in_use[:, :1]), in_use], dim=1)  # q rows 0..len[b]
-    _check_tokens("draft", draft, in_use, vocab)
-    if greedy:
-        if bool(torch.isnan(q).any()):
+    if validate:
+        _check_tokens("draft", draft, in_use, vocab)
+    if greedy and not lenient_greedy:
+        if validate and bool(torch.isnan(q).any()):
             raise ValueError("q contains NaN; NaN logits are rejected, fix the model output upstream")
     else:
         if p is None:
-            raise ValueError("p is required unless greedy=True")
+            need = "p is required with greedy=True and leniency > 1" if greedy else "p is required unless greedy=True"
+            raise ValueError(need)
         check_tensor("p", p, ndim=3)
         check_float("p", p)
         if p.shape[-1] != vocab:
@@ -219,9 +233,11 @@ def verify_chain(
                 "(draft and target vocabularies differ?)"
             )
         check_shape("p", p, (batch, length, vocab))
-        check_probs("p (rows in use)", p, rows=in_use)
-        check_probs("q (rows in use)", q, rows=q_use)
-        _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
+        if validate:
+            check_probs("p (rows in use)", p, rows=in_use)
+            check_probs("q (rows in use)", q, rows=q_use)
+            if not greedy:  # the lenient greedy rule reads p as a law, not as the law the tokens were drawn from
+                _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
     # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed)
@@ -229,7 +245,38 @@ def verify_chain(
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     impl = resolve("verify_chain", backend, q.device)
-    return ChainVerdict(*impl(draft, p, q, lens, u, fin, bool(greedy), eos, plan.seed))
+    return ChainVerdict(*impl(draft, p, q, lens, u, fin, bool(greedy), eos, plan.seed, leniency))
+
+
+def emission_law(
+    p: torch.Tensor, q: torch.Tensor, leniency: float = 1.0, *, backend: str | None = None, validate: bool = True
+) -> torch.Tensor:
+    """The law of the token a lenient review emits at one position (docs/methods.md, CS Drafting).
+
+    A candidate drawn from ``p`` is kept iff U * p(x) < l * q(x) (``verify_chain(..., leniency=l)``), else the
+    token is drawn from rho = res(q, p) (q where the residual mass is numerically zero), so the emitted token
+    follows E = min(p, l q) + r rho with r = sum_v (p(v) - l q(v))^+. With l = 1, E = q; with l > 1 a cascade
+    must pass E, not q, to the review above it for the final output to follow the target's law.
+
+    Shape: p, q [..., V] probability rows of one shape -> E [..., V] (float64 if an input is float64, else
+    float32). ``validate=False`` skips the O(V) value checks (rows sum to 1, no NaN or negative entry) for callers
+    whose rows come from ``process_logits``; shapes and types are still checked.
+    """
+    check_tensor("p", p, min_ndim=1)
+    check_tensor("q", q, min_ndim=1)
+    check_float("p", p)
+    check_float("q", q)
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"p and q must share the vocabulary size, got {p.shape[-1]} and {q.shape[-1]} "
+            "(draft and target vocabularies differ?)"
+        )
+    check_shape("q", q, p.shape)
+    check_same_device(p=p, q=q)
+    leniency = check_leniency(leniency)
+    if validate:
+        _check_pq(p, q)
+    return resolve("emission_law", backend, p.device)(p, q, leniency)
 
 
 def _check_tokens(name: str, tokens: torch.Tensor, live: torch.Tensor, vocab: int) -> None:

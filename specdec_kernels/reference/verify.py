@@ -42,6 +42,9 @@ def passes(u: torch.Tensor, den: torch.Tensor, num: torch.Tensor) -> bool:
     return bool(u.double() * den.double() < num.double())
 
 
+ONE = torch.ones((), dtype=torch.float64)  # the uniform of the greedy lenient test p(x) < l * q(x)
+
+
 def sample_from(probs: torch.Tensor, noise: torch.Tensor) -> int:
     """Gumbel-max over log(probs); zero entries are -inf and never chosen."""
     return int(torch.argmax(torch.log(probs.double()) + gumbel(noise)))
@@ -231,8 +234,13 @@ def verify_chain(
     greedy: bool,
     eos: torch.Tensor | None,
     seed: int = 0,
+    leniency: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chain SD (greedy: accept iff x == argmax q). Row b verifies draft[b, :lengths[b]]."""
+    """Chain SD (greedy: accept iff x == argmax q). Row b verifies draft[b, :lengths[b]].
+
+    ``leniency`` l >= 1 (CS Drafting's inner reviews, spec section 6.4): accept iff U * p(x) < l * q(x), the
+    correction still from res(q, p); greedy with l > 1: accept iff x == argmax q or p(x) < l * q(x) (the authors'
+    greedy rule, on probability rows). l * q(x) is formed in float64."""
     batch = draft.shape[0]
     accept_u = noise_or_philox(accept_u, seed, ACCEPT, draft.shape, q.device)
     final_noise = noise_or_philox(final_noise, seed, FINAL, (batch, q.shape[-1]), q.device)
@@ -247,8 +255,10 @@ def verify_chain(
             x = int(draft[b, j])
             if greedy:
                 ok = x == int(torch.argmax(q[b, j]))
+                if not ok and leniency > 1.0:
+                    ok = passes(ONE, p[b, j, x], leniency * q[b, j, x].double())
             else:
-                ok = passes(accept_u[b, j], p[b, j, x], q[b, j, x])
+                ok = passes(accept_u[b, j], p[b, j, x], leniency * q[b, j, x].double())
             if not ok:
                 qj = q[b, j].to(cd)
                 out = int(torch.argmax(qj)) if greedy else sample_from(residual(qj, p[b, j].to(cd)), final_noise[b])
@@ -343,3 +353,24 @@ def verify_tree(
             acc_rank[b, :m_acc] = torch.tensor(ranks, dtype=torch.long)
         nxt[b] = out
     return acc_nodes, n_acc, nxt, acc_rank
+
+
+@register("emission_law", "torch")
+def emission_law(p: torch.Tensor, q: torch.Tensor, leniency: float) -> torch.Tensor:
+    """Law of the token a lenient review emits at one position (CS Drafting, spec section 6.4).
+
+    The candidate x ~ p is kept iff U * p(x) < l * q(x), else the token is drawn from rho = res(q, p) (the
+    zero-mass rule: rho = q when the residual mass is numerically zero), so the emitted token follows
+    ``E = min(p, l q) + r rho`` with the rejection mass ``r = sum_v (p(v) - l q(v))^+``. With l = 1, E = q.
+
+    Shape: p, q [..., V] -> E [..., V] in the compute dtype (float64 if an input is float64, else float32);
+    l is rounded to that dtype, both sums are accumulated in float64.
+    """
+    cd = _compute_dtype(p, q)
+    p, q = p.to(cd), q.to(cd)
+    lq = torch.tensor(leniency, dtype=cd) * q
+    rejected = (p - lq).clamp_min(0.0).sum(-1, keepdim=True, dtype=torch.float64).to(cd)
+    excess = (q - p).clamp_min(0.0)
+    mass = excess.sum(-1, keepdim=True, dtype=torch.float64).to(cd)
+    rho = torch.where(mass <= zero_mass_tol(cd), q, excess / mass)
+    return torch.minimum(p, lq) + rejected * rho

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..ops import gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
+from ..ops import emission_law, gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
 from ..trees import check_parents
 from . import oracles_tree
 from .stats import LawCheck, law_check
@@ -41,6 +41,7 @@ __all__ = [
     "Tree",
     "beam",
     "beam_untruncated",
+    "cascade",
     "chain",
     "check_first_tokens",
     "first_tokens_counts",
@@ -534,3 +535,61 @@ def wrong_beam_token_order(width: int, depth: int, *, verifier: str) -> Decoder:
     return Decoder(
         f"wrong: {verifier}:beam in token order", _beam_step(width, depth, verifier, False, token_order=True)
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A two-level cascade (CS Drafting): the draft matrix reviews the blocks of a deterministic proposer
+
+
+def _cascade_step(quota: int, proposal: int, leniency: float, greedy: bool, reviewer_row: bool) -> Step:
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, vocab = last.shape[0], model.vocab
+        table = torch.argmax(model.draft, dim=-1)  # the proposer: the draft's greedy bigram table
+        width = quota + proposal
+        block = torch.zeros((batch, width), dtype=torch.long)
+        laws = torch.zeros((batch, width, vocab), dtype=torch.float64)
+        size = torch.zeros(batch, dtype=torch.long)
+        while True:
+            rows = torch.nonzero(size < quota).squeeze(1)
+            if rows.numel() == 0:
+                break
+            ctx_last = torch.where(size[rows] > 0, block[rows, (size[rows] - 1).clamp_min(0)], last[rows])
+            z = torch.empty((rows.numel(), proposal), dtype=torch.long)
+            prev = ctx_last
+            for i in range(proposal):
+                prev = table[prev]
+                z[:, i] = prev
+            ctx = torch.cat([ctx_last[:, None], z], dim=1)
+            p = torch.nn.functional.one_hot(z, vocab).double()
+            q = model.draft[ctx]  # the reviewer's laws (temperature 1: also what a greedy lenient review reads)
+            v = verify_chain(z, p, q, greedy=greedy, leniency=leniency, generator=None if greedy else gen)
+            seq, n_emit = _append_next(z, v.n_accepted, v.next_token)
+            if greedy or reviewer_row or leniency == 1.0:
+                up = q
+            else:
+                up = torch.cat([emission_law(p, q[:, :proposal], leniency), q[:, proposal:]], dim=1)
+            for k, b in enumerate(rows.tolist()):
+                n, at = int(n_emit[k]), int(size[b])
+                block[b, at : at + n] = seq[k, :n]
+                laws[b, at : at + n] = up[k, :n]
+                size[b] += n
+        ctx = torch.cat([last[:, None], block], dim=1)
+        q = model.target_logp[ctx] if greedy else model.target[ctx]
+        v = verify_chain(
+            block, None if greedy else laws, q, lengths=size, greedy=greedy, generator=None if greedy else gen
+        )
+        return _append_next(block, v.n_accepted, v.next_token)
+
+    return step
+
+
+def cascade(
+    quota: int = 2, proposal: int = 2, leniency: float = 2.0, *, greedy: bool = False, reviewer_row: bool = False
+) -> Decoder:
+    """CS Drafting with two drafters: the proposer (the draft's greedy bigram table, standing for Max-Gram) proposes
+    ``proposal`` tokens; the draft reviews them with ``verify_chain(..., leniency=)`` and hands up its accepted
+    prefix plus one token, with ``emission_law`` for every reviewed position; the target reviews the block once it
+    holds ``quota`` tokens. ``reviewer_row``: the negative control that hands up the draft's rows instead (the
+    authors' code), biased once ``leniency`` > 1."""
+    name = f"cascade(K={quota}, n={proposal}, l={leniency}{', reviewer rows' if reviewer_row else ''})"
+    return Decoder(name + (" greedy" if greedy else ""), _cascade_step(quota, proposal, leniency, greedy, reviewer_row))

@@ -22,6 +22,7 @@ OPS = (
     "tree_positions",
     "tree_mask",
     "verify_chain",
+    "emission_law",
     "verify_node",
     "verify_tree",
     "process_logits",

@@ -23,10 +23,12 @@ SIGNATURES: dict[str, tuple[list[str], dict[str, object]]] = {
     "_tree_positions_kernel": ([PI64, PI64, PI64, "i32"], {"BLOCK_N": 64}),
     "_tree_mask_kernel": ([PI64, PI8, PI8, PI8, "i32", "i32"], {"BLOCK": 1024}),
     "_verify_chain_kernel": (
-        [PI64, P32, P32, PI64, P64, P64, PI64, "i32", PI64, PI64, "i32", "i32", *SEED],
+        [PI64, P32, P32, PI64, P64, P64, PI64, "i32", PI64, PI64, P64, "i32", "i32", *SEED],
         {"GREEDY": False, "RNG": False, "BLOCK_V": 1024},
     ),
 }
+SIGNATURES["_emission_law_kernel"] = ([P32, P32, P32, P32, "i32"], {"TOL": 1e-6, "BLOCK_V": 1024})
+SIGNATURES["_emission_law_kernel[fp64]"] = ([P64, P64, P64, P64, "i32"], {"TOL": 1e-12, "BLOCK_V": 1024})
 SIGNATURES["_process_logits_kernel"] = ([P32, P32, "i32", "fp32", "i32", "fp64"], {"GREEDY": False, "BLOCK_V": 1024})
 SIGNATURES["_process_logits_kernel[greedy]"] = (
     [P32, P32, "i32", "fp32", "i32", "fp64"],

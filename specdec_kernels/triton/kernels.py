@@ -415,6 +415,7 @@ def _verify_chain_kernel(
     n_eos,
     nacc_ptr,  # [B] int64
     next_ptr,  # [B] int64
+    len_ptr_l,  # [1] fp64 leniency l >= 1 (a pointer: a float argument would be passed as fp32)
     L,
     V,
     seed_lo,
@@ -425,17 +426,18 @@ def _verify_chain_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(len_ptr + b)
+    lenient = tl.load(len_ptr_l)
     j = tl.zeros((), tl.int64)
     state = tl.zeros((), tl.int32)  # 0 running, 1 rejected at j, 2 stopped at EOS
     while (state == 0) & (j < n):
         x = tl.load(draft_ptr + b * L + j)
         q_row = q_ptr + (b * (L + 1) + j) * V
+        px = tl.load(p_ptr + (b * L + j) * V + x).to(tl.float64)  # greedy with l = 1: p is a placeholder (q)
+        lqx = lenient * tl.load(q_row + x).to(tl.float64)
         if GREEDY:
-            ok = x == _argmax_plain(q_row, V, True, BLOCK_V)
+            ok = (x == _argmax_plain(q_row, V, True, BLOCK_V)) | ((lenient > 1.0) & (px < lqx))
         else:
-            px = tl.load(p_ptr + (b * L + j) * V + x).to(tl.float64)
-            qx = tl.load(q_row + x).to(tl.float64)
-            ok = _noise_at(u_ptr + b * L, j, b, seed_lo, seed_hi, ACCEPT, RNG) * px < qx
+            ok = _noise_at(u_ptr + b * L, j, b, seed_lo, seed_hi, ACCEPT, RNG) * px < lqx
         if ok:
             j += 1
             if _is_eos(x, eos_ptr, n_eos):
@@ -471,13 +473,14 @@ def verify_chain(
     greedy: bool,
     eos: torch.Tensor | None,
     seed: int = 0,
+    leniency: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     batch, length = draft.shape
     vocab = q.shape[-1]
     dev = draft.device
     rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, length), (batch, vocab), dev)
     qf = q.float().contiguous()
-    pf = qf if p is None else p.float().contiguous()
+    pf = qf if p is None or (greedy and leniency == 1.0) else p.float().contiguous()
     eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
     n_acc = torch.empty(batch, dtype=torch.long, device=dev)
     nxt = torch.empty(batch, dtype=torch.long, device=dev)
@@ -493,6 +496,7 @@ def verify_chain(
             eos_t.numel(),
             n_acc,
             nxt,
+            torch.tensor([leniency], dtype=torch.float64, device=dev),
             length,
             vocab,
             *_seed_args(seed),
@@ -501,6 +505,66 @@ def verify_chain(
             BLOCK_V=_block(vocab),
         )
     return n_acc, nxt
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# emission_law
+
+
+@triton.jit
+def _emission_law_kernel(
+    p_ptr,  # [R, V] fp32 or fp64 (the compute dtype)
+    q_ptr,  # [R, V] same dtype
+    len_ptr_l,  # [1] leniency l rounded to the compute dtype
+    out_ptr,  # [R, V] same dtype
+    V,
+    TOL: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """E = min(p, l q) + r rho, r = sum (p - l q)^+, rho = res(q, p) (q when its mass <= TOL); sums in fp64."""
+    row = tl.program_id(0).to(tl.int64)
+    p_row = p_ptr + row * V
+    q_row = q_ptr + row * V
+    o_row = out_ptr + row * V
+    lenient = tl.load(len_ptr_l)
+    rejected = tl.zeros((), tl.float64)
+    mass = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        p = tl.load(p_row + offs, mask=m, other=0.0)
+        q = tl.load(q_row + offs, mask=m, other=0.0)
+        rejected += tl.sum(tl.maximum(p - lenient * q, 0.0).to(tl.float64), axis=0)
+        mass += tl.sum(tl.maximum(q - p, 0.0).to(tl.float64), axis=0)
+    r = rejected.to(lenient.dtype)
+    tot = mass.to(lenient.dtype)
+    use_q = tot <= TOL
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        p = tl.load(p_row + offs, mask=m, other=0.0)
+        q = tl.load(q_row + offs, mask=m, other=0.0)
+        rho = tl.where(use_q, q, tl.maximum(q - p, 0.0) / tl.where(use_q, 1.0, tot))
+        tl.store(o_row + offs, tl.minimum(p, lenient * q) + r * rho, mask=m)
+
+
+def emission_law(p: torch.Tensor, q: torch.Tensor, leniency: float) -> torch.Tensor:
+    cd = torch.float64 if torch.float64 in (p.dtype, q.dtype) else torch.float32
+    vocab = p.shape[-1]
+    pc = p.to(cd).reshape(-1, vocab).contiguous()
+    qc = q.to(cd).reshape(-1, vocab).contiguous()
+    out = torch.empty_like(pc)
+    if pc.shape[0] and vocab:
+        _emission_law_kernel[(pc.shape[0],)](
+            pc,
+            qc,
+            torch.tensor([leniency], dtype=cd, device=p.device),
+            out,
+            vocab,
+            TOL=ZERO_MASS_TOL_F64 if cd == torch.float64 else ZERO_MASS_TOL,
+            BLOCK_V=_block(vocab),
+        )
+    return out.reshape(p.shape)
 
 
 # ----------------------------------------------------------------------------------------------------------------

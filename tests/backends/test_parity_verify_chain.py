@@ -106,12 +106,28 @@ def test_zero_mass_residual_falls_back_to_q() -> None:
         assert out.n_accepted.item() == 0
 
 
+@pytest.mark.parametrize("vocab", [7, 111, 49152])
+@pytest.mark.parametrize("leniency", [1.1, 2.0, 5.0])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_lenient_review_matches_reference(vocab: int, leniency: float, greedy: bool) -> None:
+    """CS Drafting's lenient review: U p(x) < l q(x); greedy: x == argmax q or p(x) < l q(x)."""
+    batch, length = (6, 5) if vocab < 20000 else (2, 3)
+    draft, p, q = chain_case(batch, length, vocab, seed=vocab + int(10 * leniency), closeness=0.6)
+    lengths = torch.randint(0, length + 1, (batch,), generator=torch.Generator().manual_seed(vocab))
+    u, fin = noise(batch, length, vocab, seed=vocab)
+    out = check(draft, p, q, u, fin, greedy=greedy, leniency=leniency, lengths=lengths)
+    exact = check(draft, p, q, u, fin, greedy=greedy, lengths=lengths)
+    assert bool((out.n_accepted >= exact.n_accepted).all())
+
+
 def test_opcheck() -> None:
     draft, p, q = chain_case(3, 4, 17, seed=0)
     u, fin = noise(3, 4, 17, seed=0)
     lengths = torch.tensor([4, 2, 0])
     torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, False, None))
     torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, None, q, lengths, u, fin, True, torch.tensor([3, 5])))
+    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, False, None, 0, 2.0))
+    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, True, None, 0, 1.5))
 
 
 def test_unsupported_device_raises() -> None:

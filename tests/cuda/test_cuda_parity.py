@@ -264,6 +264,36 @@ def test_seeded_verify_chain_matches_reference(vocab, greedy):
         assert torch.equal(ra.n_accepted, rb.n_accepted) and torch.equal(ra.next_token, rb.next_token)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [7, 300, 32001])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_seeded_lenient_verify_chain_matches_reference(vocab, greedy):
+    """CS Drafting's lenient review (leniency > 1; greedy: x == argmax q or p(x) < l q(x))."""
+    draft, p, q, lengths = _chain_case(16, 4, vocab, vocab)
+    for seed in SEEDS:
+        for leniency in (1.5, 3.0):
+            kw = dict(lengths=lengths, greedy=greedy, seed=seed, leniency=leniency)
+            ra = sk.verify_chain(draft, p, q, backend="torch", **kw)
+            rb = sk.verify_chain(draft, p, q, backend="cuda", **kw)
+            assert torch.equal(ra.n_accepted, rb.n_accepted) and torch.equal(ra.next_token, rb.next_token)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [7, 300, 128256])
+def test_emission_law_matches_reference(vocab):
+    """Float output within 2e-6 of the reference (fp32 sums in another order); edge rows p = q and a point mass."""
+    gen = torch.Generator().manual_seed(vocab)
+    p = torch.softmax(torch.randn(6, vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(6, vocab, generator=gen) * 2, -1)
+    q[0] = p[0]
+    p[1] = 0.0
+    p[1, vocab // 2] = 1.0
+    for leniency in (1.0, 2.0, 5.0):
+        a = sk.emission_law(p.to(DEV), q.to(DEV), leniency, backend="torch")
+        b = sk.emission_law(p.to(DEV), q.to(DEV), leniency, backend="cuda")
+        assert a.dtype == b.dtype and torch.allclose(a, b, rtol=0, atol=2e-6)
+
+
 def _tree_case(method, parents, batch, vocab, seed):
     gen = torch.Generator().manual_seed(seed)
     n = len(parents)

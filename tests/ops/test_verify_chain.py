@@ -1,5 +1,6 @@
-"""verify_chain (chain SD, greedy, EOS): fp64 oracle with injected noise, output law, ragged
-lengths, EOS, greedy, bad inputs, reproducibility, backend parity."""
+"""verify_chain (chain SD, greedy, EOS, CS Drafting's lenient review): fp64 oracle with injected noise, output law,
+ragged lengths, EOS, greedy, leniency, bad inputs, reproducibility, backend parity. The law a lenient review emits
+is tested in test_emission_law.py."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from specdec_kernels.testing.stats import law_check, rate_tolerance
 BACKENDS = [b for b in available_backends("verify_chain") if b != "triton"]
 
 
-def chain_oracle(draft, p, q, lengths, u, fin, eos=()):
-    """Chain SD in fp64 NumPy: accept x_j iff U_j p_j(x_j) < q_j(x_j); correction ~ res(q_j, p_j); bonus ~ q_{L+1};
-    stop after an accepted EOS with no extra token."""
+def chain_oracle(draft, p, q, lengths, u, fin, eos=(), leniency=1.0):
+    """Chain SD in fp64 NumPy: accept x_j iff U_j p_j(x_j) < l q_j(x_j) (l = 1: plain SD; l > 1: CS Drafting's
+    lenient review); correction ~ res(q_j, p_j); bonus ~ q_{L+1}; stop after an accepted EOS with no extra token."""
     n_acc, nxt = [], []
     for b in range(draft.shape[0]):
         out = None
         j = 0
         while j < lengths[b]:
             x = draft[b, j]
-            if not u[b, j] * p[b, j, x] < q[b, j, x]:
+            if not u[b, j] * p[b, j, x] < leniency * q[b, j, x]:
                 out = sample_gumbel_max(residual(q[b, j], p[b, j]), fin[b])
                 break
             j += 1
@@ -81,6 +82,43 @@ def test_matches_fp64_oracle_with_injected_noise(
     assert res.n_accepted.tolist() == n_acc.tolist()
     assert res.next_token.tolist() == nxt.tolist()
     assert res.n_accepted.dtype == torch.int64 and res.next_token.dtype == torch.int64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("leniency", [1.5, 2.0, 7.0])
+@pytest.mark.parametrize(("batch", "vocab", "length"), [(1, 3, 1), (99, 5, 4), (3, 32000, 2)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lenient_review_matches_fp64_oracle(
+    batch: int, vocab: int, length: int, dtype: torch.dtype, backend: str, leniency: float
+) -> None:
+    """leniency l: accept iff U p(x) < l q(x) (l q(x) in float64), the correction still from res(q, p)."""
+    rng = np.random.default_rng(vocab * 10 + length + int(leniency))
+    draft, p, q, lengths, u, fin = random_chain(rng, batch, length, vocab)
+    if dtype == torch.float32:
+        p, q = p.astype(np.float32).astype(np.float64), q.astype(np.float32).astype(np.float64)
+    td, tp, tq, tl = as_t(draft, p, q, lengths, dtype=dtype)
+    kw = {"lengths": tl, "accept_u": torch.from_numpy(u), "final_noise": torch.from_numpy(fin), "backend": backend}
+    res = verify_chain(td, tp, tq, leniency=leniency, **kw)
+    n_acc, nxt = chain_oracle(draft, p, q, lengths, u, fin, leniency=leniency)
+    assert res.n_accepted.tolist() == n_acc.tolist() and res.next_token.tolist() == nxt.tolist()
+    exact = verify_chain(td, tp, tq, **kw)  # a lenient review accepts at least as much as the exact one
+    assert bool((res.n_accepted >= exact.n_accepted).all())
+    assert bool((res.n_accepted > exact.n_accepted).any()) or batch < 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_lenient_rule(backend: str) -> None:
+    """Greedy with l > 1 (the authors' rule, on temperature-1 laws): x is accepted iff x == argmax q or
+    p(x) < l q(x); the correction and the bonus are argmax q; l = 1 ignores p."""
+    p = torch.tensor([[[0.1, 0.6, 0.3], [0.2, 0.2, 0.6], [0.5, 0.25, 0.25]]], dtype=torch.float64)
+    q = torch.tensor([[[0.5, 0.35, 0.15], [0.1, 0.6, 0.3], [0.7, 0.2, 0.1], [0.2, 0.3, 0.5]]], dtype=torch.float64)
+    draft = torch.tensor([[1, 2, 0]])
+    # position 0: token 1, not argmax; 0.6 < l * 0.35 iff l > 1.714...; position 1: 0.6 < l * 0.3 iff l > 2
+    cases = [(1.0, 0, 0), (1.5, 0, 0), (1.8, 1, 1), (2.5, 3, 2)]
+    for leniency, n_acc, nxt in cases:
+        res = verify_chain(draft, p, q, greedy=True, leniency=leniency, backend=backend)
+        assert (res.n_accepted.tolist(), res.next_token.tolist()) == ([n_acc], [nxt]), leniency
+    assert verify_chain(draft, None, q.log(), greedy=True, backend=backend).n_accepted.tolist() == [0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -250,6 +288,15 @@ BAD = [
         ValueError,
         "q contains NaN",
     ),
+    (change(leniency=0.9), ValueError, r"leniency must be a finite number >= 1 \(1 = exact review\), got 0.9"),
+    (change(leniency=float("nan")), ValueError, "leniency must be a finite number >= 1"),
+    (change(leniency=None), TypeError, "leniency must be a number >= 1, got NoneType"),
+    (change(p=None, greedy=True, leniency=2.0), ValueError, "p is required with greedy=True and leniency > 1"),
+    (
+        change(greedy=True, leniency=2.0, q=torch.zeros((2, 4, 5))),
+        ValueError,
+        r"q \(rows in use\) rows must sum to 1",
+    ),
 ]
 
 
@@ -274,4 +321,8 @@ def test_backend_matches_reference(backend: str, greedy: bool) -> None:
     kw = {"lengths": tl, "accept_u": torch.from_numpy(u), "final_noise": torch.from_numpy(fin), "greedy": greedy}
     ref = verify_chain(td, tp, tq, eos_token_id=3, backend="torch", **kw)
     got = verify_chain(td, tp, tq, eos_token_id=3, backend=backend, **kw)
+    assert torch.equal(got.n_accepted, ref.n_accepted) and torch.equal(got.next_token, ref.next_token)
+    tp, tq = as_t(p, q, dtype=torch.float32)  # lenient: probability rows in both modes
+    ref = verify_chain(td, tp, tq, eos_token_id=3, backend="torch", leniency=2.0, **kw)
+    got = verify_chain(td, tp, tq, eos_token_id=3, backend=backend, leniency=2.0, **kw)
     assert torch.equal(got.n_accepted, ref.n_accepted) and torch.equal(got.next_token, ref.next_token)

@@ -79,9 +79,27 @@ def test_verify_chain_matches_reference(greedy):
         fu = _u((batch, vocab), gen)
         eos = [int(draft[0, 1])] if trial >= 3 else None
         kw = dict(lengths=lens.to(DEV), accept_u=au.to(DEV), final_noise=fu, greedy=greedy, eos_token_id=eos)
-        ra = sk.verify_chain(draft.to(DEV), p.to(DEV), q.to(DEV), backend="torch", **kw)
-        rb = sk.verify_chain(draft.to(DEV), p.to(DEV), q.to(DEV), backend="triton", **kw)
-        assert torch.equal(ra.n_accepted, rb.n_accepted) and torch.equal(ra.next_token, rb.next_token)
+        for leniency in (1.0, 1.7, 3.0):  # CS Drafting's lenient review
+            ra = sk.verify_chain(draft.to(DEV), p.to(DEV), q.to(DEV), backend="torch", leniency=leniency, **kw)
+            rb = sk.verify_chain(draft.to(DEV), p.to(DEV), q.to(DEV), backend="triton", leniency=leniency, **kw)
+            assert torch.equal(ra.n_accepted, rb.n_accepted) and torch.equal(ra.next_token, rb.next_token)
+
+
+@pytest.mark.parametrize("vocab", [7, 111, 2100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_emission_law_matches_reference(vocab, dtype):
+    """Float output: within 1e-6 (fp32) / 1e-15 (fp64) of the reference; edge rows p = q and a point mass."""
+    gen = torch.Generator().manual_seed(vocab)
+    p = torch.softmax(torch.randn(5, vocab, generator=gen) * 2, -1).to(dtype)
+    q = torch.softmax(torch.randn(5, vocab, generator=gen) * 2, -1).to(dtype)
+    q[0] = p[0]
+    p[1] = 0.0
+    p[1, vocab // 2] = 1.0
+    for leniency in (1.0, 1.5, 4.0):
+        a = sk.emission_law(p.to(DEV), q.to(DEV), leniency, backend="torch")
+        b = sk.emission_law(p.to(DEV), q.to(DEV), leniency, backend="triton")
+        assert a.dtype == b.dtype == dtype
+        assert torch.allclose(a, b, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-15)
 
 
 def _candidates(method, k, p, gen):

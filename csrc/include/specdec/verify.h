@@ -71,6 +71,30 @@ void residual_row(const S* r, const S* s, int64_t vocab, S* out) {
   for (int64_t v = 0; v < vocab; ++v) out[v] = out[v] / tot_s;
 }
 
+// Law of the token a lenient review emits (CS Drafting, spec section 6.4), written to out:
+// E = min(p, l q) + r rho with r = sum_v (p(v) - l q(v))^+ and rho = res(q, p) (q under the zero-mass rule).
+// l is rounded to S like the reference; both sums are accumulated in double.
+template <typename S>
+void emission_law_row(const S* p, const S* q, int64_t vocab, double leniency, S* out) {
+  const S l = static_cast<S>(leniency);
+  double rejected = 0.0, mass = 0.0;
+#pragma omp simd reduction(+ : rejected, mass)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const S d = p[v] - l * q[v];
+    const S e = q[v] - p[v];
+    rejected += static_cast<double>(d > S(0) ? d : S(0));
+    mass += static_cast<double>(e > S(0) ? e : S(0));
+  }
+  const S r = static_cast<S>(rejected), m = static_cast<S>(mass);
+  const bool use_q = m <= static_cast<S>(zero_mass_tol<S>());
+  for (int64_t v = 0; v < vocab; ++v) {
+    const S lq = l * q[v];
+    const S e = q[v] - p[v];
+    const S rho = use_q ? q[v] : (e > S(0) ? e : S(0)) / m;
+    out[v] = (p[v] < lq ? p[v] : lq) + r * rho;
+  }
+}
+
 inline bool is_eos(int64_t x, const int64_t* eos, int64_t n_eos) {
   for (int64_t i = 0; i < n_eos; ++i)
     if (eos[i] == x) return true;
@@ -79,25 +103,29 @@ inline bool is_eos(int64_t x, const int64_t* eos, int64_t n_eos) {
 
 // Chain speculative sampling of one row (greedy mode: accept iff x == argmax q).
 // Returns n_accepted and writes the correction / bonus token (-1 if the row stopped after an accepted EOS).
+// leniency l >= 1 (CS Drafting's inner reviews): accept iff U * p(x) < l * q(x), l * q(x) in double; greedy with
+// l > 1 also accepts x when p(x) < l * q(x) (p and q are then probability rows).
 template <typename S>
 int64_t verify_chain_row(const int64_t* draft,    // [L]
-                         const S* p,              // [L, V] draft laws (unused when greedy, may be null)
-                         const S* q,              // [L + 1, V] target laws (logits are fine when greedy)
+                         const S* p,              // [L, V] draft laws (unused when greedy and l = 1, may be null)
+                         const S* q,              // [L + 1, V] target laws (logits are fine when greedy, l = 1)
                          int64_t len,             // verify draft[0:len]
                          const double* accept_u,  // [L] uniforms in [0, 1)
                          const double* fin,       // [V] uniforms in (0, 1) for the final sample
                          bool greedy, const int64_t* eos, int64_t n_eos, int64_t vocab,
                          S* scratch,  // [V]
-                         int64_t* next_token) {
+                         int64_t* next_token, double leniency) {
   for (int64_t j = 0; j < len; ++j) {
     const int64_t x = draft[j];
     const S* qj = q + j * vocab;
     bool ok;
     if (greedy) {
       ok = x == argmax_row(qj, vocab);
+      if (!ok && leniency > 1.0)
+        ok = static_cast<double>(p[j * vocab + x]) < leniency * static_cast<double>(qj[x]);
     } else {
       const S* pj = p + j * vocab;
-      ok = accept_u[j] * static_cast<double>(pj[x]) < static_cast<double>(qj[x]);
+      ok = accept_u[j] * static_cast<double>(pj[x]) < leniency * static_cast<double>(qj[x]);
     }
     if (!ok) {
       if (greedy) {
