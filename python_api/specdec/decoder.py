@@ -584,8 +584,8 @@ class _Outputs:
             return None
         base = self.rows[r] + done
         for j in range(len(emitted)):
-            ids = torch.tensor([base + emitted[: j + 1]], dtype=torch.long)
             row_scores = scores(j).float()[None]
+            ids = torch.tensor([base + emitted[: j + 1]], dtype=torch.long, device=row_scores.device)
             if any(bool(torch.as_tensor(c(ids, row_scores)).any()) for c in self.criteria):
                 return j + 1
         return None

@@ -433,6 +433,12 @@ class HFCausalLM:
                 f"{name}: attn_logit_softcapping={softcap} is applied by {model_type}'s eager attention only (sdpa "
                 f"cannot); load the model with attn_implementation='eager'"
             )
+        devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+        if len(devices) > 1:
+            raise ValueError(
+                f"{name} is split over devices by device_map ({', '.join(sorted(devices))}); tree decoding runs a "
+                "model on one device: load it with device_map set to a single device"
+            )
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError(
                 f"{name}: use_bidirectional_attention=True makes attention non-causal; tree decoding needs a causal LM"

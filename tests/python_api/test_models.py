@@ -360,3 +360,12 @@ def test_generate_leaves_the_users_model_untouched() -> None:
             target.generate(longer, max_new_tokens=6, do_sample=False),
             fresh.generate(longer, max_new_tokens=6, do_sample=False),
         )
+
+
+def test_a_model_split_by_device_map_is_refused_up_front() -> None:
+    model = tiny_llama(1, vocab=32)
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers": 1, "lm_head": "cpu"}
+    with pytest.raises(ValueError, match=r"split over devices by device_map \(0, 1, cpu\)"):
+        HFCausalLM(model, name="target")
+    model.hf_device_map = {"": "cpu"}  # one device: accepted
+    HFCausalLM(model, name="target")
