@@ -16,6 +16,7 @@ the window hidden as well (:func:`window_mask`), and the cache keeps every layer
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -455,6 +456,10 @@ class HFCausalLM:
         self.name = name
         self.routing = Routing(model)
         self.base = model.get_decoder()
+        # transformers names the cache argument `cache` (`past_key_values` is its deprecated alias); a base that
+        # does not take `cache` (older releases, the feature drafts) gets the old name
+        params = inspect.signature(self.base.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.head = head
         self.vocab_size = int(head.weight.shape[0])
         self.num_parameters = sum(p.numel() for p in model.parameters())
@@ -515,8 +520,8 @@ class HFCausalLM:
                 input_ids=tokens,
                 attention_mask=self._layer_masks(mask),
                 position_ids=position_ids,
-                past_key_values=state.cache,
                 use_cache=True,
+                **{self._cache_arg: state.cache},
                 **extra,
             )
         state.valid = torch.cat([state.valid, block_valid], dim=1)
