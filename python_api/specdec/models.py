@@ -313,6 +313,12 @@ class KVState:
         return out
 
 
+def cache_argument(module: Any) -> str:
+    """The keyword under which ``module.forward`` takes a KV cache: ``cache`` in current transformers, whose
+    ``past_key_values`` is a deprecated alias; ``past_key_values`` for a forward that does not name ``cache``."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def crop_cache(cache: Any, remove: int) -> None:
     """Drop the last ``remove`` slots of every layer of a DynamicCache (``cache.crop(-remove)``); a cache of plain
     CPU layers is narrowed in one kernel call (specdec_kernels.crop_slots) instead of two slices per layer."""
@@ -456,10 +462,7 @@ class HFCausalLM:
         self.name = name
         self.routing = Routing(model)
         self.base = model.get_decoder()
-        # transformers names the cache argument `cache` (`past_key_values` is its deprecated alias); a base that
-        # does not take `cache` (older releases, the feature drafts) gets the old name
-        params = inspect.signature(self.base.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(self.base)
         self.head = head
         self.vocab_size = int(head.weight.shape[0])
         self.num_parameters = sum(p.numel() for p in model.parameters())

@@ -192,8 +192,8 @@ def test_lean_forward_equals_the_hf_stack(dtype, tol):
         for lean in (True, False):
             cache = DynamicCache(config=draft.config)
             dec = draft.decoder
-            dec(ids[:, :past], features=feats[:, :past], past_key_values=cache, use_cache=True)  # causal prefill
-            kw = {"attention_mask": mask, "position_ids": pos, "past_key_values": cache, "use_cache": True}
+            dec(ids[:, :past], features=feats[:, :past], cache=cache, use_cache=True)  # causal prefill
+            kw = {"attention_mask": mask, "position_ids": pos, "cache": cache, "use_cache": True}
             if lean:
                 h = dec(ids[:, past:], features=feats[:, past:], **kw).last_hidden_state
             else:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..models import cache_argument
 from .common import (
     chat_ids,
     clean_gsm8k_answer,
@@ -89,7 +90,8 @@ def sample_responses(
         mask[b, L - len(p) :] = 1
     pos = (mask.cumsum(-1) - 1).clamp_min(0)
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    key = cache_argument(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **{key: cache})
     logits = out.logits[:, -1].float()
     done = torch.zeros(B, dtype=torch.bool)
     toks: list[list[int]] = [[] for _ in range(B)]
@@ -114,8 +116,8 @@ def sample_responses(
             input_ids=nxt[:, None],
             attention_mask=mask,
             position_ids=next_pos[:, None],
-            past_key_values=out.past_key_values,
             use_cache=True,
+            **{key: cache},  # the cache object the first call filled, updated in place
         )
         next_pos = next_pos + 1
         logits = out.logits[:, -1].float()

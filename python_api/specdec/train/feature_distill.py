@@ -338,9 +338,10 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
     x = torch.randint(3, 1000, (1, 1), generator=g)
     dtype = next(draft.parameters()).dtype
     tcache, dcache = DynamicCache(config=target.config), DynamicCache(config=draft.config)
-    from ..models import layer_features
+    from ..models import cache_argument, layer_features
 
-    out = target.model(input_ids=ids, past_key_values=tcache, use_cache=True, output_hidden_states=True)
+    key = cache_argument(target)
+    out = target.model(input_ids=ids, use_cache=True, output_hidden_states=True, **{key: tcache})
     feats = out.last_hidden_state
     if draft.feature_layers:
         feats = torch.cat([feats, layer_features(target.model, out.hidden_states, draft.feature_layers)], dim=-1)
@@ -353,7 +354,7 @@ def feature_step_cost(draft: FeatureDraft, target: Any, *, context: int = 200, r
     dmask = tmask.to(dtype)
     for _ in range(reps):
         t = time.perf_counter()
-        target(input_ids=x, attention_mask=tmask, position_ids=pos, past_key_values=tcache, use_cache=True)
+        target(input_ids=x, attention_mask=tmask, position_ids=pos, use_cache=True, **{key: tcache})
         times["target"].append(time.perf_counter() - t)
         tcache.crop(-1)
         t = time.perf_counter()

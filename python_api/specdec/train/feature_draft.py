@@ -29,7 +29,7 @@ from torch import nn
 
 from specdec_kernels import decode_attention
 
-from ..models import decode_linear
+from ..models import cache_argument, decode_linear
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
@@ -99,7 +99,9 @@ class FeatureDecoder(nn.Module):
             )
         h = self.pair(features, input_ids)
         mask = kwargs.get("attention_mask")
-        cache = kwargs.get("past_key_values")
+        if "past_key_values" in kwargs:  # the driver's and the trainers' name; the Llama stack takes cache=
+            kwargs[cache_argument(self.llama)] = kwargs.pop("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
         positions = kwargs.get("position_ids")
         lean = not (self.training or torch.is_grad_enabled() or kwargs.get("output_hidden_states"))
         lean = lean and not kwargs.get("output_attentions")
