@@ -157,8 +157,11 @@ setup(
         *find_packages(where="python_api", include=["specdec", "specdec.*"]),
     ],
     package_dir={"specdec": "python_api/specdec"},
-    # shipped trained drafts; py.typed: the packages carry type hints
-    package_data={"specdec": ["assets/*.safetensors", "assets/*.json", "py.typed"], "specdec_kernels": ["py.typed"]},
+    # shipped trained drafts, Max-Gram's bigram table and the cascade recipe; py.typed: the packages carry type hints
+    package_data={
+        "specdec": ["assets/*.safetensors", "assets/*.json", "assets/*.npz", "py.typed"],
+        "specdec_kernels": ["py.typed"],
+    },
     install_requires=["torch", "numpy", "scipy"],
     extras_require=extras_require,
     entry_points={"console_scripts": ["specdec = specdec.cli:main"]},

@@ -7,11 +7,12 @@ Quick start::
                            temperature=0.8, seed=0)
     out.sequences, out.stats.block_efficiency
 
-Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, one
-module each in :mod:`specdec.methods` (``specdec.methods.available()``; their parameters:
+Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, ``csd``,
+one module each in :mod:`specdec.methods` (``specdec.methods.available()``; their parameters:
 :func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any :class:`Drafter`,
 ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), or a feature draft that reads the target's hidden states
-(EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``).
+(EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``); ``csd`` drafts with a
+:class:`CascadeDrafter` (``specdec.train.load_cascade("smollm2-cascade")``).
 """
 
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 from specdec_kernels import __version__
 
 from . import methods
+from .cascade import CascadeDrafter
 from .config import MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
 from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
@@ -31,6 +33,7 @@ __all__ = [
     "METHODS",
     "SUPPORTED_ATTENTION",
     "SUPPORTED_MODEL_TYPES",
+    "CascadeDrafter",
     "DraftLogits",
     "DraftTree",
     "Drafter",

@@ -10,6 +10,7 @@ the proposal; verification against it is exact (docs/methods.md, Drafts).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -184,6 +185,34 @@ def max_gram_proposal(seq: list[int] | np.ndarray, n: int, bigram: np.ndarray | 
     return out
 
 
+def bigram_table(corpus: Iterable[Sequence[int]], vocab_size: int, default: int | None = None) -> np.ndarray:
+    """Max-Gram's greedy bigram table from token sequences: ``table[a] = argmax_b count(a, b)``, ties to the lowest
+    id; a token never followed by another maps to ``default`` (None: the corpus's most frequent token, lowest id on
+    ties; 0 for an empty corpus). Shape: -> [vocab_size] int64. Raises ValueError for ids outside [0, vocab_size)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+    if default is not None and (
+        isinstance(default, bool) or not isinstance(default, int) or not 0 <= default < vocab_size
+    ):
+        raise ValueError(f"default must be a token id in [0, {vocab_size}) or None, got {default!r}")
+    keys, freq = [], np.zeros(vocab_size, dtype=np.int64)
+    for i, seq in enumerate(corpus):
+        arr = np.asarray(seq, dtype=np.int64).reshape(-1)
+        if arr.size and (arr.min() < 0 or arr.max() >= vocab_size):
+            raise ValueError(f"corpus sequence {i} holds token ids outside [0, {vocab_size})")
+        keys.append(arr[:-1] * vocab_size + arr[1:])
+        freq += np.bincount(arr, minlength=vocab_size)
+    fill = (int(np.argmax(freq)) if freq.any() else 0) if default is None else default
+    table = np.full(vocab_size, fill, dtype=np.int64)
+    pairs, counts = np.unique(np.concatenate(keys) if keys else np.zeros(0, dtype=np.int64), return_counts=True)
+    first, second = pairs // vocab_size, pairs % vocab_size
+    order = np.lexsort((second, -counts, first))  # per first token: the largest count, then the lowest id
+    head = np.ones(order.size, dtype=bool)
+    head[1:] = first[order][1:] != first[order][:-1]
+    table[first[order][head]] = second[order][head]
+    return table
+
+
 def _longest_match_continuation(seq: np.ndarray, n: int) -> list[int]:
     t = len(seq)
     if t < 2 or n < 1:
@@ -349,23 +378,8 @@ class NGramDrafter(Drafter):
 
     @staticmethod
     def bigram_table(corpus: list[list[int]], vocab_size: int, default: int | None = None) -> np.ndarray:
-        """Greedy bigram table from token sequences: argmax_b count(a, b), ties to the lowest id, unseen ``a`` ->
-        ``default`` (the most frequent token when None)."""
-        counts: dict[tuple[int, int], int] = {}
-        freq = np.zeros(vocab_size, dtype=np.int64)
-        for seq in corpus:
-            for a, b in zip(seq[:-1], seq[1:], strict=False):
-                counts[(a, b)] = counts.get((a, b), 0) + 1
-            for a in seq:
-                freq[a] += 1
-        fill = int(np.argmax(freq)) if default is None else default
-        table = np.full(vocab_size, fill, dtype=np.int64)
-        best = np.zeros(vocab_size, dtype=np.int64)
-        for (a, b), c in sorted(counts.items()):
-            if c > best[a]:
-                best[a] = c
-                table[a] = b
-        return table
+        """Greedy bigram table from token sequences (:func:`bigram_table`)."""
+        return bigram_table(corpus, vocab_size, default)
 
     def start(self, prompts: list[list[int]]) -> None:
         self._proposals = [[] for _ in prompts]

@@ -4,9 +4,11 @@ finish independently."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import specdec
 import torch
+from specdec.cascade import CascadeDrafter
 from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 
 VOCAB = 64
@@ -20,6 +22,7 @@ METHODS = {
     "rsd_s": {"beam_width": 3, "draft_length": 4},
     "spectr": {"num_chains": 3, "draft_length": 3},
     "spechub": {"branching": (2, 1, 2)},
+    "csd": {"draft_length": 6},
 }
 
 
@@ -47,6 +50,8 @@ def test_every_method_without_a_head_has_a_greedy_case() -> None:
 @pytest.mark.parametrize("method", list(METHODS))
 def test_greedy_equals_target_greedy(setup, method: str) -> None:
     target, draft, prompts, refs = setup
+    if method == "csd":  # the draft reviews Max-Gram's blocks (more cascades: test_cascade.py)
+        draft = CascadeDrafter([draft], bigram=np.arange(1, VOCAB + 1) % VOCAB)
     ids, mask = left_pad(prompts)
     out = specdec.generate(
         target, draft, ids, method=method, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False, **METHODS[method]

@@ -15,13 +15,14 @@ Models (tiny Llamas, vocabulary 8, 64 outcomes; ``test_model_pairs_are_in_their_
 The exact law q(y1) q(y2 | y1) comes from enumerating the target with the same processing function. Every
 generation is one batch row; rows generate ``depth + 1`` tokens so that the first round drafts a full-depth tree,
 and only the first two are counted. ``specdec_pp`` runs with a random acceptance head (as in
-test_train_specdec_pp.py).
+test_train_specdec_pp.py); ``csd`` with a cascade of the pair's draft above Max-Gram (a fixed bigram table, leniency 2
+at the draft's reviews; three drafting levels and the control that hands the reviewer's row up: test_cascade.py).
 
 Negative controls: the decoder's ``sk.verify_tree`` is routed to the torch backend (token for token the default
 route, ``test_torch_route_gives_the_same_tokens``) and the torch backend's node chain is replaced by a chain of
 ``specdec_kernels.testing.wrong.TREE_CONTROLS``; nothing else changes. Default suite, with the models, prompts and N
-of the passing tests: sd and specdec_pp: residual = q (no subtraction); rrs: residual not renormalised; rrsw, rsd_c,
-rsd_s: the original p kept after removing a candidate; spectr: K-SEQ with gamma = 1; spechub: Q(a, i) without its
+of the passing tests: sd, specdec_pp and csd: residual = q (no subtraction); rrs: residual not renormalised; rrsw,
+rsd_c, rsd_s: the original p kept after removing a candidate; spectr: K-SEQ with gamma = 1; spechub: Q(a, i) without its
 1 / (1 - p(a)) factor; spechub on the confident pair: Q(a, i) = p(a) p(i) / (1 - p(a)) in fp32. Slow (N = 20000 per
 prompt): rrs with residual = q and with duplicate candidates skipped, rrsw / rsd_c / rsd_s subtracting the next
 candidate's law. A control must reach chi-square p < 1e-4 on at least one prompt.
@@ -29,8 +30,8 @@ candidate's law. A control must reach chi-square p < 1e-4 on at least one prompt
 Statistics (specdec_kernels.testing.stats.law_check): Pearson chi-square with merged bins must have p >= 1e-4
 and the empirical TV must stay below a bound far above its sampling noise (default N = 5000 per prompt: noise
 ~0.04, bound 0.08; slow N = 1e5: noise ~0.009, bound 0.02). False-alarm rate: 1e-4 per check; the default suite
-makes 36 checks of a correct law (2 prompts x (8 methods x 2 pairs + top-k/top-p + ar)), so a spurious failure has
-probability below 4e-3 per run; the slow tests add 16 (below 2e-3). Seeds are fixed, so a run is reproducible.
+makes 40 checks of a correct law (2 prompts x (9 methods x 2 pairs + top-k/top-p + ar)), so a spurious failure has
+probability below 4e-3 per run; the slow tests add 18 (below 2e-3). Seeds are fixed, so a run is reproducible.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import specdec
 import specdec.decoder
 import torch
 from specdec.autotree import CostCurve
+from specdec.cascade import CascadeDrafter
 from specdec.config import SamplingConfig
 from test_train_specdec_pp import random_head
 from tiny_models import left_pad, tiny_llama
@@ -71,6 +73,7 @@ CASES = {
     "spectr": {"num_chains": 3, "draft_length": 2},
     "spechub": {"branching": (2, 2)},
     "specdec_pp": {"draft_length": 3},
+    "csd": {"draft_length": 3},
 }
 
 # each node verifier, made wrong in a way the default-suite test must catch (a method's is that of its spec)
@@ -143,6 +146,9 @@ def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: 
     target, draft = models
     params = CASES.get(method, {})
     head = {"head": random_head(32, 2), "threshold": 0.5} if specdec.methods.get(method).needs_head else {}
+    if method == "csd":  # the draft reviews Max-Gram's blocks (leniency 2), the target the draft's
+        bigram = (3 * np.arange(VOCAB) + 1) % VOCAB
+        draft = CascadeDrafter([draft], bigram=bigram, steps=[[2, 1], [0, 1]], leniency=2.0, mag_tokens=3)
     decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params, **head)
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n_per_prompt)])
     out = decoder.generate(
@@ -157,20 +163,23 @@ def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: 
     return out.new_tokens
 
 
-def run_law(
-    models, method: str, n_per_prompt: int, *, seed: int = 1, temperature: float = TEMPERATURE, **sampling
-) -> list:
-    first_two = np.array(
-        [t[:2] for t in generate(models, method, n_per_prompt, seed=seed, temperature=temperature, **sampling)]
-    )
-    resolved = SamplingConfig(temperature=temperature, **sampling)
+def first_two_checks(target, new_tokens: list, sampling: SamplingConfig, max_tv: float) -> list:
+    """Law checks of the first two tokens of rows that alternate over PROMPTS, one per prompt."""
+    first_two = np.array([t[:2] for t in new_tokens])
     checks = []
     for i, prompt in enumerate(PROMPTS):
         counts = np.zeros((VOCAB, VOCAB))
         np.add.at(counts, (first_two[i::2, 0], first_two[i::2, 1]), 1)
-        max_tv = 0.08 if n_per_prompt < 50_000 else 0.02
-        checks.append(law_check(counts, exact_law(models[0], prompt, resolved), max_tv=max_tv))
+        checks.append(law_check(counts, exact_law(target, prompt, sampling), max_tv=max_tv))
     return checks
+
+
+def run_law(
+    models, method: str, n_per_prompt: int, *, seed: int = 1, temperature: float = TEMPERATURE, **sampling
+) -> list:
+    new_tokens = generate(models, method, n_per_prompt, seed=seed, temperature=temperature, **sampling)
+    resolved = SamplingConfig(temperature=temperature, **sampling)
+    return first_two_checks(models[0], new_tokens, resolved, 0.08 if n_per_prompt < 50_000 else 0.02)
 
 
 def route_to_torch(monkeypatch, control: str | None = None) -> None:
@@ -290,14 +299,9 @@ def auto_law(models, tmp_path, monkeypatch) -> tuple[list, dict]:
     decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, seed=3)
-    first_two = np.array([t[:2] for t in out.new_tokens])
-    checks = []
-    for i, prompt in enumerate(PROMPTS):
-        counts = np.zeros((VOCAB, VOCAB))
-        np.add.at(counts, (first_two[i::2, 0], first_two[i::2, 1]), 1)
-        law = exact_law(target, prompt, SamplingConfig(temperature=TEMPERATURE))
-        checks.append(law_check(counts, law, max_tv=0.08))
-    return checks, decoder.builder.shapes_used
+    return first_two_checks(target, out.new_tokens, SamplingConfig(temperature=TEMPERATURE), 0.08), (
+        decoder.builder.shapes_used
+    )
 
 
 def test_auto_trees_follow_the_target_law(models, tmp_path, monkeypatch) -> None:

@@ -1,6 +1,6 @@
 """The method registry (specdec.methods): every method is one spec in one module, and everything else reads it.
 
-* the nine built-in methods, in their order, each with a label, a description and its reference;
+* the ten built-in methods, in their order, each with a label, a description and its reference;
 * lookups and registrations fail with errors that name the method or the parameter;
 * every registered drafting method's toy loop (its sibling draw and verifier, from the registry) keeps the target
   law and the target's greedy output (specdec_kernels.testing.toy);
@@ -28,7 +28,7 @@ from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 from specdec_kernels.testing import toy
 from specdec_kernels.testing.stats import LawCheck
 
-BUILT_IN = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp")
+BUILT_IN = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp", "csd")
 REFERENCE = re.compile(r"(19|20)\d\d.*arXiv:\d{4}\.\d{4,5}")
 
 
@@ -65,13 +65,14 @@ def test_labels() -> None:
         ("spectr", (("num_chains", 3),)): "spectr(K=3,L=3)",
         ("spechub", ()): "spechub(b=2,2)",
         ("specdec_pp", ()): "specdec_pp(cap=20)",
+        ("csd", ()): "csd(L<=24)",
     }
     for (name, kw), label in labels.items():
         assert make_method(name, **dict(kw)).describe() == label
 
 
 def test_get_names_the_unknown_method_and_lists_the_available_ones() -> None:
-    with pytest.raises(ValueError, match=r"method must be one of \('ar', 'sd', .*'specdec_pp'\), got 'nope'"):
+    with pytest.raises(ValueError, match=r"method must be one of \('ar', 'sd', .*'csd'\), got 'nope'"):
         methods.get("nope")
     with pytest.raises(ValueError, match="got 'nope'"):
         make_method("nope")
@@ -112,6 +113,9 @@ def toy_decoder(config: MethodConfig, *, greedy: bool = False) -> toy.Decoder:
     if draw == "beam":
         assert config.beam_width is not None and config.draft_length is not None
         return toy.beam(config.beam_width, config.draft_length, verifier=spec.verifier, greedy=greedy)
+    if draw == "cascade":  # the target reviews a chain: the block of a draft reviewing a proposer (leniency 2)
+        assert spec.verifier == "sd"
+        return toy.cascade(2, 2, 2.0, greedy=greedy)
     assert draw in toy.DRAWS and config.parents is not None
     return toy.tree(config.parents, draw=draw, verifier=spec.verifier, greedy=greedy)
 
@@ -195,7 +199,7 @@ def test_a_registered_method_is_configured_labelled_and_offered(triple, capsys) 
     assert method_kwargs("triple", args) == {"branching": (2, 2)}
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
-    assert "specdec_pp, triple" in " ".join(capsys.readouterr().out.split())
+    assert "specdec_pp, csd, triple" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_registered_method_decodes_exactly(triple) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .base import StaticTreeBuilder, TreeBuilder
 from .beam import BeamTreeBuilder
+from .cascade import CascadeBuilder
 from .chain import ChainBuilder
 from .spechub import SpecHubBuilder
 from .spectr import SpecTrBuilder
@@ -25,6 +26,7 @@ def make_builder(config: MethodConfig) -> TreeBuilder | None:
 
 __all__ = [
     "BeamTreeBuilder",
+    "CascadeBuilder",
     "ChainBuilder",
     "IIDTreeBuilder",
     "SWORTreeBuilder",

@@ -123,6 +123,6 @@ def tree_label(config: MethodConfig) -> str:
 
 
 # The built-in methods register themselves on import, in the order available() lists them.
-from . import ar, sd, rrs, rrsw, rsd_c, rsd_s, spectr, spechub, specdec_pp  # noqa: E402, F401, I001
+from . import ar, sd, rrs, rrsw, rsd_c, rsd_s, spectr, spechub, specdec_pp, csd  # noqa: E402, F401, I001
 
 __all__ = ["PARAMETERS", "MethodSpec", "available", "get", "register", "tree_label", "unregister"]

@@ -8,16 +8,18 @@ Use the shipped draft::
     draft = load_draft("smollm2-distill", target)        # HF LlamaForCausalLM, full-vocab logits (-inf off-head)
     head, h = load_head("smollm2-distill-head")          # SpecDec++ acceptance head + its default threshold
     eagle = load_draft("smollm2-eagle", target)          # feature draft: reads the target's hidden states
+    cascade = load_cascade("smollm2-cascade", target)    # CS Drafting (method "csd"): smollm2-distill + Max-Gram
 
 Retrain: ``python -m specdec.train all`` (stages: data, evalset, distill, eval, head, ship; see train/README.md).
 """
 
-from .assets import DEFAULT_DRAFT, asset_manifest, load_draft, save_draft
+from .assets import DEFAULT_CASCADE, DEFAULT_DRAFT, asset_manifest, load_cascade, load_draft, save_draft
 from .draft import DraftConfig, ReducedHead, build_draft, check_compatible
 from .feature_draft import FEATURE_DRAFT, FeatureDraft, FeatureDraftConfig, load_feature_draft
 from .head import AcceptanceHead, HeadConfig, load_head
 
 __all__ = [
+    "DEFAULT_CASCADE",
     "DEFAULT_DRAFT",
     "FEATURE_DRAFT",
     "AcceptanceHead",
@@ -29,6 +31,7 @@ __all__ = [
     "asset_manifest",
     "build_draft",
     "check_compatible",
+    "load_cascade",
     "load_draft",
     "load_feature_draft",
     "load_head",

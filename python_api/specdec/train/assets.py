@@ -27,6 +27,8 @@ from .draft import (
 from .store import ASSETS_DIR, resolve_asset
 
 DEFAULT_DRAFT = "smollm2-distill"
+#: the shipped CS Drafting cascade: smollm2-distill above Max-Gram with its bigram table (specdec/assets)
+DEFAULT_CASCADE = "smollm2-cascade"
 
 
 def save_draft(draft: Any, path: Path, cfg: DraftConfig, *, dtype: torch.dtype = torch.bfloat16) -> Path:
@@ -111,6 +113,34 @@ def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = 
     manifest["retrain"] = f"python -m specdec.train all --seed {ck['config']['seed']} --name {name}"
     write_json_atomic(out / f"{name}.json", manifest)
     return {"files": {k: str(p) for k, p in files.items()}, "bytes": {k: p.stat().st_size for k, p in files.items()}}
+
+
+def load_cascade(
+    name_or_path: str | Path = DEFAULT_CASCADE, target: Any = None, *, dtype: torch.dtype = torch.bfloat16
+):
+    """A CS Drafting cascade (:class:`~specdec.cascade.CascadeDrafter`, method ``csd``) from its recipe, a JSON
+    asset (``smollm2-cascade``) or file: ``drafters`` (draft assets, largest first, loaded with :func:`load_draft`),
+    ``bigram`` (Max-Gram's table, :func:`specdec.cascade.load_bigram`), ``steps`` (the step-limit matrix),
+    ``leniency`` (one per drafter) and ``mag_tokens``. ``target``: as for :func:`load_draft`."""
+    from ..cascade import CascadeDrafter, load_bigram
+
+    path = resolve_asset(name_or_path, ".json")
+    recipe = json.loads(path.read_text())
+    missing = sorted({"drafters", "bigram", "steps", "leniency"} - set(recipe))
+    if missing:
+        raise ValueError(f"{path.name} is not a cascade recipe: it lacks {missing}")
+    if target is None:
+        from ..smollm2 import load_smollm2
+
+        target, _ = load_smollm2(dtype)
+    drafters = [load_draft(d, target, dtype=dtype) for d in recipe["drafters"]]
+    return CascadeDrafter(
+        drafters,
+        bigram=load_bigram(recipe["bigram"]),
+        steps=recipe["steps"],
+        leniency=recipe["leniency"],
+        mag_tokens=int(recipe.get("mag_tokens", 10)),
+    )
 
 
 def asset_manifest(name: str = DEFAULT_DRAFT) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from pathlib import Path
 from .common import default_workdir, set_threads
 
 STAGES = ("data", "evalset", "distill", "eval", "head", "ship", "all")
+# Max-Gram's bigram table (CS Drafting), written into specdec/assets/ (--name) from JSONL chats (--corpus)
+EXTRA_STAGES = ("bigram",)
 # The feature draft (EAGLE-style, reads the target's hidden states): its own data, training, eval and ship stages.
 FEATURE_STAGES = ("feature-data", "evalset", "feature-distill", "feature-eval", "feature-ship")
 
@@ -28,18 +30,27 @@ def _target(dtype: str = "bf16"):  # noqa: ANN202
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
-    ap.add_argument("stage", choices=(*STAGES, *FEATURE_STAGES, "feature-all"))
+    ap.add_argument("stage", choices=(*STAGES, *FEATURE_STAGES, "feature-all", *EXTRA_STAGES))
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: DistillConfig)")
     ap.add_argument("--head-steps", type=int, default=None, help="acceptance-head steps (default: HeadConfig)")
-    ap.add_argument("--name", default=None, help="asset name for the ship stages (smollm2-distill, smollm2-eagle)")
+    ap.add_argument(
+        "--name", default=None, help="asset name for the ship stages (smollm2-distill, smollm2-eagle) and bigram"
+    )
     ap.add_argument(
         "--draft",
         default=None,
         help="feature-eval only: score this saved feature draft (asset name such as smollm2-eagle, or a path) "
         "instead of the workdir's final.pt; printed, not written to the workdir's manifest",
+    )
+    ap.add_argument(
+        "--corpus",
+        type=Path,
+        action="append",
+        help="bigram only: a JSONL file of chats (question/prompt/text + answer/response); repeatable; default "
+        "$SPECDEC_DATA_DIR/gsm8k_train.jsonl",
     )
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
@@ -102,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             from .feature_distill import run_feature_eval
 
             info = run_feature_eval(workdir, seed=args.seed, draft=args.draft, record=args.draft is None)
+        elif stage == "bigram":
+            from .bigram import DEFAULT_BIGRAM, build_bigram, default_corpus
+
+            model, tok = _target()
+            info = build_bigram(tok, int(model.config.vocab_size), args.corpus or default_corpus(),
+                                name=args.name or DEFAULT_BIGRAM)  # fmt: skip
         elif stage == "feature-ship":
             from .feature_distill import ship_feature_draft
             from .feature_draft import FEATURE_DRAFT
