@@ -8,7 +8,8 @@ shipped with ``specdec.train``, EAGLE-style: reads the target's hidden states; t
 its acceptance head reads that draft's hidden states), ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
 repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
 accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
-or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head.
+or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head; CS Drafting (``csd``)
+with the cascade of --cascade (``smollm2-cascade``: ``smollm2-distill`` above Max-Gram with its bigram table).
 """
 
 from __future__ import annotations
@@ -148,6 +149,11 @@ def _with_head() -> str:
     return ", ".join(m for m in registry.available() if registry.get(m).needs_head)
 
 
+def _with_cascade() -> str:
+    """The methods that draft with a cascade, for the help of --cascade."""
+    return ", ".join(m for m in registry.available() if registry.get(m).cascade)
+
+
 def _num(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.2f}"
 
@@ -189,12 +195,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(text)
 
 
-def _asset_or_file(spec: str) -> bool:
-    """A shipped asset name or a .safetensors file, as the draft and head loaders resolve them."""
+def _asset_or_file(spec: str, suffix: str = ".safetensors") -> bool:
+    """A shipped asset name or a ``suffix`` file, as the draft, head and cascade loaders resolve them."""
     from .train.store import resolve_asset
 
     try:
-        resolve_asset(spec)
+        resolve_asset(spec, suffix)
     except FileNotFoundError:
         return False
     return True
@@ -243,6 +249,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     if any(registry.get(m).needs_head for m in methods):
         need(_asset_or_file(args.head), "--head", f"{args.head!r} is not an acceptance-head asset or file")
         need(_asset_or_file(args.pp_draft), "--pp-draft", f"{args.pp_draft!r} is not a draft asset or file")
+    if any(registry.get(m).cascade for m in methods):
+        need(
+            _asset_or_file(args.cascade, ".json"),
+            "--cascade",
+            f"{args.cascade!r} is not a cascade recipe asset or file",
+        )
     if args.csv:
         folder = os.path.dirname(os.path.abspath(args.csv))
         need(os.path.isdir(folder), "--csv", f"{args.csv!r}: folder {folder!r} does not exist")
@@ -293,6 +305,16 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         methods.remove(m)
         head_methods.remove(m)
         say(f"note: {m} skipped (needs a neural draft, got --draft {args.draft})")
+    cascade_methods = [m for m in methods if registry.get(m).cascade]
+    if cascade_methods:
+        from .train import load_cascade
+
+        try:
+            cascade = load_cascade(args.cascade, target, dtype=dtype)
+        except ValueError as err:  # e.g. a --model the shipped drafts were not trained for
+            raise SystemExit(f"--cascade {args.cascade!r}: {err}") from err
+        drafts.update({m: cascade for m in cascade_methods})
+        say(f"{', '.join(cascade_methods)} drafts with the cascade {args.cascade!r}")
     if head_methods:
         from .train import load_head
 
@@ -488,6 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"draft of {_with_head()} when --draft is a feature draft (the head reads a plain draft's hidden states)",
     )
     demo.add_argument("--threshold", type=float, help=f"{_with_head()} threshold h (default: the head's shipped h)")
+    demo.add_argument(
+        "--cascade",
+        default="smollm2-cascade",
+        help=f"the draft cascade of {_with_cascade()}: a recipe asset (smollm2-cascade: smollm2-distill above Max-Gram "
+        "with its bigram table) or a JSON recipe file (specdec.train.load_cascade)",
+    )
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     demo.add_argument("--top-k", type=int, default=50, help="0 = off (50: transformers' default)")

@@ -88,6 +88,7 @@ BAD_FLAGS = [
     (["--methods", ","], "--methods"),
     (["--draft", "no-such-draft"], "--draft"),
     (["--head", "no-such-head", "--methods", "specdec_pp"], "--head"),
+    (["--cascade", "no-such-cascade", "--methods", "ar,csd"], "--cascade"),
     (["--prompts", "/no/such/file.jsonl"], "--prompts"),
     (["--csv", "/no/such/dir/out.csv"], "--csv"),
     (["--branching", "wide"], "--branching"),
@@ -125,7 +126,8 @@ def test_help_shows_defaults_and_the_methods(capsys) -> None:
         cli.main(["demo", "--help"])
     out = capsys.readouterr().out
     assert "(default: 64)" in out and "(default: smollm2-eagle)" in out
-    assert all(m in out for m in ("rsd_c", "spechub", "specdec_pp"))
+    assert all(m in out for m in ("rsd_c", "spechub", "specdec_pp", "csd"))
+    assert "(default: smollm2-cascade)" in " ".join(out.split())
 
 
 def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:

@@ -42,6 +42,7 @@ class MethodSpec:
       :mod:`specdec.autotree`); None when the method takes no auto trees.
     * ``cli_params``: the parameters that the demo's shared tree flags (--draft-length, --branching, --beam-width,
       --num-chains) set for this method; None: every allowed one.
+    * ``cascade``: the method drafts with a :class:`~specdec.cascade.CascadeDrafter` (the demo loads --cascade).
     * ``description``: one paragraph with the paper reference (authors, title, venue, year, arXiv id).
     """
 
@@ -57,6 +58,7 @@ class MethodSpec:
     needs_head: bool = False
     cli_params: frozenset[str] | None = None
     auto_builder: Callable[[MethodConfig], TreeBuilder] | None = None
+    cascade: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

@@ -26,5 +26,6 @@ SPEC = register(
         allowed=frozenset({"draft_length"}),
         # the demo's --draft-length is a fixed chain length L; here draft_length only caps the cascade's block
         cli_params=frozenset(),
+        cascade=True,
     )
 )
