@@ -190,7 +190,9 @@ class CascadeDrafter(Drafter):
         vocab_size: int | None = None,
     ) -> None:
         if isinstance(drafters, (str, bytes)) or not isinstance(drafters, Sequence):
-            raise TypeError(f"drafters must be a sequence of draft models (largest first), got {drafters!r}")
+            raise TypeError(
+                f"drafters must be a sequence of draft models (largest first), got {type(drafters).__name__}"
+            )
         lms = [self._as_lm(d, i) for i, d in enumerate(drafters)]
         n = len(lms)
         if isinstance(leniency, Sequence) and not isinstance(leniency, (str, bytes)):
