@@ -110,9 +110,21 @@ def ship(workdir: Path, name: str = DEFAULT_DRAFT, *, assets_dir: Path | None = 
     }
     shipped = load_draft(files["draft"], target)
     manifest["check_set"] = {"dtype": "bf16", **check_set_alpha(shipped, target, tok)}
-    manifest["retrain"] = f"python -m specdec.train all --seed {ck['config']['seed']} --name {name}"
+    manifest["retrain"] = retrain_command(manifest, ck["config"], name)
     write_json_atomic(out / f"{name}.json", manifest)
     return {"files": {k: str(p) for k, p in files.items()}, "bytes": {k: p.stat().st_size for k, p in files.items()}}
+
+
+def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str) -> str:
+    """The train command that rebuilds a plain draft: its seed, data counts, size and steps."""
+    data = manifest.get("data", {}).get("config", {})
+    draft = distill["draft"]
+    flags = [f"--seed {distill['seed']}", f"--name {name}", f"--steps {distill['steps']}"]
+    if data:
+        flags += [f"--gsm8k-label {data['n_gsm8k_label']}", f"--magpie {data['n_magpie']}"]
+    flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
+    flags.append(f"--head-vocab {draft['head_vocab']}")
+    return "python -m specdec.train all " + " ".join(flags)
 
 
 def load_cascade(

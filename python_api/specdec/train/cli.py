@@ -52,8 +52,18 @@ def main(argv: list[str] | None = None) -> int:
         help="bigram only: a JSONL file of chats (question/prompt/text + answer/response); repeatable; default "
         "$SPECDEC_DATA_DIR/gsm8k_train.jsonl",
     )
+    plain = ap.add_argument_group("plain draft size and data (data, distill; defaults: DataConfig, DraftConfig)")
+    plain.add_argument("--gsm8k-label", type=int, default=None, help="GSM8K-train solutions labelled by the target")
+    plain.add_argument("--magpie", type=int, default=None, help="self-written instructions answered by the target")
+    plain.add_argument("--layers", type=int, default=None, help="decoder layers of the plain draft")
+    plain.add_argument("--width", type=int, default=None, help="hidden size of the plain draft (MLP: 3x)")
+    plain.add_argument("--head-vocab", type=int, default=None, help="tokens of the plain draft's reduced head")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    for flag in ("steps", "head_steps", "gsm8k_label", "magpie", "layers", "width", "head_vocab"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag in ("gsm8k_label", "magpie") else 1):
+            ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in ('gsm8k_label', 'magpie') else 1}")
     set_threads(args.threads)
     workdir = args.workdir or default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -72,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             from .data import DataConfig, build_data
 
             model, tok = _target()
-            info = build_data(model, tok, workdir, DataConfig(seed=args.seed), progress=progress)
+            dcfg = DataConfig(seed=args.seed)
+            if args.gsm8k_label is not None:
+                dcfg.n_gsm8k_label = args.gsm8k_label
+            if args.magpie is not None:
+                dcfg.n_magpie = args.magpie
+            info = build_data(model, tok, workdir, dcfg, progress=progress)
         elif stage == "evalset":
             from .evalset import build_eval_set
 
@@ -85,6 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg = DistillConfig(seed=args.seed)
             if args.steps is not None:
                 cfg.steps = args.steps
+            if args.layers is not None:
+                cfg.draft.num_layers = args.layers
+            if args.width is not None:
+                # heads of 64 dims, 2 query heads per KV head where the width allows it, the MLP 3x wide
+                heads = max(1, args.width // 64)
+                cfg.draft.hidden_size, cfg.draft.num_heads = args.width, heads
+                cfg.draft.num_kv_heads = heads // 2 if heads % 2 == 0 else heads
+                cfg.draft.intermediate_size = 3 * args.width
+            if args.head_vocab is not None:
+                cfg.draft.head_vocab = args.head_vocab
             info = run_distill(workdir, cfg, progress=progress)
         elif stage == "eval":
             from .evaluate import run_eval
