@@ -340,3 +340,21 @@ def test_forgetting_the_tree_path_fails_the_law(law_pair, monkeypatch) -> None:
     monkeypatch.setattr(RunContext, "node_seen", row_only)
     checks = law_checks((law_pair[0], law_pair[0]), "sd", seed=2)
     assert any(not c.ok and c.p_value < 1e-4 for c in checks), [str(c) for c in checks]
+
+
+def test_cascade_greedy_equals_model_generate_for_every_setting(pair) -> None:
+    """csd drafts with a cascade (a neural drafter above Max-Gram); the context-dependent settings still give
+    ``model.generate``'s tokens."""
+    from specdec.drafting import bigram_table
+
+    target, draft = pair
+    cascade = specdec.CascadeDrafter([draft], bigram=bigram_table([greedy_tokens(target, 30)[0]], V),
+                                     steps=[[3, 0], [0, 1]])  # fmt: skip
+    ids, mask = batch()
+    for name, kw in settings(target).items():
+        ref = reference(target, **kw)
+        ours = specdec.generate(target, cascade, ids, method="csd", attention_mask=mask, do_sample=False, **kw)
+        hooked = target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, draft=cascade,
+                                 method="csd", do_sample=False, **kw)  # fmt: skip
+        assert torch.equal(ours.sequences, ref), name
+        assert torch.equal(hooked, ref), name
