@@ -127,3 +127,21 @@ def test_bf16_greedy_speculation_equals_ar_token_for_token(feature_models):
     for method, kw in (("sd", {"draft_length": 2}), ("rsd_c", {"branching": (2, 1)}), ("spechub", {})):
         out = specdec.generate(target, draft, ids, method=method, max_new_tokens=32, do_sample=False, **kw)
         assert out.new_tokens == ref.new_tokens, method
+
+
+@pytest.mark.parametrize("name", ["smollm2-gsm-l1", "smollm2-gsm-l2"])
+def test_cascade_drafters_are_small_and_reproduce_their_alpha(models, name: str) -> None:
+    """The plain drafts of the shipped cascade (trained on GSM8K-train solutions): small files, the alpha of
+    their manifests, and the retrain command that carries their size and data."""
+    from specdec.train.evaluate import check_set_alpha
+
+    target, tok, _ = models
+    manifest = asset_manifest(name)
+    for entry in manifest["files"].values():
+        assert (ASSETS_DIR / entry["file"]).stat().st_size == entry["bytes"] < 16 * 2**20
+    got = check_set_alpha(load_draft(name, target), target, tok)
+    recorded = manifest["check_set"]
+    assert got["positions"] == recorded["positions"]
+    assert abs(got["alpha"] - recorded["alpha"]) < 0.02, (got, recorded)
+    cfg = manifest["distill"]["config"]["draft"]
+    assert f"--layers {cfg['num_layers']} --width {cfg['hidden_size']}" in manifest["retrain"]
