@@ -9,7 +9,7 @@ its acceptance head reads that draft's hidden states), ``ngram`` (Max-Gram promp
 repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
 accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
 or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head; CS Drafting (``csd``)
-with the cascade of --cascade (``smollm2-cascade``: ``smollm2-distill`` above Max-Gram with its bigram table).
+with the cascade of --cascade (``smollm2-cascade``: ``smollm2-gsm-l1`` and ``-l2`` above Max-Gram and its bigram table).
 """
 
 from __future__ import annotations
@@ -513,8 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--cascade",
         default="smollm2-cascade",
-        help=f"the draft cascade of {_with_cascade()}: a recipe asset (smollm2-cascade: smollm2-distill above Max-Gram "
-        "with its bigram table) or a JSON recipe file (specdec.train.load_cascade)",
+        help=f"the draft cascade of {_with_cascade()}: a recipe asset (smollm2-cascade: two math drafts above "
+        "Max-Gram with its bigram table) or a JSON recipe file (specdec.train.load_cascade)",
     )
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")
     demo.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
