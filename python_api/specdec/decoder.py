@@ -298,9 +298,9 @@ class SpeculativeDecoder:
             if key == "cache" and (value is None or value.get_seq_length() == 0):
                 continue
             raise ValueError(f"generate argument {key}= is not supported by speculative generation")
-        sampling = sampling_from_hf(gc, logits_processor)
         vocab = self.target.vocab_size
         eos = _eos_list(gc.eos_token_id, vocab)
+        sampling = sampling_from_hf(gc, logits_processor, eos)
         width = int(input_ids.shape[1])
         max_new = int(gc.max_length) - width
         if max_new < 1:

@@ -10,6 +10,7 @@ law the driver reproduces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .config import SamplingConfig
@@ -94,10 +95,11 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
         )
 
 
-def sampling_from_hf(generation_config: Any, logits_processor: Any) -> SamplingConfig:
-    """The :class:`SamplingConfig` of a resolved GenerationConfig, after checking that transformers' processor list
-    holds only processors it reproduces (a user's ``logits_processor`` or ``prefix_allowed_tokens_fn`` is refused:
-    the driver cannot know the law it produces at each draft node)."""
+def sampling_from_hf(generation_config: Any, logits_processor: Any, eos: Sequence[int]) -> SamplingConfig:
+    """The :class:`SamplingConfig` of a resolved GenerationConfig whose EOS ids are ``eos`` (the loop's, parsed
+    once), after checking that transformers' processor list holds only processors it reproduces (a user's
+    ``logits_processor`` or ``prefix_allowed_tokens_fn`` is refused: the driver cannot know the law it produces at
+    each draft node)."""
     for proc in logits_processor or ():
         name = type(proc).__name__
         if name not in KNOWN_PROCESSORS:
@@ -106,7 +108,6 @@ def sampling_from_hf(generation_config: Any, logits_processor: Any) -> SamplingC
                 "logits_processor=, prefix_allowed_tokens_fn= or a generation setting without a speculative law)"
             )
     gc = generation_config
-    eos = eos_ids(gc.eos_token_id)
     return SamplingConfig(
         temperature=float(gc.temperature if gc.temperature is not None else 1.0),
         top_k=int(gc.top_k or 0),
@@ -117,19 +118,6 @@ def sampling_from_hf(generation_config: Any, logits_processor: Any) -> SamplingC
         min_length=int(gc.min_length or 0) if eos else 0,
         suppress=tuple(eos),
     )
-
-
-def eos_ids(value: Any) -> list[int]:
-    """``eos_token_id`` as a list: None, an int, a list of ints or a tensor."""
-    if value is None:
-        return []
-    if hasattr(value, "flatten"):
-        return [int(x) for x in value.flatten().tolist()]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-        return list(value)
-    raise ValueError(f"eos_token_id must be an int or a list of ints, got {value!r}")
 
 
 def split_criteria(stopping_criteria: Any) -> list[Any]:
