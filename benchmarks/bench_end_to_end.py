@@ -61,11 +61,9 @@ def run_specdec(decoder: specdec.SpeculativeDecoder, ids: torch.Tensor, args: ar
 
 
 def run_hf(target: Any, ids: torch.Tensor, args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
-    sample = args.temperature > 0
-    kw: dict[str, Any] = {"do_sample": sample, "max_new_tokens": args.tokens, "min_new_tokens": args.tokens}
-    if sample:
-        kw["temperature"] = args.temperature
-        kw["top_k"] = 0
+    # the law run_specdec samples (no top-k), at full length
+    kw: dict[str, Any] = {**sampling_kwargs(args.temperature, 0, 1.0), "max_new_tokens": args.tokens}
+    kw["min_new_tokens"] = args.tokens
     torch.manual_seed(0)
     t0 = time.perf_counter()
     out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=2, **kw, **extra)
