@@ -13,7 +13,8 @@ namespace {
 
 template <typename T, typename Acc>
 void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64_t batch, int64_t heads,
-                    int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim, double scale, T* out) {
+                    int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim, int64_t kv_batch_stride,
+                    int64_t kv_head_stride, double scale, T* out) {
   const int64_t group = heads / kv_heads, rows = batch * heads * n;
 #pragma omp parallel num_threads(omp_threads(rows, rows * s_len * dim))
   {
@@ -22,7 +23,7 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
-      const int64_t kv = (b * kv_heads + h / group) * s_len * dim;
+      const int64_t kv = b * kv_batch_stride + (h / group) * kv_head_stride;
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (dim % 32 == 0 && dim <= kAttentionMaxDim512) {
@@ -65,7 +66,12 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
     return decode_attention(q_in.to(at::kFloat), k_in.to(at::kFloat), v_in.to(at::kFloat), mask_in, scale)
         .to(at::kHalf);
   const at::Tensor mask = mask_in.expand({batch, 1, n, s_len}).to(at::kFloat).contiguous();
-  const at::Tensor q = q_in.contiguous(), k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor q = q_in.contiguous();
+  // A cache with room to grow hands views [B, Hkv, S, D] of [B, Hkv, capacity, D] buffers: each head's slots are
+  // contiguous, only the head and batch strides differ, so such k/v are read in place instead of copied.
+  const bool slots_dense = k_in.stride(3) == 1 && k_in.stride(2) == dim && k_in.strides() == v_in.strides();
+  const at::Tensor k = slots_dense ? k_in : k_in.contiguous(), v = slots_dense ? v_in : v_in.contiguous();
+  const int64_t kv_batch_stride = k.stride(0), kv_head_stride = k.stride(1);
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (out.numel() == 0) return out;
   TORCH_CHECK(s_len > 0, "the cache must hold at least one key (S > 0)");
@@ -74,14 +80,16 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
     attention_rows<uint16_t, float>(static_cast<const uint16_t*>(q.const_data_ptr()),
                                     static_cast<const uint16_t*>(k.const_data_ptr()),
                                     static_cast<const uint16_t*>(v.const_data_ptr()), m, batch, heads, kv_heads, n,
-                                    s_len, dim, scale, static_cast<uint16_t*>(out.mutable_data_ptr()));
+                                    s_len, dim, kv_batch_stride, kv_head_stride, scale,
+                                    static_cast<uint16_t*>(out.mutable_data_ptr()));
   } else if (st == at::kFloat) {
     attention_rows<float, float>(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(), m,
-                                 batch, heads, kv_heads, n, s_len, dim, scale, out.mutable_data_ptr<float>());
+                                 batch, heads, kv_heads, n, s_len, dim, kv_batch_stride, kv_head_stride, scale,
+                                 out.mutable_data_ptr<float>());
   } else {
     attention_rows<double, double>(q.const_data_ptr<double>(), k.const_data_ptr<double>(),
-                                   v.const_data_ptr<double>(), m, batch, heads, kv_heads, n, s_len, dim, scale,
-                                   out.mutable_data_ptr<double>());
+                                   v.const_data_ptr<double>(), m, batch, heads, kv_heads, n, s_len, dim, kv_batch_stride,
+                                   kv_head_stride, scale, out.mutable_data_ptr<double>());
   }
   return out;
 }

@@ -98,3 +98,24 @@ def test_blocked_slots_do_not_change_a_row(dtype: torch.dtype, dim: int) -> None
             q, k[:, :, visible], v[:, :, visible], torch.zeros(1, 1, 1, int(visible.sum())), dim**-0.5, backend="auto"
         )
         assert torch.equal(spread, packed), trial
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_cache_views_with_room_read_like_packed_keys(dtype: torch.dtype, backend: str) -> None:
+    """k/v as views [B, Hkv, S, D] of [B, Hkv, capacity, D] buffers (a cache with room to grow: slots dense, head
+    and batch strides wider) give bitwise the packed result, and so do k/v in any other layout."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 6, 3, 64, generator=g).to(dtype)
+    kbuf = torch.randn(2, 3, 40, 64, generator=g).to(dtype)
+    vbuf = torch.randn(2, 3, 40, 64, generator=g).to(dtype)
+    k, v = kbuf[:, :, :29], vbuf[:, :, :29]
+    assert not k.is_contiguous()
+    mask = torch.zeros(2, 1, 3, 29, dtype=dtype)
+    mask[1, 0, 1, 5:9] = float("-inf")
+    packed = decode_attention(q, k.contiguous(), v.contiguous(), mask, 0.125, backend=backend)
+    assert torch.equal(decode_attention(q, k, v, mask, 0.125, backend=backend), packed)
+    # slots not dense (every other slot) and heads-last layouts take a packed copy; same result
+    k2 = torch.empty(2, 3, 58, 64, dtype=dtype)[:, :, ::2].copy_(k)
+    v2 = torch.empty(2, 29, 3, 64, dtype=dtype).transpose(1, 2).copy_(v)
+    assert torch.equal(decode_attention(q, k2, v2, mask, 0.125, backend=backend), packed)
