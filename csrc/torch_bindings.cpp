@@ -75,6 +75,10 @@ TORCH_LIBRARY(specdec, m) {
   m.def("skinny_linear_isa() -> str", &specdec::cpu::skinny_linear_isa);
   // q [B, H, n, D], k/v [B, Hkv, S, D], mask [B, 1, n, S] additive -> [B, H, n, D] (a decode step's attention)
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor mask, float scale) -> Tensor");
+  // x [..., D], weight [D] -> [..., D] (HF Llama's RMSNorm)
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  // q [B, H, n, D], k [B, Hkv, n, D], cos/sin [B or 1, n, D] -> rotated q, k (HF's apply_rotary_pos_emb)
+  m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -94,4 +98,6 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify_tree", &specdec::cpu::verify_tree);
   m.impl("skinny_linear", &specdec::cpu::skinny_linear);
   m.impl("decode_attention", &specdec::cpu::decode_attention);
+  m.impl("rms_norm", &specdec::cpu::rms_norm);
+  m.impl("rotary_embedding", &specdec::cpu::rotary_embedding);
 }

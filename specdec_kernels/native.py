@@ -151,6 +151,8 @@ CPU_OPS = (
     "verify_tree",
     "skinny_linear",
     "decode_attention",
+    "rms_norm",
+    "rotary_embedding",
 )
 
 
@@ -200,7 +202,7 @@ if HAVE_CPU:
     ) -> torch.Tensor:
         return prefix_len.new_empty(prefix_len.shape, dtype=torch.long)
 
-    # ---- a draft model's decode-step projections ----
+    # ---- a decode step's projections, attention, RMSNorm and rotary embedding ----
 
     @register("skinny_linear", "cpu", supports=_on_cpu)
     def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -221,6 +223,26 @@ if HAVE_CPU:
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
     ) -> torch.Tensor:
         return q.new_empty(q.shape)
+
+    @register("rms_norm", "cpu", supports=_on_cpu)
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return ops.rms_norm(x, weight, eps)
+
+    @torch.library.register_fake("specdec::rms_norm")
+    def _rms_norm_fake(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return x.new_empty(x.shape)
+
+    @register("rotary_embedding", "cpu", supports=_on_cpu)
+    def rotary_embedding(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ops.rotary_embedding(q, k, cos, sin)
+
+    @torch.library.register_fake("specdec::rotary_embedding")
+    def _rotary_embedding_fake(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return q.new_empty(q.shape), k.new_empty(k.shape)
 
     # ---- sampling ----
 

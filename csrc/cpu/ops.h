@@ -60,6 +60,12 @@ std::string skinny_linear_isa();
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                             double scale);
 
+// norm.cpp: HF Llama's RMSNorm, x [..., D], weight [D] (one dtype) -> [..., D] contiguous; and its rotary embedding,
+// q [B, H, n, D], k [B, Hkv, n, D] (any strides, last one 1), cos/sin [B or 1, n, D] -> (q_out, k_out) contiguous
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                    const at::Tensor& sin);
+
 // beam.cpp (SpecHub drafting, K-SEQ, beam search); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,

@@ -1,6 +1,6 @@
 """Public entry points of every op: signature, shapes, validation, dispatch. No math here."""
 
-from .decode import decode_attention, skinny_linear
+from .decode import decode_attention, rms_norm, rotary_embedding, skinny_linear
 from .sampling import (
     GumbelTopK,
     SBSStep,
@@ -38,6 +38,8 @@ __all__ = [
     "is_greedy",
     "kseq_gamma",
     "process_logits",
+    "rms_norm",
+    "rotary_embedding",
     "sample_categorical",
     "sbs_step",
     "skinny_linear",

@@ -1,4 +1,5 @@
-"""Public ops of a draft model's decode step: a linear layer on a few rows, attention of a few rows over a KV cache."""
+"""Public ops of a model's decode step: a linear layer on a few rows, attention of a few rows over a KV cache, and
+HF Llama's RMSNorm and rotary position embedding."""
 
 from __future__ import annotations
 
@@ -85,3 +86,81 @@ def decode_attention(
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     check_same_device(q=q, k=k, v=v, mask=mask)
     return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))
+
+
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, *, backend: str | None = None, validate: bool = True
+) -> torch.Tensor:
+    """HF's LlamaRMSNorm in one call: ``weight * (x / sqrt(mean(x^2, -1) + eps)).to(x.dtype)``.
+
+    Shape: x [..., D], weight [D], one floating dtype -> [..., D] in that dtype. The normalisation is computed in
+    fp32 (fp64 for double; HF's module would compute a double input in fp32), rounded to the dtype, then multiplied
+    by ``weight`` (for bf16/fp16 a product computed in fp32 and rounded once), as ``LlamaRMSNorm.forward(x)`` with
+    ``eps = norm.variance_epsilon``. The ``cpu`` backend is one pass per row instead of ~8 small torch ops; it sums
+    the squares in another order than torch's mean, the only difference (in bf16 the normalised value is at most 1
+    ulp apart, on about 1e-5 of the elements), computes every row alone (a row's result is bitwise the same whatever
+    rows share the call) and gives the same bits on every CPU variant. It reads x with any strides whose last one is
+    1 and returns a contiguous tensor. On GPU the ``torch`` backend serves it. No autograd: inference only.
+    ``validate=False`` skips the argument checks for a caller that guarantees them (a model's own layers).
+    """
+    if not validate:
+        return resolve("rms_norm", backend, x.device)(x, weight, float(eps))
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=1)
+    check_float("x", x)
+    if weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"weight must be [D={x.shape[-1]}] to match x [..., D], got {tuple(weight.shape)}")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"x and weight must share a dtype, got {x.dtype} and {weight.dtype}")
+    check_same_device(x=x, weight=weight)
+    return resolve("rms_norm", backend, x.device)(x, weight, _check_eps(eps))
+
+
+def rotary_embedding(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backend: str | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``apply_rotary_pos_emb(q, k, cos, sin)`` (unsqueeze_dim=1) in one call: ``x cos + rotate_half(x) sin``
+    for x = q and k, with ``rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])``.
+
+    Shape: q [B, H, n, D], k [B, Hkv, n, D], cos/sin [B, n, D] or [1, n, D] (shared by the batch), D even, one
+    floating dtype -> (q_out [B, H, n, D], k_out [B, Hkv, n, D]) contiguous, in that dtype. Every product and sum is
+    rounded to the dtype as torch's ops round them (bf16/fp16: computed in fp32, rounded once per op), so the ``cpu``
+    backend is bitwise equal to the formula for every dtype. q and k may be the usual non-contiguous views
+    (``linear_out.view(B, n, H, D).transpose(1, 2)``): the cpu kernel reads them in place (any strides whose last
+    one is 1). On GPU the ``torch`` backend serves it. No autograd: inference only. ``validate=False`` skips the
+    argument checks for a caller that guarantees them (a model's own attention layers).
+    """
+    if not validate:
+        return resolve("rotary_embedding", backend, q.device)(q, k, cos, sin)
+    check_tensor("q", q, ndim=4)
+    check_tensor("k", k, ndim=4)
+    check_tensor("cos", cos, ndim=3)
+    check_tensor("sin", sin, ndim=3)
+    check_float("q", q)
+    b, _, n, d = q.shape
+    if d % 2:
+        raise ValueError(f"q's head dim D must be even (rotate_half splits it in two), got q {tuple(q.shape)}")
+    if k.shape[0] != b or k.shape[2:] != (n, d):
+        raise ValueError(f"k must be [B={b}, Hkv, n={n}, D={d}] to match q {tuple(q.shape)}, got {tuple(k.shape)}")
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.shape[0] not in (1, b) or t.shape[1:] != (n, d):
+            raise ValueError(
+                f"{name} must be [B={b}, n={n}, D={d}] or [1, n={n}, D={d}] to match q {tuple(q.shape)}, got "
+                f"{tuple(t.shape)}"
+            )
+    if not k.dtype == cos.dtype == sin.dtype == q.dtype:
+        raise TypeError(f"q, k, cos and sin must share a dtype, got {q.dtype}, {k.dtype}, {cos.dtype} and {sin.dtype}")
+    check_same_device(q=q, k=k, cos=cos, sin=sin)
+    return resolve("rotary_embedding", backend, q.device)(q, k, cos, sin)

@@ -1,4 +1,5 @@
-"""Backend "torch": the ops of a draft model's decode step (projections on a few rows, attention over the cache)."""
+"""Backend "torch": the ops of a model's decode step (projections on a few rows, attention over the cache, HF Llama's
+RMSNorm and rotary embedding)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,30 @@ def decode_attention(
     probs = torch.softmax(scores + mask.to(acc)[:, :, None], dim=-1)
     out = torch.matmul(probs.view(b, hkv, (h // hkv) * n, s), v.to(acc))
     return out.view(b, h, n, d).to(q.dtype)
+
+
+@register("rms_norm", "torch")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's LlamaRMSNorm: x / sqrt(mean(x^2) + eps) in fp32 (fp64 for double), rounded to x's dtype, times weight
+    (a bf16/fp16 product computed in fp32 and rounded once)."""
+    h = x if x.dtype == torch.float64 else x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@register("rotary_embedding", "torch")
+def rotary_embedding(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's apply_rotary_pos_emb (unsqueeze_dim=1): x cos + rotate_half(x) sin, with rotate_half(x) = [-x2, x1],
+    each op rounded to the dtype; the results contiguous (torch would keep the layout of a transposed q)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q_out = (q * cos) + (_rotate_half(q) * sin)
+    k_out = (k * cos) + (_rotate_half(k) * sin)
+    return q_out.contiguous(), k_out.contiguous()

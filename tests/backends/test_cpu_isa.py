@@ -2,7 +2,7 @@
 by side and picked at import from the CPU's features: every variant this CPU can run is forced in turn
 (SPECDEC_CPU_ISA, one subprocess each: a process loads one variant) and passes the cpu backend's parity suites
 against the torch reference, and the kernels whose fast paths differ by variant (skinny_linear, decode_attention)
-agree across them.
+agree across them; rms_norm and rotary_embedding give the same bits on every variant.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ import specdec_kernels.native as native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ISAS = native.runnable_isas() if native.HAVE_CPU else []
-PARITY = ["tests/backends", "tests/ops/test_skinny_linear.py", "tests/ops/test_decode_attention.py"]
+PARITY = [
+    "tests/backends",
+    "tests/ops/test_skinny_linear.py",
+    "tests/ops/test_decode_attention.py",
+    "tests/ops/test_rms_norm.py",
+    "tests/ops/test_rotary_embedding.py",
+]
 
 # bf16 outputs of skinny_linear and decode_attention on fixed inputs, printed as integers (bit patterns)
 PROBE = """
@@ -87,3 +93,28 @@ def test_skinny_linear_agrees_across_variants():
     scale = float(base.abs().max())
     for isa, y in outs.items():
         assert float((y - base).abs().max()) <= 4 * 2**-8 * scale, f"{isa} vs {ISAS[0]}"
+
+
+# bf16 outputs of rms_norm and rotary_embedding on fixed inputs (vector bodies and scalar tails), as bit patterns
+NORM_PROBE = """
+import json, torch, specdec_kernels as sk
+g = torch.Generator().manual_seed(0)
+x = torch.randn(5, 1000, generator=g).bfloat16(); w = torch.randn(1000, generator=g).bfloat16()
+q = torch.randn(2, 3, 9, 40, generator=g).bfloat16(); k = torch.randn(2, 1, 9, 40, generator=g).bfloat16()
+cos = torch.randn(1, 9, 40, generator=g).bfloat16(); sin = torch.randn(1, 9, 40, generator=g).bfloat16()
+outs = [sk.rms_norm(x, w, 1e-5, backend="cpu"), *sk.rotary_embedding(q, k, cos, sin, backend="cpu")]
+outs += [sk.rms_norm(x.float(), w.float(), 1e-5, backend="cpu"), sk.rms_norm(x.half(), w.half(), 1e-5, backend="cpu")]
+print(json.dumps([t.flatten().view(torch.int16 if t.element_size() == 2 else torch.int32).tolist() for t in outs]))
+"""
+
+
+def test_norm_and_rotary_give_the_same_bits_on_every_variant():
+    """rms_norm sums its squares in the same lanes and order on the scalar and vector paths, rotary_embedding
+    rounds every op as torch does: the variants agree bit for bit (bf16, fp32, fp16)."""
+    outs = {}
+    for isa in ISAS:
+        res = run_with(isa, ["-c", NORM_PROBE])
+        assert res.returncode == 0, res.stderr[-2000:]
+        outs[isa] = json.loads(res.stdout)
+    for isa, bits in outs.items():
+        assert bits == outs[ISAS[0]], f"{isa} vs {ISAS[0]}"

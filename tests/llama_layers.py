@@ -1,0 +1,78 @@
+"""Shared helpers of the rms_norm and rotary_embedding tests: bit-level comparisons, inputs as a Llama layer makes
+them, and HF's RMSNorm formula in the cpu kernel's summation order."""
+
+from __future__ import annotations
+
+import torch
+
+import specdec_kernels as sk
+
+_INT = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def assert_same_bits(out: torch.Tensor, want: torch.Tensor) -> None:
+    """Equal bit patterns (so -0.0 != +0.0), NaN at the same places (their payloads are not compared)."""
+    assert out.shape == want.shape and out.dtype == want.dtype
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(out), nan)
+    assert torch.equal(out[~nan].view(_INT[out.dtype]), want[~nan].view(_INT[want.dtype]))
+
+
+def assert_rotary_cpu_is_reference(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """rotary_embedding's cpu results carry the reference's bits and come out contiguous."""
+    out, ref = sk.rotary_embedding(q, k, cos, sin, backend="cpu"), sk.rotary_embedding(q, k, cos, sin, backend="torch")
+    for o, r in zip(out, ref, strict=True):
+        assert o.is_contiguous()
+        assert_same_bits(o, r)
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units in the last place between two tensors of one float dtype (finite values)."""
+    top = torch.iinfo(_INT[a.dtype]).max
+
+    def line(t: torch.Tensor) -> torch.Tensor:  # sign-magnitude bit patterns onto a monotone integer line
+        i = t.contiguous().view(_INT[t.dtype]).long()
+        return torch.where(i < 0, -(i & top), i)
+
+    return (line(a) - line(b)).abs()
+
+
+def norm_case(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hidden states x [..., D] and an RMSNorm weight [D] near 1, as a trained model has them."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = (1 + 0.5 * torch.randn(shape[-1], generator=g)).to(dtype)
+    return x, w
+
+
+def rms_norm_in_kernel_order(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's formula with the cpu kernel's summation order: lane l sums the squares of elements 16 i + l in order,
+    the 16 lanes are summed in the tree (l, l + 8), (l, l + 4), (0 + 2) + (1 + 3), the last D % 16 squares follow."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    h = x.to(acc)
+    sq = h * h
+    d = x.shape[-1]
+    full = d // 16 * 16
+    lanes = torch.zeros((*x.shape[:-1], 16), dtype=acc)
+    for i in range(0, full, 16):
+        lanes = lanes + sq[..., i : i + 16]
+    t = lanes[..., :8] + lanes[..., 8:]
+    t = t[..., :4] + t[..., 4:]
+    total = (t[..., 0] + t[..., 2]) + (t[..., 1] + t[..., 3])
+    for i in range(full, d):
+        total = total + sq[..., i]
+    scale = torch.rsqrt(total / d + eps)  # IEEE 1 / sqrt on CPU (torch.sqrt is MKL's, not always correctly rounded)
+    return weight * (h * scale[..., None]).to(x.dtype)
+
+
+def projected(b: int, h: int, n: int, d: int, dtype: torch.dtype, g: torch.Generator, scale: float = 1.0):
+    """q or k as a model makes it: a linear's output [B, n, H * D] viewed as [B, n, H, D], transposed (strided)."""
+    return (torch.randn(b, n, h * d, generator=g) * scale).to(dtype).view(b, n, h, d).transpose(1, 2)
+
+
+def rope_tables(b: int, n: int, d: int, dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [B, n, D] of random positions, with equal halves as HF's rotary embedding builds them."""
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    pos = torch.randint(0, 4096, (b, n), generator=g).double()
+    ang = torch.cat([pos[..., None] * inv] * 2, dim=-1)
+    return ang.cos().to(dtype), ang.sin().to(dtype)
