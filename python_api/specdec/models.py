@@ -16,6 +16,7 @@ the window hidden as well (:func:`window_mask`), and the cache keeps every layer
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.modules import module as _torch_module
 
 import specdec_kernels as sk
 
@@ -93,6 +95,134 @@ def _routed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return decode_linear(x, module.weight) if getattr(_skinny, "on", False) else F.linear(x, module.weight)
 
 
+def _fast_layer_classes() -> tuple[dict[type, tuple[type, type, type]], type]:
+    """Decoder-layer classes whose forward :func:`_fast_decoder_layer` reproduces, mapped to their (attention, MLP,
+    RMSNorm) classes, and HF's SiLU activation class."""
+    from transformers.activations import SiLUActivation
+    from transformers.models.llama import modeling_llama as llama
+    from transformers.models.mistral import modeling_mistral as mistral
+
+    return {
+        llama.LlamaDecoderLayer: (llama.LlamaAttention, llama.LlamaMLP, llama.LlamaRMSNorm),
+        mistral.MistralDecoderLayer: (mistral.MistralAttention, mistral.MistralMLP, mistral.MistralRMSNorm),
+    }, SiLUActivation
+
+
+def _fast_layer_ok(layer: torch.nn.Module, routed: set[int]) -> bool:
+    """Whether :func:`_fast_decoder_layer` computes ``layer`` as its own forward does: a Llama/Mistral decoder layer
+    of the stock classes, SiLU MLP, every projection a routed bias-free linear, no hook or instance forward
+    anywhere inside (those must see their module called)."""
+    classes, silu = _fast_layer_classes()
+    parts = classes.get(type(layer))
+    if parts is None:
+        return False
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    if type(attn) is not parts[0] or type(mlp) is not parts[1] or any(type(n) is not parts[2] for n in norms):
+        return False
+    if type(getattr(mlp, "act_fn", None)) is not silu:
+        return False
+    linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    if any(id(m) not in routed for m in linears):
+        return False
+    for m in layer.modules():
+        if m is not layer and ("forward" in m.__dict__ or m._forward_hooks or m._forward_pre_hooks):
+            return False
+    return "forward" not in layer.__dict__
+
+
+def _global_module_hooks() -> bool:
+    """Whether a process-wide module forward hook is registered (it must see every submodule called)."""
+    return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
+
+
+def _fast_decoder_layer(
+    layer: Any,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    cache: Any = None,
+    use_cache: bool | None = False,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """The forward of a stock Llama/Mistral decoder layer (:func:`_fast_layer_ok`) inside the adapter's forwards:
+    :func:`fused_decoder_layer` with the adapter's attention. Calls it does not cover (another thread's call, extra
+    keyword arguments, autograd, another device) run the layer's own forward."""
+    if (
+        kwargs
+        or position_embeddings is None
+        or not getattr(_skinny, "on", False)
+        or _global_module_hooks()
+        or hidden_states.device.type != "cpu"
+        or (torch.is_grad_enabled() and hidden_states.requires_grad)
+    ):
+        return type(layer).forward(
+            layer,
+            hidden_states,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **{cache_argument(layer): cache},
+            **kwargs,
+        )
+    cos, sin = position_embeddings
+    return fused_decoder_layer(layer, hidden_states, attention_mask, cos, sin, cache, attend=_adapter_attention)
+
+
+def _adapter_attention(
+    attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    return _specdec_attention(attn, q, k, v, mask, scaling=attn.scaling)[0]
+
+
+def fused_decoder_layer(
+    layer: Any,
+    h: torch.Tensor,
+    mask: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: Any,
+    *,
+    attend: Any,
+    qkv: torch.Tensor | None = None,
+    gate_up: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One Llama decoder layer (no biases, no dropout, SiLU MLP) from its weights, in a few op calls instead of ~70
+    module and aten calls: ``specdec_kernels.rms_norm`` per norm, one ``rotary_embedding``, linears straight to
+    :func:`decode_linear`. Rotary and linears are HF's arithmetic bitwise; rms_norm differs only in the order it
+    sums a row's squares (with the ops' ``torch`` backend the layer is HF's module bitwise, tested).
+
+    Shape: h [B, n, E]; cos/sin [B, n, D] (HF's position embeddings); ``mask`` the additive mask over the cache after
+    this call's keys are appended. ``attend(attn, q, k, v, mask)`` -> [B, n, H, D]. ``qkv`` / ``gate_up``: the
+    layer's [q; k; v] and [gate; up] weights as one matrix each (a small draft model's fewer, larger calls), else
+    each projection is its own call (a target keeps no second copy of its weights)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    b, n, _ = h.shape
+    d = attn.head_dim
+    norm = layer.input_layernorm
+    x = sk.rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
+    if qkv is None:
+        q, k, v = (decode_linear(x, m.weight) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
+    else:
+        nq, nkv = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
+        q, k, v = decode_linear(x, qkv).split((nq, nkv, nkv), dim=-1)
+    q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))
+    q, k = sk.rotary_embedding(q, k, cos, sin, validate=False)
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx)
+    out = attend(attn, q, k, v, mask)
+    h = h + decode_linear(out.reshape(b, n, -1), attn.o_proj.weight)
+    norm = layer.post_attention_layernorm
+    x = sk.rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
+    if gate_up is None:
+        gate, up = decode_linear(x, mlp.gate_proj.weight), decode_linear(x, mlp.up_proj.weight)
+    else:
+        gate, up = decode_linear(x, gate_up).chunk(2, dim=-1)
+    return h + decode_linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+
 #: the attention implementation name of the adapter's own forwards: HF's sdpa with decode_attention for the calls it
 #: takes (registered once, beside HF's own entries; "sdpa" itself is never replaced)
 SPECDEC_ATTENTION = "specdec_sdpa"
@@ -113,6 +243,12 @@ class Routing:
         ]
         self.forwards = [partial(_routed_linear, m) for m in self.linears]
         self.config = model.config if getattr(model.config, "_attn_implementation", None) == "sdpa" else None
+        routed = {id(m) for m in self.linears}
+        # whole decoder layers in fused ops where the layer is a stock one (needs sdpa: its attention is the
+        # adapter's) and the kernels are there
+        fused = self.config is not None and _NATIVE_ATTENTION
+        self.layers = [m for m in model.modules() if fused and _fast_layer_ok(m, routed)]
+        self.layer_forwards = [partial(_fast_decoder_layer, m) for m in self.layers]
         self.depth = 0
         if self.config is not None:
             _register_attention()
@@ -125,13 +261,15 @@ class Routing:
         self.depth = 1
         for m, f in zip(self.linears, self.forwards, strict=True):
             m.__dict__["forward"] = f  # the instance attribute shadows nn.Linear.forward
+        for m, f in zip(self.layers, self.layer_forwards, strict=True):
+            m.__dict__["forward"] = f
         if self.config is not None:
             self.config._attn_implementation = SPECDEC_ATTENTION
         try:
             with skinny_linears():
                 yield
         finally:
-            for m in self.linears:
+            for m in (*self.linears, *self.layers):
                 m.__dict__.pop("forward", None)
             if self.config is not None:
                 self.config._attn_implementation = "sdpa"
@@ -313,10 +451,94 @@ class KVState:
         return out
 
 
+def _slot_layer_class() -> type:
+    """:class:`transformers.DynamicLayer` whose keys and values are views of buffers with room to grow (built once,
+    on first use, so that importing this module does not import transformers)."""
+    global _SLOT_LAYER
+    if _SLOT_LAYER is not None:
+        return _SLOT_LAYER
+    from transformers.cache_utils import DynamicLayer
+
+    class SlotLayer(DynamicLayer):
+        """A cache layer whose ``keys``/``values`` [B, H, S, D] are views of [B, H, capacity, D] buffers.
+
+        DynamicLayer concatenates on every update, copying the whole cache once per layer and step; here an update
+        writes the new slots after the last ones and widens the view, and only a full buffer is copied into a larger
+        one. Slot moves (filter_kv) and crops (crop_slots, ``crop``) edit the views in place. A layer whose views no
+        longer sit in its buffers (``batch_select_indices``, ``reorder_cache`` make new tensors) starts a new
+        buffer at its next update."""
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def _room(self, new: torch.Tensor, length: int) -> bool:
+            bufs = self.buffers
+            if bufs is None or length == 0:
+                return bufs is not None and bufs[0].shape[:2] == new.shape[:2] and bufs[0].shape[3] == new.shape[3]
+            k = self.keys
+            return (
+                k.data_ptr() == bufs[0].data_ptr()
+                and self.values.data_ptr() == bufs[1].data_ptr()
+                and k.stride() == bufs[0].stride()
+                and self.values.stride() == bufs[1].stride()
+                and k.shape[:2] == new.shape[:2]
+                and k.shape[3] == new.shape[3]
+            )
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            length = self.get_seq_length()
+            end = length + key_states.shape[-2]
+            if not self._room(key_states, length) or self.buffers[0].shape[2] < end:  # type: ignore[index]
+                # grow by a quarter (at least 128 slots): a copy of the cache every few hundred tokens, not per step
+                cap = -(-(end + max(128, end // 4)) // 64) * 64
+                b, h, _, d = key_states.shape
+                kb = key_states.new_empty((b, h, cap, d))
+                vb = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[3]))
+                if length:
+                    kb[:, :, :length].copy_(self.keys)
+                    vb[:, :, :length].copy_(self.values)
+                self.buffers = (kb, vb)
+            kb, vb = self.buffers  # type: ignore[misc]
+            kb[:, :, length:end].copy_(key_states)
+            vb[:, :, length:end].copy_(value_states)
+            self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
+            return self.keys, self.values
+
+    _SLOT_LAYER = SlotLayer
+    return SlotLayer
+
+
+_SLOT_LAYER: type | None = None
+
+
+def new_cache() -> Any:
+    """An empty :class:`transformers.DynamicCache` whose layers (created on first update) are slot layers
+    (:func:`_slot_layer_class`). No config: every layer is a plain full layer, sliding ones too (a config would make
+    those drop keys past the window, while the adapter's masks index all S slots and KVState moves and crops every
+    layer alike)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _slot_layer_class()
+    return cache
+
+
 def cache_argument(module: Any) -> str:
     """The keyword under which ``module.forward`` takes a KV cache: ``cache`` in current transformers, whose
     ``past_key_values`` is a deprecated alias; ``past_key_values`` for a forward that does not name ``cache``."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    forward = module.__dict__.get("forward") or type(module).forward
+    return _cache_keyword(forward)
+
+
+@functools.lru_cache(maxsize=256)
+def _cache_keyword(forward: Any) -> str:
+    # per function, not per call: inspect.signature costs ~0.1 ms, a draft model's step a few
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def crop_cache(cache: Any, remove: int) -> None:
@@ -330,7 +552,7 @@ def crop_cache(cache: Any, remove: int) -> None:
         # layer types never change, so this is decided once per cache (after its first forward)
         from transformers.cache_utils import DynamicLayer
 
-        plain = all(type(layer) is DynamicLayer for layer in layers)
+        plain = all(type(layer) in (DynamicLayer, _slot_layer_class()) for layer in layers)
         cache._specdec_plain_layers = plain
     if plain:
         kv = [t for layer in layers for t in (layer.keys, layer.values)]
@@ -488,12 +710,8 @@ class HFCausalLM:
 
     def new_state(self, batch: int) -> KVState:
         """An empty cache for ``batch`` rows."""
-        from transformers import DynamicCache
-
-        # no config: every layer a plain DynamicLayer, sliding ones too (a config would make those drop keys past
-        # the window, while the masks index all S slots and KVState moves and crops every layer alike)
         return KVState(
-            cache=DynamicCache(),
+            cache=new_cache(),
             valid=torch.zeros((batch, 0), dtype=torch.bool, device=self.device),
             n_cached=torch.zeros((batch,), dtype=torch.long, device=self.device),
         )

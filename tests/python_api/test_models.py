@@ -369,3 +369,66 @@ def test_a_model_split_by_device_map_is_refused_up_front() -> None:
         HFCausalLM(model, name="target")
     model.hf_device_map = {"": "cpu"}  # one device: accepted
     HFCausalLM(model, name="target")
+
+
+def _chain_and_tree_logits(lm: HFCausalLM) -> list[torch.Tensor]:
+    """Logits of a ragged two-row prompt, a one-token step and a tree pass with siblings."""
+    with torch.no_grad():
+        state = lm.new_state(2)
+        out = [lm.forward_chain(state, [[5, 9, 2, 7, 11], [3, 8, 1]], last_logits=True)]
+        out.append(lm.forward_chain(state, [[6], [12]], last_logits=True))
+        tokens = torch.tensor([[14, 15, 16], [4, 10, 13]])
+        parent = torch.tensor([[-1, 0, 0], [-1, 0, 1]])
+        depth = torch.tensor([[0, 1, 1], [0, 1, 2]])
+        out.append(lm.forward_tree(state, tokens, parent, torch.ones_like(tokens, dtype=torch.bool), depth))
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_fused_layers_compute_the_modules_bits_with_reference_ops(monkeypatch, family: str, dtype) -> None:
+    """Inside the adapter a stock Llama/Mistral decoder layer runs as a few fused op calls (fused_decoder_layer).
+    With every op on its torch reference (rms_norm and rotary_embedding are HF's formulas) the logits are bitwise
+    those of the layer modules' own forwards; with the cpu kernels they differ only by rms_norm's summation order."""
+    import transformers
+
+    from specdec_kernels import native
+
+    model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype)
+    if family == "mistral":
+        cfg = transformers.MistralConfig(**{**model.config.to_dict(), "model_type": "mistral", "sliding_window": None})
+        torch.manual_seed(4)
+        model = transformers.MistralForCausalLM(cfg).to(dtype).eval()
+    layers = model.model.layers
+    for backend in ("torch", "auto"):
+        monkeypatch.setenv("SPECDEC_BACKEND", backend)
+        fused = HFCausalLM(model)
+        assert fused.routing.layers == list(layers)
+        plain = HFCausalLM(model)
+        plain.routing.layers, plain.routing.layer_forwards = [], []
+        got, want = _chain_and_tree_logits(fused), _chain_and_tree_logits(plain)
+        for a, b in zip(got, want, strict=True):
+            if backend == "torch" or native.skinny_linear_isa() == "none":
+                assert torch.equal(a, b)
+            else:
+                tol = 5e-2 if dtype == torch.bfloat16 else 1e-5
+                torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_layers_with_hooks_or_other_parts_keep_their_own_forward() -> None:
+    """A layer is fused only when the fused call computes what its modules would: a hook on any part, a biased
+    projection, another activation or eager attention keep the module forwards (and still the routed linears)."""
+    model = tiny_llama(5, vocab=32, hidden=32, layers=4)
+    layers = model.model.layers
+    layers[0].self_attn.k_proj.register_forward_hook(lambda *a: None)
+    layers[1].mlp.act_fn = torch.nn.GELU()
+    layers[2].self_attn.q_proj.bias = torch.nn.Parameter(torch.zeros(32))
+    seen: list[int] = []
+    layers[3].register_forward_pre_hook(lambda *a: seen.append(1))  # a hook on the layer itself still fires
+    lm = HFCausalLM(model)
+    assert lm.routing.layers == [layers[3]]
+    with torch.no_grad():
+        lm.forward_chain(lm.new_state(1), [[3, 4]], last_logits=True)
+    assert seen == [1]
+    assert HFCausalLM(tiny_llama(5, vocab=32, hidden=32, attn="eager")).routing.layers == []

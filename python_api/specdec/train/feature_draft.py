@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specdec_kernels import decode_attention
+from specdec_kernels import decode_attention, rms_norm
 
-from ..models import cache_argument, decode_linear
+from ..models import cache_argument, decode_linear, fused_decoder_layer
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
@@ -117,10 +116,10 @@ class FeatureDecoder(nn.Module):
     def lean_forward(self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended)."""
         cos, sin = _rope(self.llama.rotary_emb, positions, h)
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, n, D]: broadcast over heads
-        for i, layer in enumerate(self.llama.layers):
-            h = lean_layer(layer, i, h, mask, cos, sin, cache)
-        return _rms(h, self.llama.norm)
+        for layer in self.llama.layers:
+            h = lean_layer(layer, h, mask, cos, sin, cache)
+        norm = self.llama.norm
+        return rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
 
 
 def _rope(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,18 +144,6 @@ def _additive_4d(mask: torch.Tensor) -> bool:
     return mask.dim() == 4 and mask.is_floating_point()
 
 
-def _rms(h: torch.Tensor, norm: Any) -> torch.Tensor:
-    """LlamaRMSNorm's math (fp32 statistics, weight applied in the input dtype)."""
-    x = h.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(h.dtype)
-
-
-def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = t.shape[-1] // 2
-    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
-
-
 def _fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """[q; k; v] and [gate; up] weights of a layer as one matrix each (fewer, larger GEMVs per draft step).
     Cached on the layer and rebuilt whenever a source weight is replaced or edited in place (``_version``)."""
@@ -172,24 +159,17 @@ def _fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def lean_layer(
-    layer: Any, idx: int, h: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any
+    layer: Any, h: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any
 ) -> torch.Tensor:
-    """One ``LlamaDecoderLayer`` (no dropout, no biases) computed from its weights directly;
-    ``tests/python_api/test_feature_draft.py`` checks it against the HF module."""
-    attn, mlp = layer.self_attn, layer.mlp
-    b, n, _ = h.shape
-    d = attn.head_dim
-    w_qkv, w_gu = _fused(layer)
-    nq, nkv = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
-    qkv = decode_linear(_rms(h, layer.input_layernorm), w_qkv)
-    q = qkv[..., :nq].view(b, n, -1, d).transpose(1, 2)
-    k = qkv[..., nq : nq + nkv].view(b, n, -1, d).transpose(1, 2)
-    v = qkv[..., nq + nkv :].view(b, n, -1, d).transpose(1, 2)
-    k, v = cache.update(_rotate(k, cos, sin), v, idx)
-    o = decode_attention(_rotate(q, cos, sin), k, v, mask, attn.scaling)
-    h = h + decode_linear(o.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
-    gate, up = decode_linear(_rms(h, layer.post_attention_layernorm), w_gu).chunk(2, dim=-1)
-    return h + decode_linear(F.silu(gate) * up, mlp.down_proj.weight)
+    """One ``LlamaDecoderLayer`` computed from its weights (:func:`specdec.models.fused_decoder_layer`, with the
+    fused [q; k; v] and [gate; up] matrices); ``tests/python_api/test_feature_draft.py`` checks it against the HF
+    module."""
+    qkv, gate_up = _fused(layer)
+    return fused_decoder_layer(layer, h, mask, cos, sin, cache, attend=_attend, qkv=qkv, gate_up=gate_up)
+
+
+def _attend(attn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return decode_attention(q, k, v, mask, attn.scaling).transpose(1, 2)
 
 
 class FeatureDraft(nn.Module):
