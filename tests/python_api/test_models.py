@@ -432,3 +432,46 @@ def test_layers_with_hooks_or_other_parts_keep_their_own_forward() -> None:
         lm.forward_chain(lm.new_state(1), [[3, 4]], last_logits=True)
     assert seen == [1]
     assert HFCausalLM(tiny_llama(5, vocab=32, hidden=32, attn="eager")).routing.layers == []
+
+
+def test_slot_cache_layers_hold_what_dynamic_layers_hold() -> None:
+    """The adapter's cache layers (views of buffers with room to grow) hold bitwise what DynamicCache's concatenating
+    layers hold through appends that outgrow the buffer, crops (kernel and slicing), row selection and slot moves."""
+    from specdec.models import crop_cache, new_cache
+    from transformers import DynamicCache
+
+    from specdec_kernels import filter_kv
+
+    g = torch.Generator().manual_seed(3)
+    caches = [new_cache(), DynamicCache()]
+
+    def append(n: int, batch: int = 2) -> None:
+        k, v = torch.randn(2, batch, 3, n, 8, generator=g)
+        for c in caches:
+            out = c.update(k, v, 0)
+            assert out[0].shape == (batch, 3, c.get_seq_length(), 8)
+
+    def same() -> None:
+        a, b = caches[0].layers[0], caches[1].layers[0]
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+    append(100)
+    slot = caches[0].layers[0]
+    assert type(slot).__name__ == "SlotLayer" and slot.buffers[0].shape[2] > 100 and not slot.keys.is_contiguous()
+    for n in (1, 5, 200, 3):  # 200 outgrows the first buffer: one copy into a larger one
+        append(n)
+        same()
+    for c in caches:
+        crop_cache(c, 7)
+    same()
+    caches[0].crop(-2), caches[1].crop(-2)
+    append(4)
+    same()
+    for c in caches:  # move slots 300, 302 right after a prefix of 290, in place, on every layer tensor
+        kv = [c.layers[0].keys, c.layers[0].values]
+        filter_kv(kv, torch.tensor([290, 290]), torch.tensor([[11, 13], [12, -1]]), torch.tensor([2, 1]))
+    same()
+    for c in caches:
+        c.batch_select_indices(torch.tensor([1]))
+    append(6, batch=1)
+    same()
