@@ -92,13 +92,20 @@ class CostCurve:
         return cls(target={int(k): float(v) for k, v in data["target"].items()})
 
 
+#: the adapter's forward path (which layers run fused, how the cache grows); changing what a pass costs changes this,
+#: so that curves measured on another path are not reused
+FORWARD_PATH = "fused-layers/slot-cache"
+
+
 def curve_key(model: torch.nn.Module, threads: int) -> str:
-    """What a cost curve depends on: the model's class, size and dtype, the CPU variant and the thread count."""
+    """What a cost curve depends on: the model's class, size and dtype, the CPU variant, the thread count, the
+    package version and the adapter's forward path."""
     import specdec_kernels as sk
 
     p = next(model.parameters())
     n = sum(q.numel() for q in model.parameters())
     raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_isa()}|{sk.skinny_linear_isa()}|{threads}"
+    raw += f"|{sk.__version__}|{FORWARD_PATH}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
