@@ -42,11 +42,12 @@ void rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, a
   const int64_t sb = sin.size(0) == 1 ? 0 : sin.stride(0), si = sin.stride(1);
   const T *xp = data_as<T>(x), *cp = data_as<T>(cos), *sp = data_as<T>(sin);
   T* op = static_cast<T*>(out.mutable_data_ptr());
-#pragma omp parallel for num_threads(omp_threads(rows, rows * dim)) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
-    rotary_one<F>(xp + b * xb + h * xh + i * xi, cp + b * cb + i * ci, sp + b * sb + i * si, dim / 2, op + r * dim);
-  }
+#pragma omp parallel for collapse(3) num_threads(omp_threads(rows, rows * dim)) schedule(static)
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        rotary_one<F>(xp + b * xb + h * xh + i * xi, cp + b * cb + i * ci, sp + b * sb + i * si, dim / 2,
+                      op + ((b * heads + h) * n + i) * dim);
 }
 
 }  // namespace

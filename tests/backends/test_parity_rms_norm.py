@@ -80,6 +80,14 @@ def test_a_row_does_not_depend_on_its_call(dtype: torch.dtype, dim: int) -> None
     assert torch.equal(sk.rms_norm(x.view(3, 4, dim), w, 1e-6, backend="cpu"), full.view(3, 4, dim))
 
 
+def test_a_call_split_over_threads() -> None:
+    """A prefill-sized call (enough elements for the kernel to use every torch thread) is its rows' one-row calls."""
+    x, w = norm_case((600, 576), torch.bfloat16, seed=12)
+    full = sk.rms_norm(x, w, 1e-5, backend="cpu")
+    assert torch.equal(full, rms_norm_in_kernel_order(x, w, 1e-5))
+    assert all(torch.equal(sk.rms_norm(x[r], w, 1e-5, backend="cpu"), full[r]) for r in range(0, 600, 37))
+
+
 def test_strided_inputs() -> None:
     """Rows with a stride (a slice of a wider tensor) are read in place; a last dimension that is not contiguous
     is copied first; either way the bits of the contiguous call, in a contiguous output."""

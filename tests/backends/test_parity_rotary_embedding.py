@@ -88,6 +88,14 @@ def test_views_of_a_fused_projection() -> None:
     assert_rotary_cpu_is_reference(q, k, cos, sin)
 
 
+def test_a_call_split_over_threads() -> None:
+    """A prefill-sized call (enough elements for the kernel to use every torch thread) gives the reference's bits."""
+    g = torch.Generator().manual_seed(9)
+    q, k = projected(2, 9, 300, 64, torch.bfloat16, g), projected(2, 3, 300, 64, torch.bfloat16, g)
+    cos, sin = rope_tables(2, 300, 64, torch.bfloat16, g)
+    assert_rotary_cpu_is_reference(q, k, cos, sin)
+
+
 def test_opcheck() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         g = torch.Generator().manual_seed(1)
