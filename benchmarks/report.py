@@ -49,6 +49,8 @@ HEADLINE_OPS = (
     "process_logits",
     "skinny_linear",
     "decode_attention",
+    "rms_norm",
+    "rotary_embedding",
 )
 #: the kernel microbenchmark CSVs (written by benchmarks/_timing.py), in the order docs/benchmarks.md lists them
 KERNEL_OPS = (
@@ -67,6 +69,8 @@ KERNEL_OPS = (
     "filter_kv",
     "skinny_linear",
     "decode_attention",
+    "rms_norm",
+    "rotary_embedding",
     "target_step",
 )
 #: a speed-up over AR larger than the block efficiency (tokens per target call) times this is not physical: a
