@@ -17,9 +17,10 @@ target's law as long as the law handed up with every drafted position is the law
 drawn from. A review with l = 1 emits each token from the reviewer's row q; with l > 1 it emits from
 ``specdec_kernels.emission_law(p, q, l)`` (the reviewer's row only at the bonus position), and that is what goes
 up. Max-Gram is deterministic: its laws are point masses. Greedy mode: reviews compare with the reviewer's argmax;
-a lenient one also keeps x when p(x) < l q(x) on the temperature-1 laws (the authors' rule), and passes its
-temperature-1 rows up; the target's greedy review makes the output the target's greedy decoding whatever the
-cascade proposes.
+a lenient one also keeps x when p(x) < l q(x) on the temperature-1 laws (the authors' rule), and passes up the
+temperature-1 probability of each token it emits (all the rule reads); a reviewer with a reduced head scores only
+its support. The target's greedy review makes the output the target's greedy decoding whatever the cascade
+proposes.
 
 KV caches: each neural drafter keeps, per row, only tokens of the current sequence that it processed and that are
 still there: before a review its cache is cut back to the longest prefix it shares with the sequence (never past
@@ -28,7 +29,7 @@ the token before the block), and after the target's verdict to the accepted pref
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -120,6 +121,25 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
+def _padded(tokens: list[list[int]], width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of tokens as [B, width] int64 (0-padded) and their lengths [B] (0 for rows not in a review)."""
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tokens], dtype=torch.long, device=device)
+    return padded, torch.tensor([len(t) for t in tokens], dtype=torch.long, device=device)
+
+
+def _chunks(block: Block, rows: list[int], width: int) -> Iterator[tuple[int, int, int, torch.Tensor | None]]:
+    """(row, first position, positions, chunk) of ``rows``' law chunks, cut at ``width`` positions."""
+    assert block.laws is not None
+    for b in rows:
+        at = 0
+        for k, chunk in block.laws[b]:
+            n = min(k, width - at)
+            if n <= 0:
+                break
+            yield b, at, n, chunk
+            at += k
+
+
 class _Level:
     """One neural drafter of the cascade: its model, KV cache, leniency and, per row, the tokens its cache holds."""
 
@@ -129,6 +149,13 @@ class _Level:
         self.state: KVState | None = None
         self.cached: list[list[int]] = []
         self.forwards = 0
+        # greedy reviews score only the head's support (S columns) plus one column that stands for every token off
+        # it (probability 0): token id -> column
+        self.columns: torch.Tensor | None = None
+        if lm.support is not None:
+            size = int(lm.support.numel())
+            self.columns = torch.full((lm.vocab_size,), size, dtype=torch.long, device=lm.device)
+            self.columns[lm.support] = torch.arange(size, device=lm.device)
 
     def start(self, batch: int) -> None:
         self.state = self.lm.new_state(batch)
@@ -150,7 +177,8 @@ class Block(NamedTuple):
     """Proposed tokens per row and, for every proposed position, the law its token was drawn from.
 
     ``laws[b]``: list of chunks, each a float32 tensor [k, V] (k consecutive positions) or None (k positions of
-    Max-Gram: point masses on the tokens); ``laws`` is None when no law is needed (greedy mode).
+    Max-Gram: point masses on the tokens); ``laws`` is None when no law is needed. In greedy mode a chunk is the
+    float32 tensor [k] of each token's probability under the row it came from (all a lenient review reads).
     """
 
     tokens: list[list[int]]
@@ -317,17 +345,11 @@ class CascadeDrafter(Drafter):
         assert block.laws is not None
         out = torch.zeros((len(block.tokens), width, self.vocab_size), dtype=torch.float32, device=self._device)
         hot: list[tuple[int, int, int]] = []
-        for b in rows:
-            at = 0
-            for k, law in block.laws[b]:
-                n = min(k, width - at)
-                if n <= 0:
-                    break
-                if law is None:
-                    hot.extend((b, at + i, block.tokens[b][at + i]) for i in range(n))
-                else:
-                    out[b, at : at + n] = law[:n]
-                at += k
+        for b, at, n, law in _chunks(block, rows, width):
+            if law is None:
+                hot.extend((b, at + i, block.tokens[b][at + i]) for i in range(n))
+            else:
+                out[b, at : at + n] = law[:n]
         if hot:
             idx = torch.tensor(hot, dtype=torch.long, device=self._device)
             out[idx[:, 0], idx[:, 1], idx[:, 2]] = 1.0
@@ -412,19 +434,26 @@ class CascadeDrafter(Drafter):
         parent = (cols - 1).expand(batch, width).clone()
         depth = cols.expand(batch, width).clone()
         base = st.length
-        logits = lm.forward_tree(st, toks.to(dev), parent.to(dev), valid.to(dev), depth.to(dev))
+        greedy = rnd.sampling.greedy
+        # greedy reviews read the head's support only (no full-vocabulary rows)
+        reduced = greedy and level.columns is not None
+        logits = lm.forward_tree(st, toks.to(dev), parent.to(dev), valid.to(dev), depth.to(dev), reduced=reduced)
         level.forwards += 1
         self.calls += 1
         n_block = [len(t) for t in below.tokens]
         steps = max(n_block[b] for b in rows)
         # the reviewer's rows at the token before the block and at every block token: [B, steps + 1, V] (rows of
         # padding point anywhere in the chain: they are never read)
-        at = torch.tensor(
-            [[max(0, min(r + i, len(c) - 1)) for i in range(steps + 1)] for r, c in zip(roots, chains, strict=True)],
-            device=dev,
-        )
-        rows_logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
-        verdict, up = self._verify(level, rows_logits, below, rows, n_block, steps, rnd, need_laws)
+        at = [[max(0, min(r + i, len(c) - 1)) for i in range(steps + 1)] for r, c in zip(roots, chains, strict=True)]
+        if batch == 1:  # one contiguous run of rows
+            rows_logits = logits[:, at[0][0] : at[0][0] + steps + 1]
+        else:
+            idx = torch.tensor(at, device=dev)
+            rows_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+        if greedy:
+            verdict, up = self._verify_greedy(level, rows_logits, below, rows, steps, need_laws)
+        else:
+            verdict, up = self._verify(level, rows_logits, below, rows, n_block, steps, rnd, need_laws)
         n_acc = verdict.n_accepted.tolist()
         nxt = verdict.next_token.tolist()
         # keep [pending, accepted block tokens]; the new token is not in the cache (the next review's root)
@@ -459,18 +488,8 @@ class CascadeDrafter(Drafter):
         sampling = rnd.sampling
         dev = logits.device
         lenient = level.leniency > 1.0
-        draft = torch.tensor([t + [0] * (steps - len(t)) for t in below.tokens], dtype=torch.long, device=dev)
-        lengths = torch.tensor(n_block, dtype=torch.long, device=dev)  # 0 for rows not in this review
+        draft, lengths = _padded(below.tokens, steps, dev)
         p = None if below.laws is None else self._assemble(below, rows, steps)
-        if sampling.greedy:
-            soft = None
-            if lenient or need_laws:  # the authors' lenient greedy rule reads temperature-1 laws
-                soft = torch.softmax(logits.float(), dim=-1)
-            q = soft if lenient else logits
-            verdict = sk.verify_chain(
-                draft, p if lenient else None, q, lengths=lengths, greedy=True, leniency=level.leniency, validate=False
-            )
-            return verdict, soft if need_laws else None
         # the drafters' logits are full rows (-inf off a reduced head's support), processed like the target's
         q = sampling.process(logits, level.lm.name, log=False)
         assert p is not None
@@ -486,3 +505,53 @@ class CascadeDrafter(Drafter):
             if n_block[b] < steps:
                 up[b, n_block[b]] = q[b, n_block[b]]
         return verdict, up
+
+    def _verify_greedy(
+        self,
+        level: _Level,
+        logits: torch.Tensor,
+        below: Block,
+        rows: list[int],
+        steps: int,
+        need_laws: bool,
+    ) -> tuple[sk.ChainVerdict, torch.Tensor | None]:
+        """The greedy review of every row's block: accept x iff x == argmax q, or (lenient, the authors' rule)
+        p(x) < l q(x) on the temperature-1 laws. ``logits`` [B, steps + 1, C] are over the reviewer's columns (its
+        head's support, or the vocabulary); tokens off the support get one extra column of probability 0. Only
+        p(x) and q(x) at the drafted tokens enter the test, so p is a one-column-per-row tensor. Returns the verdict
+        (token ids) and, when ``need_laws``, each emitted position's probability of its token [B, steps + 1]."""
+        dev = logits.device
+        lenient = level.leniency > 1.0
+        cols = level.columns
+        draft, lengths = _padded(below.tokens, steps, dev)
+        if cols is not None:
+            draft = cols[draft]
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], 1), float("-inf"))], dim=-1)
+        soft = torch.softmax(logits.float(), dim=-1) if lenient or need_laws else None
+        p = None
+        if lenient:
+            assert soft is not None
+            chosen = self._token_probs(below, rows, steps, dev)
+            p = soft.new_zeros((*draft.shape, soft.shape[-1])).scatter_(2, draft[..., None], chosen[..., None])
+        verdict = sk.verify_chain(
+            draft, p, soft if lenient else logits, lengths=lengths, greedy=True, leniency=level.leniency, validate=False
+        )
+        up = None
+        if need_laws:
+            assert soft is not None
+            emitted = torch.cat([draft, draft[:, :1]], dim=1)
+            emitted.scatter_(1, verdict.n_accepted[:, None], verdict.next_token[:, None].clamp_min(0))
+            up = soft.gather(2, emitted[..., None])[..., 0]
+        if cols is not None:
+            assert level.lm.support is not None
+            verdict = verdict._replace(next_token=level.lm.support[verdict.next_token.clamp_min(0)])
+        return verdict, up
+
+    @staticmethod
+    def _token_probs(block: Block, rows: list[int], width: int, device: torch.device) -> torch.Tensor:
+        """Greedy mode: each of ``rows``' first ``width`` block tokens' probability under the row it came from
+        [B, width] float32 (1 for Max-Gram's point masses, 0 past a row's block)."""
+        out = torch.zeros((len(block.tokens), width), dtype=torch.float32, device=device)
+        for b, at, n, chunk in _chunks(block, rows, width):
+            out[b, at : at + n] = 1.0 if chunk is None else chunk[:n]
+        return out

@@ -836,18 +836,20 @@ class HFCausalLM:
         parent: torch.Tensor,
         valid: torch.Tensor,
         depth: torch.Tensor,
+        reduced: bool = False,
     ) -> torch.Tensor:
         """Target evaluation of a batch of draft trees whose root is NOT cached yet.
 
         Shape: tokens/parent/depth [B, N] (node 0 = root = each row's last committed token), valid [B, N] bool
-        -> logits [B, N, V] in the head dtype (valid nodes; zero rows for padding). Node n lands in slot S + n
-        (S = cache length before the call); the root's position is n_cached, node n's position n_cached + depth[n].
+        -> logits [B, N, V] in the head dtype (valid nodes; zero rows for padding; [B, N, S] over ``support`` when
+        ``reduced``). Node n lands in slot S + n (S = cache length before the call); the root's position is
+        n_cached, node n's position n_cached + depth[n].
         """
         past = state.length
         # the driver's own trees (DraftTree.append_level): structure checks skipped, the kernel still bounds-checks
         mask = sk.tree_mask(parent, valid, past, past_valid=state.valid, dtype=self.dtype, validate=False)
         pos = sk.tree_positions(depth, state.n_cached + 1, validate=False)  # the driver's own depths and counts
-        logits = self._run(state, tokens.clamp_min(0), pos, mask, valid, valid)
+        logits = self._run(state, tokens.clamp_min(0), pos, mask, valid, valid, None, reduced)
         assert logits is not None
         return logits
 

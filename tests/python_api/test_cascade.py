@@ -86,6 +86,55 @@ def test_greedy_with_a_short_block_cap_and_eos(greedy_setup) -> None:
     assert out.stats.method == "csd(L<=2)" and len(out.stats.acceptance_by_depth) <= 2
 
 
+def reduced_copy(model, keep: torch.Tensor):
+    """``model`` with its output head cut to the tokens ``keep`` (a ReducedHead, exact -inf elsewhere)."""
+    from specdec.train import ReducedHead
+
+    clone = noisy_copy(model, 0, 0.0)
+    head = ReducedHead(model.config.hidden_size, keep, model.config.vocab_size)
+    with torch.no_grad():
+        head.reduced_weight.copy_(model.lm_head.weight[keep])
+    clone.lm_head = head
+    return clone
+
+
+class BlockLog(CascadeDrafter):
+    """Records every block the target is handed."""
+
+    def draft_block(self, committed, sampling, seed, max_len):
+        tokens, laws = super().draft_block(committed, sampling, seed, max_len)
+        self.log.append(tokens)
+        return tokens, laws
+
+
+@pytest.mark.parametrize("leniency", [1.0, 3.0])
+def test_greedy_reviews_on_a_reduced_head_match_full_rows(greedy_setup, leniency: float) -> None:
+    """Greedy reviews by a drafter with a reduced head read only its support (plus one column of probability 0 for
+    the other tokens); they hand the target the same blocks as reviews of its full rows (-inf off the support)."""
+    target, big, small, prompts, refs, bigram = greedy_setup
+    g = torch.Generator().manual_seed(3)
+    keep = [torch.sort(torch.randperm(GREEDY_VOCAB, generator=g)[:n]).values for n in (48, 40)]
+    drafts = [reduced_copy(big, keep[0]), reduced_copy(small, keep[1])]
+    steps = [[2, 1, 2], [0, 1, 1], [0, 0, 1]]
+    ids, mask = left_pad(prompts)
+    logs, outs = [], []
+    for columns in (True, False):
+        casc = BlockLog(drafts, bigram=bigram, steps=steps, leniency=[leniency, leniency])
+        casc.log = []
+        assert all(lv.columns is not None for lv in casc.levels)
+        if not columns:
+            for lv in casc.levels:
+                lv.columns = None  # the full-row review
+        out = specdec.generate(target, casc, ids, method="csd", attention_mask=mask, max_new_tokens=N_NEW,
+                               do_sample=False)  # fmt: skip
+        logs.append(casc.log)
+        outs.append(out)
+    assert outs[0].new_tokens == refs == outs[1].new_tokens
+    assert logs[0] == logs[1] and len(logs[0]) >= outs[0].stats.target_calls - 1
+    # the support excludes tokens the cascade would propose: some review rejected an off-support token
+    assert any(t not in keep[1].tolist() for blocks in logs[0] for row in blocks for t in row)
+
+
 class CheckedCascade(CascadeDrafter):
     """After every verdict, each level's cache must hold exactly a prefix of the accepted sequence, with the keys
     and values of a fresh forward of those tokens."""
