@@ -74,10 +74,11 @@ def available_backends(op: str | None = None) -> list[str]:
     return [b for b in BACKENDS if b in have]
 
 
-def implementation(op: str, backend: str = "auto", device: torch.device | str = "cpu") -> Callable[..., Any]:
-    """The function registered for ``op`` on ``backend`` ("auto": the one ``auto`` dispatch picks on ``device``),
-    called as is: no argument validation and no noise resolution, which the public op does first (benchmarks time
-    the kernel alone). Raises KeyError for an unknown op and :class:`BackendUnavailableError` like the ops do."""
+def implementation(op: str, backend: str | None = "auto", device: torch.device | str = "cpu") -> Callable[..., Any]:
+    """The function registered for ``op`` on ``backend`` ("auto": the one ``auto`` dispatch picks on ``device``;
+    None: the ops' default, ``$SPECDEC_BACKEND`` or "auto"), called as is: no argument validation and no noise
+    resolution, which the public op does first (benchmarks time the kernel alone; a model's layers call it many
+    times per step). Raises KeyError for an unknown op and :class:`BackendUnavailableError` like the ops do."""
     return resolve(op, backend, torch.device(device))
 
 

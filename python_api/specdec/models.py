@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -76,19 +76,35 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     ):
         return F.linear(x, weight)
     # the op's own checks cost 2x the kernel call on a small layer; the kernels check what they rely on
-    return sk.skinny_linear(x, weight, validate=False)
+    return _decode_op("skinny_linear", x.device)(x, weight)
+
+
+#: the ops of a decode step, called straight through their implementation (:func:`_decode_op`)
+DECODE_OPS = ("skinny_linear", "rms_norm", "rotary_embedding", "decode_attention")
+
+
+def _decode_op(op: str, device: torch.device) -> Callable[..., Any]:
+    """The implementation of the decode op ``op`` on ``device`` (no argument checks: callers pass what the kernels
+    take). Inside :func:`skinny_linears` on CPU it is the one resolved on entry: a step makes hundreds of these
+    calls and resolving each costs about as much as a small kernel."""
+    table = getattr(_skinny, "ops", None)
+    if table is not None and device.type == "cpu":
+        return table[op]
+    return sk.implementation(op, None, device)
 
 
 @contextmanager
 def skinny_linears() -> Iterator[None]:
     """While active (in this thread), the linears of a model inside its adapter's forwards (:class:`Routing`) run
-    `decode_linear` and its attention layers `specdec_kernels.decode_attention` (for the calls they take)."""
-    before = getattr(_skinny, "on", False)
+    `decode_linear` and its attention layers `specdec_kernels.decode_attention` (for the calls they take); the
+    decode ops' CPU implementations are resolved once, on entry (``$SPECDEC_BACKEND`` as the ops read it)."""
+    before = getattr(_skinny, "on", False), getattr(_skinny, "ops", None)
     _skinny.on = True
+    _skinny.ops = {op: sk.implementation(op, None, "cpu") for op in DECODE_OPS}
     try:
         yield
     finally:
-        _skinny.on = before
+        _skinny.on, _skinny.ops = before
 
 
 def _routed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -202,20 +218,21 @@ def fused_decoder_layer(
     b, n, _ = h.shape
     d = attn.head_dim
     norm = layer.input_layernorm
-    x = sk.rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
+    dev = h.device
+    x = _decode_op("rms_norm", dev)(h, norm.weight, float(norm.variance_epsilon))
     if qkv is None:
         q, k, v = (decode_linear(x, m.weight) for m in (attn.q_proj, attn.k_proj, attn.v_proj))
     else:
         nq, nkv = attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0]
         q, k, v = decode_linear(x, qkv).split((nq, nkv, nkv), dim=-1)
     q, k, v = (t.view(b, n, -1, d).transpose(1, 2) for t in (q, k, v))
-    q, k = sk.rotary_embedding(q, k, cos, sin, validate=False)
+    q, k = _decode_op("rotary_embedding", dev)(q, k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
     out = attend(attn, q, k, v, mask)
     h = h + decode_linear(out.reshape(b, n, -1), attn.o_proj.weight)
     norm = layer.post_attention_layernorm
-    x = sk.rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
+    x = _decode_op("rms_norm", dev)(h, norm.weight, float(norm.variance_epsilon))
     if gate_up is None:
         gate, up = decode_linear(x, mlp.gate_proj.weight), decode_linear(x, mlp.up_proj.weight)
     else:
@@ -307,7 +324,7 @@ def _kernel_attention(
         or (torch.is_grad_enabled() and query.requires_grad)
     ):
         return None
-    out = sk.decode_attention(query, key, value, mask, scale, validate=False)
+    out = _decode_op("decode_attention", query.device)(query, key, value, mask, float(scale))
     return out.transpose(1, 2).contiguous()
 
 

@@ -213,6 +213,29 @@ def test_crop_slots_rejects_bad_lengths():
     assert crop_slots(kv, 2) is True and kv[0].shape == (1, 2, 2, 4)
 
 
+def count_calls(monkeypatch, op: str, record) -> list:
+    """Every call of ``op``'s implementation that the adapter makes (it calls implementations, resolved through
+    ``specdec_kernels.implementation``) appends ``record(*args)`` to the returned list."""
+    import specdec_kernels as sk
+
+    calls: list = []
+    resolve = sk.implementation
+
+    def implementation(name, backend="auto", device="cpu"):
+        fn = resolve(name, backend, device)
+        if name != op:
+            return fn
+
+        def counted(*args):
+            calls.append(record(*args))
+            return fn(*args)
+
+        return counted
+
+    monkeypatch.setattr(sk, "implementation", implementation)
+    return calls
+
+
 def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) -> None:
     import specdec.models as models
 
@@ -223,14 +246,8 @@ def test_routed_linears_take_skinny_linear_only_inside_the_adapter(monkeypatch) 
     x = torch.randn(1, 5, 16)
     with torch.no_grad():
         before = model(torch.tensor([[3, 4, 5]])).logits
-    calls: list[int] = []
     real = sk.skinny_linear
-
-    def counted(a, w, **kw):
-        calls.append(a.numel() // a.shape[-1])
-        return real(a, w, **kw)
-
-    monkeypatch.setattr(sk, "skinny_linear", counted)
+    calls = count_calls(monkeypatch, "skinny_linear", lambda a, w: a.numel() // a.shape[-1])
     lm = HFCausalLM(model)
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert len(lm.routing.linears) == n_linear > 0  # every bias-free linear, routed only inside the adapter
@@ -307,20 +324,11 @@ def test_hf_attention_rounds_a_verification_pass_differently(monkeypatch) -> Non
 def test_routed_attention_only_inside_the_adapter_and_only_for_sdpa(monkeypatch) -> None:
     import specdec.models as models
 
-    import specdec_kernels as sk
-
     model = tiny_llama(1, vocab=32, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
     ids = torch.tensor([[3, 4, 5, 6]])
     with torch.no_grad():
         before = model(ids).logits
-    calls: list[tuple[int, ...]] = []
-    real = sk.decode_attention
-
-    def counted(q, k, v, mask, scale, **kw):
-        calls.append(tuple(q.shape))
-        return real(q, k, v, mask, scale, **kw)
-
-    monkeypatch.setattr(sk, "decode_attention", counted)
+    calls = count_calls(monkeypatch, "decode_attention", lambda q, *rest: tuple(q.shape))
     lm = HFCausalLM(model)
     assert lm.routing.config is model.config and model.config._attn_implementation == "sdpa"
     with torch.no_grad():
