@@ -7,15 +7,21 @@ Rows, per prompt set (neural drafters given by ``--drafters``, largest first):
 * ``SD <drafter>``: speculative decoding with one neural drafter drafting k tokens (method ``sd``);
 * ``SD MaG``: speculative decoding with the Max-Gram drafter alone (``NGramDrafter`` with the bigram table);
 * ``CSD <drafter>+MaG``: a two-level cascade (method ``csd``): the drafter reviews one Max-Gram proposal per
-  forward, the target reviews blocks of at least k11 tokens, K = [[k11, 0], [0, 1]], no leniency;
+  forward, the target reviews blocks of at least k11 tokens, K = [[k11, 0], [0, 1]], leniency lm of the drafter's
+  reviews from ``--mag-leniency-grid``;
 * ``CSD full``: every neural drafter and Max-Gram, with the paper's hyper-parameters (k11, k21, k12, l): the target's
   block takes the largest drafter's sub-cascade up to k11 tokens, then the next sub-cascade's output up to k12
   (K[0][0] = k11, K[0][1] = k12 - k11); every middle drafter reviews k21 tokens of the one below it; the smallest
-  reviews one Max-Gram proposal; leniency l at every inner review except the smallest drafter's (Max-Gram proposes
-  point masses, where leniency changes nothing in greedy mode). With one neural drafter this is its cascade with a
-  horizontal Max-Gram tail up to k12 (k21 and l have no place).
+  reviews one Max-Gram proposal; leniency l at every inner review except the smallest drafter's, which has its own,
+  lm (default 1). Max-Gram proposes point masses (p(x) = 1), so a greedy review of them with leniency lm keeps x iff
+  x is the reviewer's argmax or q(x) > 1 / lm: the same as lm = 1 up to lm = 2, more tokens beyond. With one neural
+  drafter this is its cascade with a horizontal Max-Gram tail up to k12 (k21 and l have no place).
 
-Search: each row's setting (k, k11, or the (k11, k21, k12, l) tuples of ``--cascade-grid``) is chosen on the first
+Every cascade row cuts the target's block at ``--csd-cap`` tokens: a sub-cascade returns its accepted tokens plus one
+of its own, so blocks overshoot their quota, and on a CPU a verification pass costs more with every row.
+
+Search: each row's setting (k, k11 and lm, or the (k11, k21, k12, l[, lm]) tuples of ``--cascade-grid``) is chosen on
+the first
 ``--tune-prompts`` prompts of the set, which are not measured: every candidate runs on each of them, taking turns in
 an order rotated per prompt, and the best by ``--select`` wins (ties to the earlier candidate). The table then
 measures AR and the chosen settings on the next ``--prompts`` prompts, again taking turns in a rotated order so that
@@ -97,7 +103,7 @@ class Config:
     setting: str
     method: str
     drafters: tuple[str, ...] = ()  # neural drafters, largest first (SD: the one drafter)
-    k: int = 0  # SD draft length
+    k: int = 0  # SD draft length; csd: the cap on the target's block (0: the method's default, 24)
     steps: tuple[tuple[int, ...], ...] = ()  # csd: the step-limit matrix K
     leniency: tuple[float, ...] = ()  # csd: one per neural drafter
 
@@ -122,9 +128,10 @@ def cascade_steps(n_neural: int, k11: int, k21: int = 1, k12: int | None = None)
     return steps
 
 
-def cascade_leniency(n_neural: int, leniency: float) -> list[float]:
-    """``leniency`` at every inner review except the smallest drafter's (it reviews Max-Gram's point masses)."""
-    return [float(leniency)] * (n_neural - 1) + [1.0]
+def cascade_leniency(n_neural: int, leniency: float, mag_leniency: float = 1.0) -> list[float]:
+    """``leniency`` at every inner review except the smallest drafter's, which reviews Max-Gram's point masses with
+    ``mag_leniency``."""
+    return [float(leniency)] * (n_neural - 1) + [float(mag_leniency)]
 
 
 def sd_configs(drafter: str | None, grid: Sequence[int]) -> list[Config]:
@@ -133,32 +140,42 @@ def sd_configs(drafter: str | None, grid: Sequence[int]) -> list[Config]:
     return [Config(row, f"k={k}", "sd", (drafter,) if drafter else (), k=k) for k in grid]
 
 
-def csd_configs(drafter: str, grid: Sequence[int]) -> list[Config]:
-    """The two-level cascade ``drafter`` + Max-Gram at each k11 of ``grid``."""
+def csd_configs(drafter: str, grid: Sequence[int], lenient: Sequence[float] = (1.0,), cap: int = 0) -> list[Config]:
+    """The two-level cascade ``drafter`` + Max-Gram at each k11 of ``grid`` and leniency of ``lenient``; ``cap``: the
+    target's block cap (0: the method's default)."""
     return [
-        Config(f"CSD {drafter}+MaG", f"k11={k}", "csd", (drafter,), steps=_frozen(cascade_steps(1, k)), leniency=(1.0,))
+        Config(
+            f"CSD {drafter}+MaG",
+            f"k11={k}" + (f" lm={lm:g}" if lm != 1 else ""),
+            "csd",
+            (drafter,),
+            k=cap,
+            steps=_frozen(cascade_steps(1, k)),
+            leniency=(float(lm),),
+        )
         for k in grid
+        for lm in lenient
     ]
 
 
-def full_configs(drafters: Sequence[str], grid: Sequence[tuple[int, int, int, float]]) -> list[Config]:
-    """The full cascade at each (k11, k21, k12, l) of ``grid``; with one neural drafter k21 and l drop out and
-    tuples that then coincide are tried once."""
+def full_configs(drafters: Sequence[str], grid: Sequence[tuple[float, ...]], cap: int = 0) -> list[Config]:
+    """The full cascade at each (k11, k21, k12, l[, lm]) of ``grid`` (lm: 1 if left out); with one neural drafter
+    k21 and l drop out and tuples that then coincide are tried once. ``cap``: the target's block cap (0: the
+    method's default)."""
     n = len(drafters)
     out: dict[str, Config] = {}
-    for k11, k21, k12, lenience in grid:
+    for k11, k21, k12, lenience, *rest in grid:
+        mag_lenience = rest[0] if rest else 1.0
         if n == 1:
             setting = f"k11={k11} k12={max(k12, k11)}"
             k21, lenience = 1, 1.0
         else:
             setting = f"k11={k11} k21={k21} k12={max(k12, k11)} l={lenience:g}"
+        if mag_lenience != 1:
+            setting += f" lm={mag_lenience:g}"
         steps = _frozen(cascade_steps(n, k11, k21, k12))
-        out.setdefault(
-            setting,
-            Config(
-                "CSD full", setting, "csd", tuple(drafters), steps=steps, leniency=tuple(cascade_leniency(n, lenience))
-            ),
-        )
+        lens = tuple(cascade_leniency(n, lenience, mag_lenience))
+        out.setdefault(setting, Config("CSD full", setting, "csd", tuple(drafters), k=cap, steps=steps, leniency=lens))
     return list(out.values())
 
 
@@ -176,20 +193,22 @@ def parse_ints(text: str, name: str) -> list[int]:
     return vals
 
 
-def parse_cascade_grid(text: str) -> list[tuple[int, int, int, float]]:
-    """``"k11,k21,k12,l;..."`` -> [(k11, k21, k12, l), ...]."""
+def parse_cascade_grid(text: str) -> list[tuple[int, int, int, float, float]]:
+    """``"k11,k21,k12,l[,lm];..."`` -> [(k11, k21, k12, l, lm), ...] (lm, the smallest drafter's leniency: 1 if
+    left out)."""
     out = []
     for item in (s for s in text.split(";") if s.strip()):
         parts = item.split(",")
         try:
-            if len(parts) != 4:
+            if len(parts) not in (4, 5):
                 raise ValueError
             k11, k21, k12, lenience = int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3])
+            mag_lenience = float(parts[4]) if len(parts) == 5 else 1.0
         except ValueError as err:
-            raise SystemExit(f"--cascade-grid entries are k11,k21,k12,l separated by ';', got {item!r}") from err
-        if min(k11, k21, k12) < 1 or lenience < 1:
-            raise SystemExit(f"--cascade-grid needs k11, k21, k12 >= 1 and l >= 1, got {item!r}")
-        out.append((k11, k21, k12, lenience))
+            raise SystemExit(f"--cascade-grid entries are k11,k21,k12,l[,lm] separated by ';', got {item!r}") from err
+        if min(k11, k21, k12) < 1 or min(lenience, mag_lenience) < 1:
+            raise SystemExit(f"--cascade-grid needs k11, k21, k12 >= 1 and l, lm >= 1, got {item!r}")
+        out.append((k11, k21, k12, lenience, mag_lenience))
     if not out:
         raise SystemExit("--cascade-grid is empty")
     return out
@@ -322,7 +341,7 @@ class Bench:
                     leniency=list(cfg.leniency),
                     mag_tokens=self.args.mag_tokens,
                 )
-                params = {}
+                params = {"draft_length": cfg.k} if cfg.k else {}
             self.decoders[cfg] = specdec.SpeculativeDecoder(self.target, draft, method=cfg.method, **params)
         return self.decoders[cfg]
 
@@ -423,9 +442,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--k-grid", default="1,2,3,4,6,8", help="SD draft lengths k and cascade k11 to search")
     ap.add_argument(
         "--cascade-grid",
-        default="2,1,4,1;3,1,6,1;4,1,8,1;3,2,6,1;4,2,8,1.5;4,2,8,2",
-        help="full-cascade (k11,k21,k12,l) tuples to search, ';'-separated",
+        default="2,1,4,1;3,1,6,1;4,1,8,1;2,1,4,1,8;3,1,6,1,8;4,2,8,2,8",
+        help="full-cascade (k11,k21,k12,l[,lm]) tuples to search, ';'-separated",
     )
+    ap.add_argument(
+        "--mag-leniency-grid", default="1,8", help="leniencies lm of the drafter's reviews in CSD <drafter>+MaG"
+    )
+    ap.add_argument("--csd-cap", type=int, default=8, help="cap on the target's block in cascade rows (0: 24)")
     ap.add_argument("--select", choices=SELECT, default="tok_s", help="search criterion")
     ap.add_argument("--temperature", type=float, default=0.0, help="> 0: add rows sampled at this temperature")
     ap.add_argument("--threads", type=int, default=1)
@@ -443,6 +466,14 @@ def parse_args() -> argparse.Namespace:
         raise SystemExit("--drafters needs at least one neural draft asset")
     args.k_grid = parse_ints(args.k_grid, "--k-grid")
     args.cascade_grid = parse_cascade_grid(args.cascade_grid)
+    try:
+        args.mag_leniency_grid = [float(x) for x in args.mag_leniency_grid.split(",") if x.strip()]
+    except ValueError as err:
+        raise SystemExit(f"--mag-leniency-grid takes comma-separated numbers, got {args.mag_leniency_grid!r}") from err
+    if not args.mag_leniency_grid or min(args.mag_leniency_grid) < 1:
+        raise SystemExit(f"--mag-leniency-grid needs numbers >= 1, got {args.mag_leniency_grid}")
+    if args.csd_cap < 0:
+        raise SystemExit(f"--csd-cap must be >= 0, got {args.csd_cap}")
     if args.prompts < 1 or args.tune_prompts < 1 or args.tokens < 1:
         raise SystemExit("--prompts, --tune-prompts and --tokens must be >= 1")
     return args
@@ -476,8 +507,8 @@ def main() -> None:
         print(f"  {d}: PW {c_pw[d]:.4f}, MS {c_ms[d]:.4f}")
 
     families = [sd_configs(d, args.k_grid) for d in args.drafters] + [sd_configs(None, args.k_grid)]
-    families += [csd_configs(d, args.k_grid) for d in args.drafters]
-    families.append(full_configs(args.drafters, args.cascade_grid))
+    families += [csd_configs(d, args.k_grid, args.mag_leniency_grid, args.csd_cap) for d in args.drafters]
+    families.append(full_configs(args.drafters, args.cascade_grid, args.csd_cap))
 
     def cfg_costs(cfg: Config) -> dict[str, list[float]]:
         return {k: [v[d] for d in cfg.drafters] for k, v in costs.items()}

@@ -67,6 +67,7 @@ def test_cascade_steps_from_the_paper_hyperparameters() -> None:
     assert bc.cascade_steps(3, 3, 2, 3) == [[3, 0, 0, 0], [0, 2, 0, 0], [0, 0, 2, 0], [0, 0, 0, 1]]
     assert bc.cascade_leniency(1, 2.0) == [1.0]
     assert bc.cascade_leniency(3, 1.5) == [1.5, 1.5, 1.0]
+    assert bc.cascade_leniency(2, 1.5, 8) == [1.5, 8.0]
     with pytest.raises(ValueError, match="k11 >= 1"):
         bc.cascade_steps(1, 0)
 
@@ -75,8 +76,13 @@ def test_configurations_and_grids() -> None:
     assert [c.setting for c in bc.sd_configs("d", [1, 3])] == ["k=1", "k=3"]
     assert bc.sd_configs(None, [2])[0].row == "SD MaG" and bc.sd_configs(None, [2])[0].drafters == ()
     assert bc.csd_configs("d", [2])[0].steps == ((2, 0), (0, 1))
+    lenient = bc.csd_configs("d", [2, 3], [1, 8], cap=8)
+    assert [c.setting for c in lenient] == ["k11=2", "k11=2 lm=8", "k11=3", "k11=3 lm=8"]
+    assert lenient[1].leniency == (8.0,) and all(c.k == 8 for c in lenient)
     grid = bc.parse_cascade_grid("2,1,4,1;2,2,4,1.5; 3,1,3,2")
-    assert grid == [(2, 1, 4, 1.0), (2, 2, 4, 1.5), (3, 1, 3, 2.0)]
+    assert grid == [(2, 1, 4, 1.0, 1.0), (2, 2, 4, 1.5, 1.0), (3, 1, 3, 2.0, 1.0)]
+    mag = bc.full_configs(["big", "small"], bc.parse_cascade_grid("2,1,4,1.5,8"), cap=6)
+    assert mag[0].setting == "k11=2 k21=1 k12=4 l=1.5 lm=8" and mag[0].leniency == (1.5, 8.0) and mag[0].k == 6
     # one neural drafter: k21 and l drop out, so the first two coincide
     one = bc.full_configs(["d"], grid)
     assert [c.setting for c in one] == ["k11=2 k12=4", "k11=3 k12=3"]
@@ -85,7 +91,7 @@ def test_configurations_and_grids() -> None:
     assert [c.setting for c in two] == ["k11=2 k21=1 k12=4 l=1", "k11=2 k21=2 k12=4 l=1.5", "k11=3 k21=1 k12=3 l=2"]
     assert two[1].steps == ((2, 2, 0), (0, 2, 0), (0, 0, 1)) and two[1].leniency == (1.5, 1.0)
     assert len({*one, *two, *bc.csd_configs("d", [2, 2])}) == len(one) + len(two) + 1  # configs are dict keys
-    for bad in ("2,1,4", "2,1,4,0.5", "a,1,4,1", ";"):
+    for bad in ("2,1,4", "2,1,4,0.5", "a,1,4,1", ";", "2,1,4,1,0.5", "2,1,4,1,1,1"):
         with pytest.raises(SystemExit):
             bc.parse_cascade_grid(bad)
     assert bc.parse_ints("1,2, 4", "--k-grid") == [1, 2, 4]
