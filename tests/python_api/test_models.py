@@ -424,6 +424,25 @@ def test_fused_layers_compute_the_modules_bits_with_reference_ops(monkeypatch, f
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_base_model_run_part_by_part_gives_its_forwards_bits(dtype) -> None:
+    """A stock stack of fused layers is run part by part (embedding, rotary table, layers, norm) instead of through
+    the base model's forward: the same logits bitwise; a hook on the base model keeps its forward (and fires)."""
+    model = tiny_llama(6, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype)
+    lean, stock = HFCausalLM(model), HFCausalLM(model)
+    assert lean._lean and lean.routing.layers == list(model.model.layers)
+    stock._lean = False
+    for a, b in zip(_chain_and_tree_logits(lean), _chain_and_tree_logits(stock), strict=True):
+        assert torch.equal(a, b)
+    seen: list[int] = []
+    handle = model.model.register_forward_pre_hook(lambda *a: seen.append(1))
+    assert not lean._lean_now(torch.zeros(1, 1, dtype=torch.long))
+    _chain_and_tree_logits(lean)
+    handle.remove()
+    assert seen == [1, 1, 1]
+    assert not HFCausalLM(tiny_llama(5, vocab=32, hidden=32, attn="eager"))._lean  # no fused layers
+
+
 def test_layers_with_hooks_or_other_parts_keep_their_own_forward() -> None:
     """A layer is fused only when the fused call computes what its modules would: a hook on any part, a biased
     projection, another activation or eager attention keep the module forwards (and still the routed linears)."""
