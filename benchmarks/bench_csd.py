@@ -21,9 +21,8 @@ Every cascade row cuts the target's block at ``--csd-cap`` tokens: a sub-cascade
 of its own, so blocks overshoot their quota, and on a CPU a verification pass costs more with every row.
 
 Search: each row's setting (k, k11 and lm, or the (k11, k21, k12, l[, lm]) tuples of ``--cascade-grid``) is chosen on
-the first
-``--tune-prompts`` prompts of the set, which are not measured: every candidate runs on each of them, taking turns in
-an order rotated per prompt, and the best by ``--select`` wins (ties to the earlier candidate). The table then
+the first ``--tune-prompts`` prompts of the set, which are not measured: every candidate runs on each of them, taking
+turns in an order rotated per prompt, and the best by ``--select`` wins (ties to the earlier candidate). The table then
 measures AR and the chosen settings on the next ``--prompts`` prompts, again taking turns in a rotated order so that
 a drifting machine load hits every row alike. ``--temperature T`` adds rows sampled at T for AR, the fastest SD row
 and the full cascade, at the settings chosen greedily.

@@ -483,8 +483,9 @@ class CascadeDrafter(Drafter):
         rnd: _Round,
         need_laws: bool,
     ) -> tuple[sk.ChainVerdict, torch.Tensor | None]:
-        """The review of every row's block: verdict and, when ``need_laws``, the laws of the emitted positions
-        [B, steps + 1, V] (position j of row b: E_j for a reviewed position, the reviewer's row at the bonus)."""
+        """The sampling-mode review of every row's block (greedy: :meth:`_verify_greedy`): verdict and, when
+        ``need_laws``, the laws of the emitted positions [B, steps + 1, V] (position j of row b: E_j for a reviewed
+        position, the reviewer's row at the bonus)."""
         sampling = rnd.sampling
         dev = logits.device
         lenient = level.leniency > 1.0

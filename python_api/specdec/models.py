@@ -817,22 +817,17 @@ class HFCausalLM:
         self, tokens: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> torch.Tensor:
         """The base model's forward for the adapter's calls, part by part: embedding, rotary table, each layer (a
-        module call: hooks fire, the layer runs fused), final norm. The stock forward does the same with an
-        additive 4-D mask (taken as is) and costs a fixed ~0.2 ms more per call in its wrappers, which is a good
-        part of a small draft's step."""
+        module call: hooks fire, and inside :meth:`Routing.active` its forward is :func:`_fast_decoder_layer`, which
+        takes ``cache``), final norm. The stock forward does the same with an additive 4-D mask (taken as is) and
+        costs a fixed ~0.2 ms more per call in its wrappers, which is a good part of a small draft's step."""
         base = self.base
         h = base.embed_tokens(tokens)
         cos_sin = base.rotary_emb(h, position_ids=position_ids)
-        key = cache_argument(base.layers[0])
         for layer in base.layers:
             h = layer(
-                h,
-                attention_mask=mask,
-                position_embeddings=cos_sin,
-                position_ids=position_ids,
-                use_cache=True,
-                **{key: cache},
-            )
+                h, attention_mask=mask, position_embeddings=cos_sin, position_ids=position_ids, use_cache=True,
+                cache=cache,
+            )  # fmt: skip
         return base.norm(h)
 
     def _layer_masks(self, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
