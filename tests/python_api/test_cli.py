@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -195,3 +196,18 @@ def test_model_flag_is_checked_before_any_load(tmp_path, monkeypatch, capsys) ->
             cli.main(["demo", "--model", bad])
         assert exc.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith("specdec demo: error: --model")
+
+
+@pytest.mark.parametrize(
+    ("draft", "pp_draft", "head", "want"),
+    [
+        ("smollm2-eagle", None, None, ("smollm2-eagle", "smollm2-eagle-head")),
+        ("smollm2-distill", None, None, ("smollm2-distill", "smollm2-distill-head")),
+        ("ngram", None, None, ("smollm2-distill", "smollm2-distill-head")),
+        ("smollm2-eagle", "smollm2-distill", None, ("smollm2-distill", "smollm2-distill-head")),
+        ("smollm2-eagle", None, "my-head.safetensors", ("smollm2-eagle", "my-head.safetensors")),
+    ],
+)
+def test_head_plan_takes_the_head_shipped_for_the_draft(draft, pp_draft, head, want) -> None:
+    args = argparse.Namespace(draft=draft, pp_draft=pp_draft, head=head)
+    assert cli.head_plan(args) == want

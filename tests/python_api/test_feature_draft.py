@@ -146,11 +146,78 @@ def test_feature_draft_greedy_equals_target_greedy(method, kw):
         assert toks == ref
 
 
+@pytest.mark.parametrize(("method", "kw"), [("specdec_pp", {"draft_length": 4}), ("rsd_c", {"branching": (2, 2, 1)})])
+def test_feature_draft_with_a_head_keeps_the_target_law(method, kw):
+    target = tiny_llama(0, vocab=VOCAB, hidden=32, std=0.3)
+    draft = feature_draft(target, [0, 1, 2, 4, 5, 7], seed=1)
+    dec = specdec.SpeculativeDecoder(target, draft, method=method, head=random_head(32, 3), threshold=0.4, **kw)
+    assert isinstance(dec.drafter, FeatureDrafter)
+    n = 3000
+    ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n)])
+    out = dec.generate(ids, mask, max_new_tokens=4, do_sample=True, temperature=TEMPERATURE, seed=17)
+    lengths = [x for r in dec.builder.stop_rule.round_lengths for x in r]
+    assert min(lengths) < max(lengths)  # the head did stop some rows earlier than others
+    assert_first_two_law(target, out.new_tokens)
+
+
+def test_feature_draft_with_a_head_greedy_equals_target_greedy():
+    target = tiny_llama(0, vocab=32, hidden=64)
+    draft = feature_draft(target, list(range(0, 32, 2)) + [1, 3, 5], seed=4)
+    g = torch.Generator().manual_seed(0)
+    prompts = [[int(t) for t in torch.randint(0, 32, (int(n),), generator=g)] for n in (3, 1, 6, 4)]
+    ids, mask = left_pad(prompts)
+    out = specdec.generate(
+        target, draft, ids, attention_mask=mask, method="specdec_pp", head=random_head(64, 5), threshold=0.6,
+        draft_length=5, max_new_tokens=20, do_sample=False,
+    )  # fmt: skip
+    for p, toks in zip(prompts, out.new_tokens, strict=True):
+        ref, gap = reference_greedy(target, p, 20)
+        assert gap > 1e-4  # tie-free
+        assert toks == ref
+
+
+def test_rollout_labels_are_the_acceptance_probabilities_of_the_drafted_nodes():
+    """specdec.train.feature_head: each first drafted node's label is min(1, q/p) of its token, with q the target's
+    and p the draft's law after the committed prefix, recomputed here by full teacher-forced passes; its feature is
+    the draft's hidden state of that node."""
+    from specdec.train.feature_head import _LabellingDecoder
+
+    target = tiny_llama(0, vocab=32, hidden=32, std=0.3)
+    draft = feature_draft(target, list(range(0, 32, 2)) + [1, 3, 5], seed=3)
+    drafter = RecordingDrafter(draft)
+    dec = _LabellingDecoder(target, drafter, method="sd", draft_length=3)
+    chunks = []
+
+    def labelled(tree, *args):  # the label chunks of this round, level by level
+        n = len(dec.labels)
+        levels = list(dec.recorder.hidden)
+        out = _LabellingDecoder._verify_tree(dec, tree, *args)
+        chunks.append((levels, dec.features[n:], dec.labels[n:]))
+        return out
+
+    dec._verify_tree = labelled
+    dec.generate(torch.tensor([[3, 1, 4, 1, 5]]), max_new_tokens=16, do_sample=True, temperature=1.0, top_k=0, seed=2)
+    checked = 0
+    for rnd, (levels, feats, labels) in zip(drafter.rounds, chunks, strict=True):
+        if "level1" not in rnd:
+            continue
+        assert levels[0] == 1 and labels[0].shape == (1,) and feats[0].shape == (1, 32)
+        seq, y = rnd["committed"][0], int(rnd["level1"][0][0, 0])
+        with torch.no_grad():
+            q = torch.softmax(target(torch.tensor([seq])).logits[0, -1].float(), -1)[y]
+        p = torch.softmax(rnd["root"][0].float(), -1)[y]
+        assert 0.0 <= float(labels[0]) <= 1.0
+        torch.testing.assert_close(labels[0], (q / p).clamp(max=1.0)[None], atol=1e-4, rtol=1e-4)
+        checked += 1
+    assert checked >= 3
+    assert len(dec.features) == len(dec.labels) and sum(len(x) for x in dec.labels) >= 2 * checked
+
+
 def test_feature_draft_bad_inputs():
     target = tiny_llama(0, vocab=32, hidden=32)
     draft = feature_draft(target, list(range(32)), seed=2)
-    with pytest.raises(ValueError, match="head= .* not supported with a feature draft"):
-        specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=random_head(32, 1))
+    with pytest.raises(ValueError, match="head= reads hidden states of width 16, but the draft's are 32"):
+        specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=random_head(16, 1))
     with pytest.raises(ValueError, match="needs features="):
         draft.decoder(torch.tensor([[1, 2]]))
     with pytest.raises(ValueError, match="features must have shape"):

@@ -19,7 +19,7 @@ STAGES = ("data", "evalset", "distill", "eval", "head", "ship", "all")
 # Max-Gram's bigram table (CS Drafting), written into specdec/assets/ (--name) from JSONL chats (--corpus)
 EXTRA_STAGES = ("bigram",)
 # The feature draft (EAGLE-style, reads the target's hidden states): its own data, training, eval and ship stages.
-FEATURE_STAGES = ("feature-data", "evalset", "feature-distill", "feature-eval", "feature-ship")
+FEATURE_STAGES = ("feature-data", "evalset", "feature-distill", "feature-eval", "feature-ship", "feature-head")
 
 
 def _target(dtype: str = "bf16"):  # noqa: ANN202
@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: DistillConfig)")
     ap.add_argument("--head-steps", type=int, default=None, help="acceptance-head steps (default: HeadConfig)")
     ap.add_argument(
-        "--name", default=None, help="asset name for the ship stages (smollm2-distill, smollm2-eagle) and bigram"
+        "--name",
+        default=None,
+        help="asset name for the ship stages (smollm2-distill, smollm2-eagle), feature-head (the feature draft whose "
+        "head it trains) and bigram",
     )
     ap.add_argument(
         "--draft",
@@ -138,6 +141,17 @@ def main(argv: list[str] | None = None) -> int:
             from .feature_distill import run_feature_eval
 
             info = run_feature_eval(workdir, seed=args.seed, draft=args.draft, record=args.draft is None)
+        elif stage == "feature-head":
+            from .feature_draft import FEATURE_DRAFT
+            from .feature_head import RolloutConfig, run_feature_head
+
+            rcfg = RolloutConfig(seed=args.seed)
+            rcfg.head.seed = args.seed
+            if args.head_steps is not None:
+                rcfg.head.steps = args.head_steps
+            if args.magpie is not None:
+                rcfg.n_magpie = args.magpie
+            info = run_feature_head(workdir, rcfg, args.name or FEATURE_DRAFT, progress=progress)
         elif stage == "bigram":
             from .bigram import DEFAULT_BIGRAM, build_bigram, default_corpus
 

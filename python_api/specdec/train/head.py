@@ -229,7 +229,14 @@ def run_head(
         save_atomic(data, feats_path)
     head, history = train_head(data, int(draft.config.hidden_size), cfg, progress=progress)
     save_head(head, workdir / "head" / "head.safetensors", cfg)
-    info = {
+    info = head_record(cfg, data, history, t0)
+    update_manifest(workdir, "head", info)
+    return info
+
+
+def head_record(cfg: Any, data: dict[str, torch.Tensor], history: list[dict[str, float]], t0: float) -> dict[str, Any]:
+    """The manifest section of a trained head: configuration, data size and hash, final metrics, time."""
+    return {
         "config": asdict(cfg),
         "positions": int(data["labels"].numel()),
         "mean_label": data["labels"].mean().item(),
@@ -237,5 +244,3 @@ def run_head(
         "metrics": history[-1],
         "seconds_this_run": round(time.time() - t0, 1),
     }
-    update_manifest(workdir, "head", info)
-    return info
