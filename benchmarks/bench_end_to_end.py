@@ -4,8 +4,9 @@ peer baseline.
 
 Same prompts, same model pair and seeds for every method; methods take turns per prompt in rotating order so that
 load drift on a shared machine does not favour one of them. Each decoder is built once and reused over the prompts
-(so ``rsd_c(auto)`` keeps its acceptance counts, as a user's decoder would). SpecDec++ runs with the shipped
-acceptance head and the plain draft it was trained on (``--pp-draft``) when ``--draft`` is a feature draft.
+(so ``rsd_c(auto)`` keeps its acceptance counts, as a user's decoder would). SpecDec++ runs as the demo runs it
+(``specdec.cli.head_plan``): with ``--draft`` and the acceptance head shipped for it, else with ``--pp-draft`` and
+``--head``.
 Reports tokens/s, ratio to specdec AR, block efficiency and MBSU, plus a batch-size sweep of SD and rsd_c(auto) vs
 AR (where speculation stops paying). Rows go to ``benchmarks/results/end_to_end.csv`` with the machine, CPU flags,
 torch version, commit and extension variant; a bar plot to ``benchmarks/results/end_to_end.png``.
@@ -24,7 +25,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
-from specdec.cli import load_prompts, make_draft
+from specdec.cli import head_plan, load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 
@@ -83,8 +84,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--draft", default="ngram")
-    ap.add_argument("--pp-draft", default="smollm2-distill", help="plain draft of specdec_pp with a feature draft")
-    ap.add_argument("--head", default="smollm2-distill-head", help="acceptance head of specdec_pp")
+    ap.add_argument("--pp-draft", default=None, help="draft of specdec_pp (default: as the demo's --pp-draft)")
+    ap.add_argument("--head", default=None, help="acceptance head of specdec_pp (default: <pp-draft>-head)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4])
     args = ap.parse_args()
@@ -98,12 +99,11 @@ def main() -> None:
         extra: dict[str, Any] = {}
         use = draft
         if specdec.methods.get(method).needs_head:
-            if args.draft == "ngram":
-                continue  # an acceptance head reads a neural draft's hidden states
             from specdec.train import load_head
 
-            extra["head"] = load_head(args.head)[0]
-            use = make_draft(args.pp_draft, target, torch.bfloat16) if feature else draft
+            pp_draft, head = head_plan(args)
+            extra["head"], extra["threshold"] = load_head(head)
+            use = draft if pp_draft == args.draft else make_draft(pp_draft, target, torch.bfloat16)
         decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
 
     methods = [f"specdec:{m}" for m in decoders] + ["hf:generate"]

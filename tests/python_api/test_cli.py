@@ -131,6 +131,12 @@ def test_help_shows_defaults_and_the_methods(capsys) -> None:
     assert "(default: smollm2-cascade)" in " ".join(out.split())
 
 
+def test_default_methods_are_every_method_but_the_domain_cascade() -> None:
+    args = build_parser().parse_args(["demo"])
+    assert args.methods.split(",") == [m for m in specdec.methods.available() if m != "csd"]
+    assert "csd" in specdec.methods.available()
+
+
 def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:
     import csv
 
