@@ -152,12 +152,21 @@ def impl(op: str, backend: str) -> Callable[..., Any]:
     return specdec_kernels.implementation(op, backend, "cpu")
 
 
-def time_fn(fn: Callable[[], Any], budget: float, min_reps: int = 5, max_reps: int = 200) -> list[float]:
-    """Seconds per call: one warm-up, then calls until ``budget`` seconds are spent (min/max repetitions)."""
+def time_fn(
+    fn: Callable[[], Any],
+    budget: float,
+    min_reps: int = 5,
+    max_reps: int = 200,
+    before: Callable[[], Any] | None = None,
+) -> list[float]:
+    """Seconds per call: one warm-up, then calls until ``budget`` seconds are spent (min/max repetitions);
+    ``before`` runs untimed ahead of every call (e.g. what evicts the call's data from the caches)."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget):
+        if before is not None:
+            before()
         t0 = CLOCK()
         fn()
         times.append(CLOCK() - t0)
@@ -186,12 +195,19 @@ class Recorder:
         self.stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.meta = run_meta()
 
-    def case(self, name: str, fns: dict[str, Callable[[], Any]], nbytes: int, bytes_kind: str = "read") -> None:
+    def case(
+        self,
+        name: str,
+        fns: dict[str, Callable[[], Any]],
+        nbytes: int,
+        bytes_kind: str = "read",
+        before: Callable[[], Any] | None = None,
+    ) -> None:
         roof = copy_gbps(nbytes, self.args.budget)
         medians: dict[str, float] = {}
         results = []
         for backend, fn in fns.items():
-            times = time_fn(fn, self.args.budget)
+            times = time_fn(fn, self.args.budget, before=before)
             med = statistics.median(times)
             medians[backend] = med
             results.append((backend, times, med))

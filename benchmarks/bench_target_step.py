@@ -11,7 +11,11 @@ The memory floor of a step is the weights' bytes over the plain-copy rate measur
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
 ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
 in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
-Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops]
+``--draft NAME`` (default ``smollm2-eagle``; ``none`` skips it) also times one cached step of that shipped draft
+as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
+included), in two cases: right after a target step (the first draft call of a round, its weights evicted from the
+caches by the target's) and repeated (the later levels of a round).
+Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops] [--draft NAME]
 """
 
 from __future__ import annotations
@@ -69,10 +73,48 @@ def save_ops(rec: Recorder, rows: list[dict]) -> None:
     print(f"appended {len(rows)} rows to benchmarks/results/target_step_ops.csv")
 
 
+class DraftStep:
+    """One cached step of a shipped draft through the decoders' adapter: a level of one node after a root whose
+    block is cached, then the cache as it was."""
+
+    def __init__(self, name: str, target: torch.nn.Module, lm: models.HFCausalLM, context: list[int]) -> None:
+        from specdec.drafting import as_drafter
+        from specdec.train import load_draft
+
+        self.draft = load_draft(name, target, dtype=lm.dtype)
+        self.lm = as_drafter(self.draft, lm).lm
+        self.state = self.lm.new_state(1)
+        width = int(target.config.hidden_size)
+        g = torch.Generator().manual_seed(1)
+        self.features = None
+        with torch.no_grad():
+            if getattr(self.draft, "reads_target_features", False):  # pairs (feature i, token i + 1)
+                feats = torch.randn((1, len(context) - 1, width), generator=g).to(lm.dtype)
+                self.lm.forward_chain(self.state, [context[1:]], last_logits=False, features=feats)
+                self.features = torch.randn((1, 1, width), generator=g).to(lm.dtype)
+            else:
+                self.lm.forward_chain(self.state, [context], last_logits=False)
+        self.base = self.state.length
+        self.tokens, self.parent = torch.tensor([[5, 7]]), torch.tensor([[-1, 0]])
+        self.valid, self.depth = torch.ones((1, 2), dtype=torch.bool), torch.tensor([[0, 1]])
+        # the matrices a step reads in full: every 2-D parameter (the target's embedding table, of which a step
+        # reads one row, is a buffer)
+        self.nbytes = sum(p.numel() * p.element_size() for p in self.draft.parameters() if p.dim() == 2)
+
+    def __call__(self) -> None:
+        lm, st = self.lm, self.state
+        with torch.no_grad():
+            lm.forward_level(st, self.tokens, self.parent, self.valid, self.depth, 1, 2, self.base,
+                             features=self.features, reduced=lm.support is not None)  # fmt: skip
+        models.crop_cache(st.cache, 1)
+        st.valid = st.valid[:, : st.length - 1]
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
     ap.add_argument("--ops", action="store_true", help="also record the per-op profile of each cpu pass")
     ap.add_argument("--ops-reps", type=int, default=10, help="profiled passes per n (with --ops)")
+    ap.add_argument("--draft", default="smollm2-eagle", help="shipped draft whose step is timed too ('none': skip)")
 
 
 def main() -> None:
@@ -82,8 +124,9 @@ def main() -> None:
     lm = models.HFCausalLM(target, name="target")
     g = torch.Generator().manual_seed(0)
     state = lm.new_state(1)
+    context = torch.randint(100, 40000, (CONTEXT,), generator=g).tolist()
     with torch.no_grad():
-        lm.forward_chain(state, [torch.randint(100, 40000, (CONTEXT,), generator=g).tolist()], last_logits=False)
+        lm.forward_chain(state, [context], last_logits=False)
     nbytes = sum(p.numel() * p.element_size() for p in target.parameters())
     rec = Recorder(OP, args)
     ops_rows: list[dict] = []
@@ -98,6 +141,11 @@ def main() -> None:
             for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
                 if ms >= 0.01:
                     ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
+    if args.draft != "none" and "cpu" in args.backends:
+        step = DraftStep(args.draft, target, lm, context)
+        one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)
+        rec.case(f"draft {args.draft} after a target step", {"cpu": step}, step.nbytes, before=one)
+        rec.case(f"draft {args.draft} repeated", {"cpu": step}, step.nbytes)
     rec.save()
     if args.ops and ops_rows and not args.no_csv:
         save_ops(rec, ops_rows)

@@ -304,9 +304,12 @@ def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
         return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
-    news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in runs for r in run})
+    steps = [[r for r in run if not r["case"].startswith("draft ")] for run in runs]
+    drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
+    news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
+    with_draft = any(drafts)
     lines = []
-    for run in runs:
+    for run, draft in zip(steps, drafts, strict=True):
         cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
         torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
         if 1 not in cpu:
@@ -319,10 +322,20 @@ def block_target_step(results: Path) -> str:
         ]
         t1 = torch_rows.get(1)
         torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
-        lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell])
+        # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
+        draft_cells = [
+            f"{100 * float(draft[k]['median_ms']) / one:.1f} % ({num(draft[k]['median_ms'])} ms)" if k in draft else "-"
+            for k in ("step", "repeated")
+        ]
+        lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
     head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
+    if with_draft:
+        name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
+        head += [f"draft step ({name}), after a target step", "draft step, repeated"]
     r0 = runs[-1][0]
     extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
+    if with_draft:
+        extra += "; a draft step as a share of the one-token target step of the same run"
     prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", commit="git_rev", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 
