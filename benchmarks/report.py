@@ -514,6 +514,55 @@ def block_end_to_end_headline(results: Path) -> str:
     return table(["method", "tok/s", "vs our AR", "block eff."], lines) + "\n\n" + prov + "\n"
 
 
+def block_demo_runs(results: Path) -> str:
+    """One line per recorded demo run (the newest of each prompt set, temperature and thread count): our AR, the
+    fastest method against it and against transformers' generate, and the slowest method."""
+    rows = read_csv(results, "demo")
+    newest: dict[tuple[str, str, str], str] = {}
+    for r in rows:
+        key = (r["prompt_set"], r["temperature"], r["threads"])
+        newest[key] = max(newest.get(key, ""), r["timestamp"])
+    lines, runs = [], []
+    for key, stamp in sorted(newest.items()):
+        run = [r for r in rows if r["timestamp"] == stamp]
+        ar = next((r for r in run if r["label"] == "ar"), None)
+        hf = next((r for r in run if r["label"] == "hf generate"), None)
+        ours = [r for r in run if r["label"] != "ar" and not r["label"].startswith("hf ")]
+        ours = [r for r in ours if not implausible(r, "speed_ratio", "block_efficiency")]
+        if ar is None or not ours:
+            continue
+        best = max(ours, key=lambda r: float(r["speed_ratio"]))
+        worst = min(ours, key=lambda r: float(r["speed_ratio"]))
+        vs_hf = f"{float(best['tokens_per_second']) / float(hf['tokens_per_second']):.2f}x" if hf else "-"
+        mode = "greedy" if float(key[1]) == 0 else f"T = {key[1]}"
+        lines.append(
+            [
+                key[0],
+                mode,
+                key[2],
+                num(ar["tokens_per_second"]),
+                f"{best['label']} {float(best['speed_ratio']):.2f}x",
+                vs_hf,
+                f"{worst['label']} {float(worst['speed_ratio']):.2f}x",
+            ]
+        )
+        runs += run
+    if not lines:
+        return "No demo run recorded in `benchmarks/results/demo.csv`.\n"
+    head = ["prompts", "sampling", "threads", "our AR, tok/s", "fastest (vs AR)", "fastest vs generate", "slowest"]
+    r0 = runs[0]
+    extra = (
+        f"draft {r0['draft']}, {r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, "
+        f"{r0['dtype']}, wall clock"
+    )
+    return (
+        table(head, lines)
+        + "\n\n"
+        + provenance(runs, machine="machine", torch="torch", commit="git_rev", extra=extra)
+        + "\n"
+    )
+
+
 def block_specdec_pp(results: Path) -> str:
     rows = read_csv(results, "specdec_pp")
     run = [
@@ -690,6 +739,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "draft-alpha-headline": lambda results: block_draft_alpha(results, short=True),
     "shipped-drafts": block_shipped_drafts,
     "end-to-end": block_end_to_end,
+    "demo-runs": block_demo_runs,
     "end-to-end-headline": block_end_to_end_headline,
     "specdec-pp": block_specdec_pp,
     "draft-e2e": block_draft_e2e,
