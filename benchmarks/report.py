@@ -537,7 +537,7 @@ def block_demo_runs(results: Path) -> str:
         mode = "greedy" if float(key[1]) == 0 else f"T = {key[1]}"
         lines.append(
             [
-                key[0],
+                key[0].removesuffix(".jsonl"),
                 mode,
                 key[2],
                 num(ar["tokens_per_second"]),
