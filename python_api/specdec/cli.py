@@ -8,8 +8,8 @@ shipped with ``specdec.train``, EAGLE-style: reads the target's hidden states; t
 ``ngram`` (Max-Gram prompt lookup: no model, strong on code that
 repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
 accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
-or file. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head (both shipped drafts have one:
-``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``)
+or file. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head (every shipped draft has
+one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``)
 with the cascade of --cascade (``smollm2-cascade``: ``smollm2-gsm-l1`` and ``-l2`` above Max-Gram and its bigram table).
 """
 
