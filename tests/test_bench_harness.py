@@ -45,3 +45,47 @@ def test_run_meta_names_the_variant_and_flags() -> None:
     assert set(meta) == {"machine", "torch", "git_rev", "cpu_flags", "cpu_isa"}
     assert meta["cpu_isa"].split()[0] == sk.cpu_isa()
     assert meta["cpu_flags"]
+
+
+def _write(path: Path, fields: list[str], rows: list[dict]) -> None:
+    _timing.append_csv(path, fields, rows)
+
+
+def test_demo_runs_block_names_the_fastest_and_slowest_method(tmp_path: Path) -> None:
+    import bench_demo
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    run = {**meta, "prompt_set": "chat.jsonl", "num_prompts": 8, "max_new_tokens": 64, "temperature": 0.7}
+    run |= {"threads": 1, "batch_size": 1, "draft": "d", "dtype": "bf16"}
+    rows = [
+        {**run, "label": "ar", "tokens_per_second": 30, "speed_ratio": 1.0, "block_efficiency": 1.0},
+        {**run, "label": "sd(L=2)", "tokens_per_second": 36, "speed_ratio": 1.2, "block_efficiency": 1.5},
+        {**run, "label": "spechub(b=2,2)", "tokens_per_second": 48, "speed_ratio": 1.6, "block_efficiency": 2.0},
+        # faster than its block efficiency allows: machine load, dropped
+        {**run, "label": "rrs(b=2,2)", "tokens_per_second": 90, "speed_ratio": 3.0, "block_efficiency": 1.5},
+        {**run, "label": "hf generate", "tokens_per_second": 16, "speed_ratio": 0.53, "block_efficiency": 1.0},
+    ]
+    _write(tmp_path / "demo.csv", bench_demo.FIELDS, rows)
+    out = report.block_demo_runs(tmp_path)
+    assert "| chat | T = 0.7 | 1 | 30.0 | spechub(b=2,2) 1.60x | 3.00x | sd(L=2) 1.20x |" in out
+    assert "rrs" not in out and "commit abc" in out
+
+
+def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_path: Path) -> None:
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    base = {**meta, "op": "target_step", "backend": "cpu", "threads": 1, "clock": "cpu", "bytes": 1000}
+    base |= {"copy_gbps": 1.0}
+    rows = [
+        {**base, "case": "bf16 ctx 200 new 1", "median_ms": 40.0},
+        {**base, "case": "bf16 ctx 200 new 2", "median_ms": 44.0},
+        {**base, "case": "draft dr after a target step", "median_ms": 2.0, "bytes": 10},
+        {**base, "case": "draft dr repeated", "median_ms": 1.0, "bytes": 10},
+    ]
+    fields = [*meta, "op", "case", "backend", "threads", "clock", "median_ms", "bytes", "copy_gbps"]
+    _write(tmp_path / "target_step.csv", fields, rows)
+    out = report.block_target_step(tmp_path)
+    assert "draft step (dr), after a target step" in out
+    assert "| avx2 | " in out and "| 40.0 ms | 1.10x | - | 5.0 % (2.00 ms) | 2.5 % (1.00 ms) |" in out
