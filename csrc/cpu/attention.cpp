@@ -11,11 +11,51 @@ namespace specdec::cpu {
 
 namespace {
 
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// bf16 with VDPBF16PS: the rows of one KV head (its query heads x the n new tokens) in blocks whose weighted sums of v
+// stay in registers, so each cache slot's v is widened once per block instead of once per row; the weights of each
+// row are computed alone (decode_attention_weights_bf16). Work items: (batch row, KV head, block).
+void attention_rows_bf16_grouped(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
+                                 int64_t batch, int64_t heads, int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim,
+                                 int64_t kv_batch_stride, int64_t kv_head_stride, float scale, uint16_t* out) {
+  const int64_t per_kv = heads / kv_heads * n, block = decode_attention_row_block_bf16(dim);
+  const int64_t blocks = (per_kv + block - 1) / block, items = batch * kv_heads * blocks;
+  const int64_t stride = 2 * ((s_len + 15) / 16 * 16);  // a row's weights, then their packed copy
+#pragma omp parallel num_threads(omp_threads(items, batch * heads * n * s_len * dim))
+  {
+    std::vector<float> scores(block * stride), inv(block);
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t bk = it / blocks, first = it % blocks * block;
+      const int64_t b = bk / kv_heads, h = bk % kv_heads;
+      const int64_t r0 = (b * kv_heads + h) * per_kv + first;  // rows (b, head, i) of this KV head are contiguous
+      const int rows = static_cast<int>(per_kv - first < block ? per_kv - first : block);
+      const int64_t kv = b * kv_batch_stride + h * kv_head_stride;
+      for (int j = 0; j < rows; ++j) {
+        const int64_t i = (r0 + j) % n;
+        inv[j] = decode_attention_weights_bf16(q + (r0 + j) * dim, k + kv, mask + (b * n + i) * s_len, s_len, dim,
+                                               scale, scores.data() + j * stride);
+      }
+      decode_attention_values_bf16_any(v + kv, s_len, dim, scores.data(), stride, inv.data(), rows, out + r0 * dim);
+    }
+  }
+}
+#endif
+
 template <typename T, typename Acc>
 void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64_t batch, int64_t heads,
                     int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim, int64_t kv_batch_stride,
                     int64_t kv_head_stride, double scale, T* out) {
   const int64_t group = heads / kv_heads, rows = batch * heads * n;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    if (dim % 32 == 0 && dim <= kAttentionMaxDim512) {
+      attention_rows_bf16_grouped(q, k, v, mask, batch, heads, kv_heads, n, s_len, dim, kv_batch_stride,
+                                  kv_head_stride, static_cast<float>(scale), out);
+      return;
+    }
+  }
+#endif
 #pragma omp parallel num_threads(omp_threads(rows, rows * s_len * dim))
   {
     // whole groups of 16 slots for the vector paths, twice (the AVX-512 path packs the nonzero weights after them)
@@ -24,15 +64,7 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
       const int64_t kv = b * kv_batch_stride + (h / group) * kv_head_stride;
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        if (dim % 32 == 0 && dim <= kAttentionMaxDim512) {
-          decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,
-                                    static_cast<float>(scale), scores.data(), acc.data(), out + r * dim);
-          continue;
-        }
-      }
-#elif defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
+#if !(defined(__AVX512BF16__) && defined(__AVX512F__)) && (defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F))
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (dim % 16 == 0 && dim <= kAttentionMaxDimAvx2) {
           decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,

@@ -100,6 +100,33 @@ def test_blocked_slots_do_not_change_a_row(dtype: torch.dtype, dim: int) -> None
         assert torch.equal(spread, packed), trial
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (8, 2, 96), (4, 1, 256), (2, 2, 48)])
+def test_a_row_comes_out_the_same_with_or_without_other_rows(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int
+) -> None:
+    """The kernels may share a cache slot's values between the rows of a KV head (its query heads, a tree's nodes);
+    each row must still come out bitwise as it does alone (a tree node = the same token in a one-token step)."""
+    g = torch.Generator().manual_seed(heads * dim)
+    n, s_len = 11, 57
+    q = torch.randn(2, heads, n, dim, generator=g).to(dtype)
+    k = torch.randn(2, kv_heads, s_len, dim, generator=g).to(dtype)
+    v = torch.randn(2, kv_heads, s_len, dim, generator=g).to(dtype)
+    mask = torch.where(torch.rand(2, 1, n, s_len, generator=g) < 0.3, float("-inf"), 0.0)
+    mask[..., 0] = 0.0
+    together = decode_attention(q, k, v, mask, dim**-0.5, backend="auto")
+    group = heads // kv_heads
+    for b in range(2):
+        for h in range(heads):
+            for i in range(n):
+                kv = slice(h // group, h // group + 1)
+                alone = decode_attention(
+                    q[b : b + 1, h : h + 1, i : i + 1], k[b : b + 1, kv], v[b : b + 1, kv],
+                    mask[b : b + 1, :, i : i + 1], dim**-0.5, backend="auto",
+                )  # fmt: skip
+                assert torch.equal(alone[0, 0, 0], together[b, h, i]), (b, h, i)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("backend", ["torch", "auto"])
 def test_cache_views_with_room_read_like_packed_keys(dtype: torch.dtype, backend: str) -> None:

@@ -80,9 +80,11 @@ constexpr float kExpTaylor[7] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.
 // runs VDPBF16PS over D (32 products per instruction) into its own accumulator, the 16 accumulators are summed in
 // one transposing tree (sum_lanes_avx512) into a vector of 16 scores, the exponentials are vectorised, and v's
 // weighted sum (slot by slot) is kept in fp32 vectors of 16 and divided by the total (the nonzero weights packed in
-// slot order) at the end; ``scores`` holds 2 x s_len rounded up to 16 (scores, then the packed weights). A partial last group reads no slot past the cache (its missing slots score -inf, weight 0). Same math as
-// decode_attention_row, another summation order; every query row is computed alone, so a row's result does not
-// depend on the other rows, nor on where blocked slots fall between its visible ones.
+// slot order) at the end; ``scores`` holds 2 x s_len rounded up to 16 (scores, then the packed weights). A partial
+// last group reads no slot past the cache (its missing slots score -inf, weight 0). The rows of one KV head share
+// each slot's widened v in the weighted sum (decode_attention_values_bf16). Same math as decode_attention_row,
+// another summation order; every row adds its own terms in the same order whatever rows share the call, so a row's
+// result does not depend on the other rows, nor on where blocked slots fall between its visible ones.
 constexpr int64_t kAttentionMaxDim512 = 256;
 
 // e^x for x <= 0 on 16 lanes (see kExpTaylor).
@@ -101,9 +103,11 @@ inline __m512 exp_nonpos_ps512(__m512 x) {
   return _mm512_mask_mov_ps(y, nan, x);
 }
 
-inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
-                                      int64_t s_len, int64_t dim, float scale, float* scores, float* acc,
-                                      uint16_t* out) {
+// The softmax weights of one query row: ``scores`` [s_len] gets e^(x - max) per slot (x = scale q.k + mask), and the
+// return value is 1 / their total. ``scores`` holds 2 x s_len rounded up to 16 (the weights, then the nonzero ones
+// packed for the total).
+inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k, const float* mask, int64_t s_len,
+                                           int64_t dim, float scale, float* scores) {
   const int64_t chunks = dim / 32;
   __m512bh qc[kAttentionMaxDim512 / 32];
   for (int64_t c = 0; c < chunks; ++c) qc[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
@@ -150,18 +154,65 @@ inline void decode_attention_row_bf16(const uint16_t* q, const uint16_t* k, cons
     const __mmask16 in = np - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (np - i)) - 1u);
     lanes = _mm512_add_ps(lanes, _mm512_maskz_loadu_ps(in, packed + i));
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(lanes));
-  __m512 sum[kAttentionMaxDim512 / 16];
-  const int64_t blocks = dim / 16;
-  for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_setzero_ps();
+  return 1.0f / _mm512_reduce_add_ps(lanes);
+}
+
+// fp32 accumulators of the weighted sums of v that one call keeps (rows x D / 16 of them, in registers)
+constexpr int kAttentionSumRegs512 = 24;
+
+// out[j] = inv[j] * sum_s w[j][s] v[s] for ``rows`` query rows of one KV head (rows x D / 16 <= kAttentionSumRegs512),
+// ``w`` row j at w + j * w_stride. Each slot's v is widened once for all the rows; every row adds its terms in slot
+// order, one fused multiply-add per 16 lanes, exactly as it would alone, so a row's bits do not depend on the others.
+template <int Blocks>
+inline void decode_attention_values_bf16(const uint16_t* v, int64_t s_len, const float* w, int64_t w_stride,
+                                         const float* inv, int rows, uint16_t* out) {
+  constexpr int kRows = kAttentionSumRegs512 / Blocks > 0 ? kAttentionSumRegs512 / Blocks : 1;
+  constexpr int64_t dim = 16 * Blocks;
+  __m512 sum[kRows][Blocks];
+#pragma GCC unroll 24
+  for (int j = 0; j < kRows; ++j)
+    for (int b = 0; b < Blocks; ++b) sum[j][b] = _mm512_setzero_ps();
   for (int64_t s = 0; s < s_len; ++s) {
-    const __m512 w = _mm512_set1_ps(scores[s]);
-    for (int64_t b = 0; b < blocks; ++b) sum[b] = _mm512_fmadd_ps(w, widen_bf16x16(v + s * dim + 16 * b), sum[b]);
+    __m512 vs[Blocks];
+#pragma GCC unroll 16
+    for (int b = 0; b < Blocks; ++b) vs[b] = widen_bf16x16(v + s * dim + 16 * b);
+#pragma GCC unroll 24
+    for (int j = 0; j < kRows; ++j) {
+      if (j < rows) {
+        const __m512 ws = _mm512_set1_ps(w[j * w_stride + s]);
+        for (int b = 0; b < Blocks; ++b) sum[j][b] = _mm512_fmadd_ps(ws, vs[b], sum[j][b]);
+      }
+    }
   }
-  for (int64_t b = 0; b < blocks; ++b) _mm512_storeu_ps(acc + 16 * b, _mm512_mul_ps(sum[b], inv));
-  for (int64_t b = 0; b < blocks; b += 1) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * b), float_to_bf16x8(_mm256_loadu_ps(acc + 16 * b)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * b + 8), float_to_bf16x8(_mm256_loadu_ps(acc + 16 * b + 8)));
+  for (int j = 0; j < rows; ++j) {
+    const __m512 iv = _mm512_set1_ps(inv[j]);
+    uint16_t* o = out + j * dim;
+    for (int b = 0; b < Blocks; ++b) {
+      const __m512 x = _mm512_mul_ps(sum[j][b], iv);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b), float_to_bf16x8(_mm512_castps512_ps256(x)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b + 8), float_to_bf16x8(_mm512_extractf32x8_ps(x, 1)));
+    }
+  }
+}
+
+// Rows at most decode_attention_values_bf16 takes per call for a head width of ``dim``.
+inline int decode_attention_row_block_bf16(int64_t dim) {
+  const int blocks = static_cast<int>(dim / 16);
+  return kAttentionSumRegs512 / blocks > 0 ? kAttentionSumRegs512 / blocks : 1;
+}
+
+// decode_attention_values_bf16 for a runtime D (a multiple of 32, at most kAttentionMaxDim512).
+inline void decode_attention_values_bf16_any(const uint16_t* v, int64_t s_len, int64_t dim, const float* w,
+                                             int64_t w_stride, const float* inv, int rows, uint16_t* out) {
+  switch (dim / 16) {
+    case 2: return decode_attention_values_bf16<2>(v, s_len, w, w_stride, inv, rows, out);
+    case 4: return decode_attention_values_bf16<4>(v, s_len, w, w_stride, inv, rows, out);
+    case 6: return decode_attention_values_bf16<6>(v, s_len, w, w_stride, inv, rows, out);
+    case 8: return decode_attention_values_bf16<8>(v, s_len, w, w_stride, inv, rows, out);
+    case 10: return decode_attention_values_bf16<10>(v, s_len, w, w_stride, inv, rows, out);
+    case 12: return decode_attention_values_bf16<12>(v, s_len, w, w_stride, inv, rows, out);
+    case 14: return decode_attention_values_bf16<14>(v, s_len, w, w_stride, inv, rows, out);
+    default: return decode_attention_values_bf16<16>(v, s_len, w, w_stride, inv, rows, out);
   }
 }
 #elif defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
