@@ -19,7 +19,7 @@ from specdec.drafting import FeatureDrafter
 from specdec.models import layer_features
 from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig
 from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law, random_head
-from tiny_models import left_pad, reference_greedy, tiny_llama
+from tiny_models import assert_target_greedy, left_pad, tiny_llama
 
 
 def feature_draft(target, head_ids: list[int], seed: int, std: float = 0.5, extra: tuple = ()) -> FeatureDraft:
@@ -140,10 +140,7 @@ def test_feature_draft_greedy_equals_target_greedy(method, kw):
     out = specdec.generate(
         target, draft, ids, attention_mask=mask, method=method, max_new_tokens=20, do_sample=False, **kw
     )
-    for p, toks in zip(prompts, out.new_tokens, strict=True):
-        ref, gap = reference_greedy(target, p, 20)
-        assert gap > 1e-4  # tie-free
-        assert toks == ref
+    assert_target_greedy(target, prompts, out.new_tokens, 20)
 
 
 @pytest.mark.parametrize(("method", "kw"), [("specdec_pp", {"draft_length": 4}), ("rsd_c", {"branching": (2, 2, 1)})])
@@ -170,10 +167,7 @@ def test_feature_draft_with_a_head_greedy_equals_target_greedy():
         target, draft, ids, attention_mask=mask, method="specdec_pp", head=random_head(64, 5), threshold=0.6,
         draft_length=5, max_new_tokens=20, do_sample=False,
     )  # fmt: skip
-    for p, toks in zip(prompts, out.new_tokens, strict=True):
-        ref, gap = reference_greedy(target, p, 20)
-        assert gap > 1e-4  # tie-free
-        assert toks == ref
+    assert_target_greedy(target, prompts, out.new_tokens, 20)
 
 
 def test_rollout_labels_are_the_acceptance_probabilities_of_the_drafted_nodes():

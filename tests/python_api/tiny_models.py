@@ -75,3 +75,13 @@ def reference_greedy(model: transformers.PreTrainedModel, prompt: list[int], n: 
         out.append(nxt)
         ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
     return out, gap
+
+
+def assert_target_greedy(
+    model: transformers.PreTrainedModel, prompts: list[list[int]], new_tokens: list[list[int]], n: int
+) -> None:
+    """Every row's output equals plain greedy decoding of ``model`` (on tie-free prompts: top-2 gap > 1e-4)."""
+    for p, toks in zip(prompts, new_tokens, strict=True):
+        ref, gap = reference_greedy(model, p, n)
+        assert gap > 1e-4  # tie-free
+        assert toks == ref
