@@ -265,6 +265,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         need(model_ok, "--model", f"{args.model!r} is not an HF model directory (with config.json) or a .gguf file")
     if any(registry.get(m).needs_head for m in methods):
         pp_draft, head = head_plan(args)
+        need(pp_draft != "ngram", "--pp-draft", "an acceptance head reads a neural draft's hidden states, not 'ngram'")
         if pp_draft != args.draft:
             need(_asset_or_file(pp_draft), "--pp-draft", f"{pp_draft!r} is not a draft asset or file")
         need(_asset_or_file(head), "--head", f"{head!r} is not an acceptance-head asset or file")
@@ -336,7 +337,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
     }
     # transformers' own decoding on the same prompts: plain generate, and assisted generation with the plain draft
-    # (a feature draft is not an HF assistant model: the plain --pp-draft then; the n-gram draft: prompt lookup)
+    # (a feature draft is not an HF assistant model: the plain --hf-draft then; the n-gram draft: prompt lookup)
     hf: dict[str, dict[str, Any]] = {}
     if not args.no_hf:
         hf["hf generate"] = {}

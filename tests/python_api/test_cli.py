@@ -89,6 +89,10 @@ BAD_FLAGS = [
     (["--methods", ","], "--methods"),
     (["--draft", "no-such-draft"], "--draft"),
     (["--head", "no-such-head", "--methods", "specdec_pp"], "--head"),
+    (
+        ["--draft", "ngram", "--pp-draft", "ngram", "--head", "smollm2-distill-head", "--methods", "specdec_pp"],
+        "--pp-draft",
+    ),
     (["--cascade", "no-such-cascade", "--methods", "ar,csd"], "--cascade"),
     (["--prompts", "/no/such/file.jsonl"], "--prompts"),
     (["--csv", "/no/such/dir/out.csv"], "--csv"),

@@ -160,14 +160,19 @@ inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k,
 // fp32 accumulators of the weighted sums of v that one call keeps (rows x D / 16 of them, in registers)
 constexpr int kAttentionSumRegs512 = 24;
 
+// Rows at most decode_attention_values_bf16 takes per call for a head width of ``dim``.
+constexpr int decode_attention_row_block_bf16(int64_t dim) {
+  return kAttentionSumRegs512 / (dim / 16) > 0 ? static_cast<int>(kAttentionSumRegs512 / (dim / 16)) : 1;
+}
+
 // out[j] = inv[j] * sum_s w[j][s] v[s] for ``rows`` query rows of one KV head (rows x D / 16 <= kAttentionSumRegs512),
 // ``w`` row j at w + j * w_stride. Each slot's v is widened once for all the rows; every row adds its terms in slot
 // order, one fused multiply-add per 16 lanes, exactly as it would alone, so a row's bits do not depend on the others.
 template <int Blocks>
 inline void decode_attention_values_bf16(const uint16_t* v, int64_t s_len, const float* w, int64_t w_stride,
                                          const float* inv, int rows, uint16_t* out) {
-  constexpr int kRows = kAttentionSumRegs512 / Blocks > 0 ? kAttentionSumRegs512 / Blocks : 1;
   constexpr int64_t dim = 16 * Blocks;
+  constexpr int kRows = decode_attention_row_block_bf16(dim);
   __m512 sum[kRows][Blocks];
 #pragma GCC unroll 24
   for (int j = 0; j < kRows; ++j)
@@ -193,12 +198,6 @@ inline void decode_attention_values_bf16(const uint16_t* v, int64_t s_len, const
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 16 * b + 8), float_to_bf16x8(_mm512_extractf32x8_ps(x, 1)));
     }
   }
-}
-
-// Rows at most decode_attention_values_bf16 takes per call for a head width of ``dim``.
-inline int decode_attention_row_block_bf16(int64_t dim) {
-  const int blocks = static_cast<int>(dim / 16);
-  return kAttentionSumRegs512 / blocks > 0 ? kAttentionSumRegs512 / blocks : 1;
 }
 
 // decode_attention_values_bf16 for a runtime D (a multiple of 32, at most kAttentionMaxDim512).
