@@ -57,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     plain = ap.add_argument_group("plain draft size and data (data, distill; defaults: DataConfig, DraftConfig)")
     plain.add_argument("--gsm8k-label", type=int, default=None, help="GSM8K-train solutions labelled by the target")
-    plain.add_argument("--magpie", type=int, default=None, help="self-written instructions answered by the target")
+    plain.add_argument(
+        "--magpie",
+        type=int,
+        default=None,
+        help="self-written instructions answered by the target (feature-head: prompts of its rollouts, default "
+        "RolloutConfig)",
+    )
     plain.add_argument("--layers", type=int, default=None, help="decoder layers of the plain draft")
     plain.add_argument("--width", type=int, default=None, help="hidden size of the plain draft (MLP: 3x)")
     plain.add_argument("--head-vocab", type=int, default=None, help="tokens of the plain draft's reduced head")
