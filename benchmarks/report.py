@@ -7,8 +7,8 @@ The figures in README.md and docs/*.md are never typed by hand: each sits in a g
     <!-- report:end -->
 
 that this script rewrites from benchmarks/results/*.csv (and, for the shipped drafts, the manifests in
-python_api/specdec/assets/*.json). Every table names the machine, CPU flags, torch version and commit of the rows
-it shows, or says which of those columns the CSV does not record. It also renders the PNGs next to the CSVs
+python_api/specdec/assets/*.json). Every table names the machine, CPU flags and torch version of the rows it
+shows, or says which of those columns the CSV does not record. It also renders the PNGs next to the CSVs
 (benchmarks/plot.py).
 
 Run:  python benchmarks/report.py            # rewrite the blocks and the PNGs
@@ -136,13 +136,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def provenance(
-    rows: Rows, *, machine: str, torch: str | None, commit: str | None, extra: str = "", short: bool = False
-) -> str:
-    """One line naming where the rows come from; columns the CSV lacks are named as not recorded. ``short`` (the
-    README's headline tables) leaves the commit to the full tables of docs/benchmarks.md."""
-    if short:
-        commit = None
+def provenance(rows: Rows, *, machine: str, torch: str | None, extra: str = "") -> str:
+    """One line naming where the rows come from; columns the CSV lacks are named as not recorded. The revision
+    each row was measured at stays in the CSV (``git_rev``), not in the docs."""
     if not rows:
         return ""
 
@@ -153,11 +149,10 @@ def provenance(
         return found or None  # a column added later is blank in older rows
 
     parts, missing = [], []
-    for label, col in (("machine", machine), ("torch", torch), ("commit", commit)):
+    for label, col in (("machine", machine), ("torch", torch)):
         v = values(col)
         if v is None:
-            if not (short and label == "commit"):
-                missing.append(label)
+            missing.append(label)
         else:
             parts.append(f"{label} {v}" if label != "machine" else v)
     flags = values("cpu_flags")
@@ -194,11 +189,11 @@ def kernel_rows(rows: Rows, backends: tuple[str, ...] = ("cpu", "torch")) -> lis
     return out
 
 
-def kernel_provenance(rows: Rows, short: bool = False) -> str:
+def kernel_provenance(rows: Rows) -> str:
     threads = ", ".join(dict.fromkeys(r["threads"] for r in rows))
     clock = ", ".join(dict.fromkeys(r["clock"] for r in rows))
     extra = f"{threads} thread(s), clock: {clock}"
-    return provenance(rows, machine="machine", torch="torch", commit="git_rev", extra=extra, short=short)
+    return provenance(rows, machine="machine", torch="torch", extra=extra)
 
 
 # --------------------------------------------------------------------------------------------------- blocks
@@ -227,7 +222,7 @@ def block_kernel_headline(results: Path) -> str:
     if not lines:
         return "No kernel microbenchmark is recorded in benchmarks/results.\n"
     head = ["op", "case", "cpu ms", "torch ms", "speed-up", "cpu GB/s (memcpy GB/s)"]
-    return table(head, lines) + "\n\n" + kernel_provenance(used, short=True) + "\n"
+    return table(head, lines) + "\n\n" + kernel_provenance(used) + "\n"
 
 
 def block_kernel_tables(results: Path) -> str:
@@ -287,7 +282,7 @@ def block_step_overhead(results: Path, *, brief: bool = False) -> str:
         head = ["methods", "outside the forwards, default backend", "same, torch reference backend"]
     else:
         head = ["method", "outside, default", "kernels", "all op calls", "outside, torch backend", "block eff."]
-    prov = provenance(run, machine="machine", torch="torch", commit="git_rev", extra=extra, short=brief)
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
@@ -336,7 +331,7 @@ def block_target_step(results: Path) -> str:
     extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
     if with_draft:
         extra += "; a draft step as a share of the one-token target step of the same run"
-    prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", commit="git_rev", extra=extra)
+    prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
@@ -366,7 +361,6 @@ def block_target_step_ops(results: Path) -> str:
             run,
             machine="machine",
             torch="torch",
-            commit="git_rev",
             extra=f"CPU variant {run[0]['cpu_isa']}, {run[0]['threads']} thread(s)",
         )
         parts.append(table(head, lines) + "\n\n" + prov + "\n")
@@ -386,7 +380,7 @@ SET_NAMES = {
 }
 
 
-def block_draft_alpha(results: Path, short: bool = False) -> str:
+def block_draft_alpha(results: Path) -> str:
     rows = [r for r in read_csv(results, "draft_alpha") if _shipped(r["draft"])]
     if not rows:
         return "No run of a shipped draft is recorded in `benchmarks/results/draft_alpha.csv`.\n"
@@ -410,7 +404,7 @@ def block_draft_alpha(results: Path, short: bool = False) -> str:
     ]
     head = ["draft", "prompt set", "positions", "alpha", "alpha, depth 2", "greedy agreement", "head coverage"]
     extra = f"{', '.join(dict.fromkeys(r['threads'] for r in picked))} thread(s), T = 1 target answers"
-    prov = provenance(picked, machine="machine", torch="torch", commit="git_rev", extra=extra, short=short)
+    prov = provenance(picked, machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
@@ -455,7 +449,7 @@ def block_shipped_drafts(results: Path) -> str:
     note = (
         "From the `eval` and `distill` sections of `python_api/specdec/assets/<draft>.json` (written by the "
         "pipeline that trained the draft): held-out Vicuna-bench questions 1-40, target answers at T = 1, both "
-        "models in bf16. Not recorded in the manifests: machine, CPU flags, torch, commit."
+        "models in bf16. Not recorded in the manifests: machine, CPU flags, torch."
     )
     return table(head, lines) + "\n\n" + note + "\n"
 
@@ -485,7 +479,7 @@ def block_end_to_end(results: Path) -> str:
             f"{r0['threads']} thread(s)"
         )
         head = ["method", "batch", "tok/s", "vs AR", "block eff."]
-        prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra)
+        prov = provenance(run, machine="machine", torch="torch", extra=extra)
         out.append(f"Draft `{draft}`:\n\n" + table(head, lines) + "\n\n" + prov + "\n")
     if not out:
         return "No run recorded in `benchmarks/results/end_to_end.csv`.\n"
@@ -510,7 +504,7 @@ def block_end_to_end_headline(results: Path) -> str:
     t = float(r0["temperature"])
     mode = "greedy" if t == 0 else f"T = {r0['temperature']}"
     extra = f"{mode}, {r0['prompts']} HumanEval prompts x {r0['tokens']} tokens, {r0['threads']} thread(s)"
-    prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra, short=True)
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
     return table(["method", "tok/s", "vs our AR", "block eff."], lines) + "\n\n" + prov + "\n"
 
 
@@ -555,12 +549,7 @@ def block_demo_runs(results: Path) -> str:
         f"draft {r0['draft']}, {r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, "
         f"{r0['dtype']}, wall clock"
     )
-    return (
-        table(head, lines)
-        + "\n\n"
-        + provenance(runs, machine="machine", torch="torch", commit="git_rev", extra=extra)
-        + "\n"
-    )
+    return table(head, lines) + "\n\n" + provenance(runs, machine="machine", torch="torch", extra=extra) + "\n"
 
 
 def block_specdec_pp(results: Path) -> str:
@@ -586,7 +575,7 @@ def block_specdec_pp(results: Path) -> str:
     r0 = run[0]
     extra = f"{r0['prompts']} prompts x {r0['new_tokens']} tokens, draft smollm2-distill with its acceptance head"
     head = ["config", "discard rate", "verification rate", "block eff.", "tok/s", "vs AR"]
-    prov = provenance(run, machine="machine", torch="torch", commit="git_rev", extra=extra)
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 
 
@@ -596,7 +585,7 @@ def block_draft_e2e(results: Path) -> str:
     if not good:
         return "No plausible run recorded in `benchmarks/results/bench_draft_e2e.csv` (pending re-measurement).\n"
     lines = [[r["method"], num(r["tok_per_s"]), f"{num(r['speedup'])}x", num(r["block_efficiency"])] for r in good]
-    prov = provenance(good, machine="machine", torch="torch", commit="git")
+    prov = provenance(good, machine="machine", torch="torch")
     return table(["method", "tok/s", "vs AR", "block eff."], lines) + "\n\n" + prov + "\n"
 
 
@@ -681,7 +670,7 @@ def block_csd(results: Path) -> str:
         f"{r0['tune_prompts']} other prompts by {r0['select']}; {r0['dtype']}, {r0['threads']} thread(s), "
         f"{r0['clock']} clock; load average {r0['load_before']} before, {r0['load_after']} after"
     )
-    prov = provenance(run, machine="machine", torch="torch", commit="git", extra=extra)
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
     return (
         table(["set, metric", *labels], pivot)
         + "\n\n"
@@ -722,7 +711,7 @@ def plot_csd(results: Path) -> str | None:
         ax.set_title(CSD_SETS.get(name, name))
     axes[0][0].legend(fontsize=8)
     r0 = run[0]
-    fig.suptitle(f"CS Drafting, SmolLM2-135M greedy: {r0['machine']}, commit {r0['git']}", fontsize=9)
+    fig.suptitle(f"CS Drafting, SmolLM2-135M greedy: {r0['machine']}", fontsize=9)
     fig.tight_layout()
     path = results / "csd.png"
     fig.savefig(path, dpi=120)
@@ -736,7 +725,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "step-overhead-headline": lambda results: block_step_overhead(results, brief=True),
     "step-overhead": block_step_overhead,
     "draft-alpha": block_draft_alpha,
-    "draft-alpha-headline": lambda results: block_draft_alpha(results, short=True),
+    "draft-alpha-headline": lambda results: block_draft_alpha(results),
     "shipped-drafts": block_shipped_drafts,
     "end-to-end": block_end_to_end,
     "demo-runs": block_demo_runs,
@@ -825,8 +814,7 @@ def plot_end_to_end(results: Path) -> str | None:
     ax.set_ylabel("tokens/s vs specdec AR")
     r0 = run[0]
     ax.set_title(
-        f"SmolLM2-135M, draft {r0['draft']}, T={r0['temperature']}: {r0['machine']}, torch {r0['torch']}, "
-        f"commit {r0['git']}",
+        f"SmolLM2-135M, draft {r0['draft']}, T={r0['temperature']}: {r0['machine']}, torch {r0['torch']}",
         fontsize=9,
     )
     plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
