@@ -10,7 +10,8 @@ Quick start::
 Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, ``csd``,
 one module each in :mod:`specdec.methods` (``specdec.methods.available()``; their parameters:
 :func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any :class:`Drafter`,
-``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), or a feature draft that reads the target's hidden states
+``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), a neural drafter with Max-Gram's track mixed into its
+law (:class:`HybridDrafter`), or a feature draft that reads the target's hidden states
 (EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``); ``csd`` drafts with a
 :class:`CascadeDrafter` (``specdec.train.load_cascade("smollm2-cascade")``).
 """
@@ -23,7 +24,15 @@ from . import methods
 from .cascade import CascadeDrafter
 from .config import MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
-from .drafting import Drafter, DraftLogits, FeatureDrafter, ModelDrafter, NGramDrafter, max_gram_proposal
+from .drafting import (
+    Drafter,
+    DraftLogits,
+    FeatureDrafter,
+    HybridDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    max_gram_proposal,
+)
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
 from .tree import DraftTree
@@ -38,6 +47,7 @@ __all__ = [
     "DraftTree",
     "Drafter",
     "FeatureDrafter",
+    "HybridDrafter",
     "GenerationOutput",
     "GenerationStats",
     "HFCausalLM",

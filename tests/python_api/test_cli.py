@@ -88,6 +88,9 @@ BAD_FLAGS = [
     (["--methods", "ar,nope"], "--methods"),
     (["--methods", ","], "--methods"),
     (["--draft", "no-such-draft"], "--draft"),
+    (["--draft", "no-such-draft+ngram"], "--draft"),
+    (["--draft", "ngram+ngram"], "--draft"),
+    (["--draft", "+ngram"], "--draft"),
     (["--head", "no-such-head", "--methods", "specdec_pp"], "--head"),
     (
         ["--draft", "ngram", "--pp-draft", "ngram", "--head", "smollm2-distill-head", "--methods", "specdec_pp"],
@@ -130,7 +133,7 @@ def test_help_shows_defaults_and_the_methods(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     out = capsys.readouterr().out
-    assert "(default: 64)" in out and "(default: smollm2-eagle)" in out
+    assert "(default: 64)" in out and "(default: smollm2-eagle+ngram)" in out
     assert all(m in out for m in ("rsd_c", "spechub", "specdec_pp", "csd"))
     assert "(default: smollm2-cascade)" in " ".join(out.split())
 
@@ -212,6 +215,7 @@ def test_model_flag_is_checked_before_any_load(tmp_path, monkeypatch, capsys) ->
     ("draft", "pp_draft", "head", "want"),
     [
         ("smollm2-eagle", None, None, ("smollm2-eagle", "smollm2-eagle-head")),
+        ("smollm2-eagle+ngram", None, None, ("smollm2-eagle", "smollm2-eagle-head")),
         ("smollm2-distill", None, None, ("smollm2-distill", "smollm2-distill-head")),
         ("ngram", None, None, ("smollm2-distill", "smollm2-distill-head")),
         ("smollm2-eagle", "smollm2-distill", None, ("smollm2-distill", "smollm2-distill-head")),

@@ -58,11 +58,20 @@ class AutoTreeBuilder(TreeBuilder):
 
         self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads()), forward)
 
-    def _builder(self, shape: tuple[int, ...]) -> SWORTreeBuilder:
-        if shape not in self._builders:
-            parents = tuple(sk.branching_parents(list(shape)))
-            self._builders[shape] = SWORTreeBuilder(replace(self.config, branching=shape, parents=parents, auto=False))
-        return self._builders[shape]
+    def _builder(self, shape: tuple[int, ...], track: int = 0) -> SWORTreeBuilder:
+        """The static builder of ``shape``, with a chain of ``track`` nodes under its first-child path (the draft
+        track of a :class:`~specdec.drafting.HybridDrafter`)."""
+        if (shape, track) not in self._builders:
+            parents = sk.branching_parents(list(shape))
+            node = 0
+            for _ in shape:  # first-child path: each level's first child is the lowest id with that parent
+                node = parents.index(node, node + 1)
+            for _ in range(track):
+                parents.append(node)
+                node = len(parents) - 1
+            config = replace(self.config, branching=shape, parents=tuple(parents), auto=False)
+            self._builders[shape, track] = SWORTreeBuilder(config)
+        return self._builders[shape, track]
 
     def expand(
         self,
@@ -89,13 +98,16 @@ class AutoTreeBuilder(TreeBuilder):
         if self.curve is None:
             raise RuntimeError("branching='auto' needs the target's cost curve (set by SpeculativeDecoder)")
         batch = int(roots.shape[0])
-        self.shape, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH)
+        track = min(drafter.track_levels, self.max_nodes - 2)  # room for a one-node tree and the root
+        self.shape, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, track)
         self.shapes_used[self.shape] = self.shapes_used.get(self.shape, 0) + 1
         if not self.shape:  # no tree pays at this batch size: a plain one-token step
             return DraftTree.from_roots(roots)
-        builder = self._builder(self.shape)
+        builder = self._builder(self.shape, track)
         builder.stop_rule = self.stop_rule
         calls, t0 = drafter.calls, time.perf_counter()
+        if track:
+            drafter.set_tree_depth(len(self.shape))
         tree = builder.build(drafter, roots, committed, sampling, generator, max_depth)
         steps = drafter.calls - calls
         if steps > 0:  # the mean draft step of this round, at the mean rows of its levels
@@ -104,8 +116,8 @@ class AutoTreeBuilder(TreeBuilder):
         return tree
 
     def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:
-        depth = len(tree.levels) - 1
+        depth = min(len(tree.levels) - 1, len(self.shape))  # a track chain below the shape is not counted
         if depth == 0:
             return
         for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
-            self.acceptance.observe(self.shape, ranks, n, depth)
+            self.acceptance.observe(self.shape, ranks, min(n, depth), depth)
