@@ -509,12 +509,12 @@ def block_end_to_end_headline(results: Path) -> str:
 
 
 def block_demo_runs(results: Path) -> str:
-    """One line per recorded demo run (the newest of each prompt set, temperature and thread count): our AR, the
-    fastest method against it and against transformers' generate, and the slowest method."""
+    """One line per recorded demo run (the newest of each prompt set, temperature, thread count and draft): our AR,
+    the fastest method against it and against transformers' generate, and the slowest method."""
     rows = read_csv(results, "demo")
-    newest: dict[tuple[str, str, str], str] = {}
+    newest: dict[tuple[str, str, str, str], str] = {}
     for r in rows:
-        key = (r["prompt_set"], r["temperature"], r["threads"])
+        key = (r["prompt_set"], r["temperature"], r["threads"], r["draft"])
         newest[key] = max(newest.get(key, ""), r["timestamp"])
     lines, runs = [], []
     for key, stamp in sorted(newest.items()):
@@ -534,6 +534,7 @@ def block_demo_runs(results: Path) -> str:
                 key[0].removesuffix(".jsonl"),
                 mode,
                 key[2],
+                f"`{key[3]}`",
                 num(ar["tokens_per_second"]),
                 f"{best['label']} {float(best['speed_ratio']):.2f}x",
                 vs_hf,
@@ -543,12 +544,11 @@ def block_demo_runs(results: Path) -> str:
         runs += run
     if not lines:
         return "No demo run recorded in `benchmarks/results/demo.csv`.\n"
-    head = ["prompts", "sampling", "threads", "our AR, tok/s", "fastest (vs AR)", "fastest vs generate", "slowest"]
+    head = ["prompts", "sampling", "threads", "draft", "our AR, tok/s", "fastest (vs AR)", "fastest vs generate"]
+    head.append("slowest")
     r0 = runs[0]
-    extra = (
-        f"draft {r0['draft']}, {r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, "
-        f"{r0['dtype']}, wall clock"
-    )
+    extra = f"{r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, {r0['dtype']}"
+    extra += ", wall clock"
     return table(head, lines) + "\n\n" + provenance(runs, machine="machine", torch="torch", extra=extra) + "\n"
 
 

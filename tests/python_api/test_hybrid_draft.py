@@ -8,9 +8,10 @@ their first-child path.
 Law test (the main pair of test_law.py: target seed 0, draft seed 1 with its lm_head x2, vocabulary 8, T = 1.7):
 prompts that repeat a token, so that Max-Gram proposes at the root and along the first drafted levels; rsd_c auto
 trees pinned to one shape each ((2,): the first token from the mixture, the second from the track alone below the
-tree; (1, 1): both from the mixture), weight 0.6 so that both the track token and the other tokens carry mass. The
-joint law of the first two tokens is compared with the exact law by law_check: chi-square p >= 1e-4 and TV <= 0.08
-(N = 5000 per prompt: noise ~0.04). False-alarm rate 1e-4 per check, 4 checks. Negative control: the same run with
+tree; (1, 1): both from the mixture), and sd (L = 2) and spechub (2, 2) on their static trees; weight 0.6 so that
+both the track token and the other tokens carry mass. The joint law of the first two tokens is compared with the
+exact law by law_check: chi-square p >= 1e-4 and TV <= 0.08 (N = 5000 per prompt: noise ~0.04). False-alarm rate
+1e-4 per check, 8 checks. Negative control: the same run with
 the verifier handed the neural law instead of the mixture the children were drawn from must reach p < 1e-4.
 """
 
@@ -170,7 +171,8 @@ class NeuralLawToVerifier(HybridDrafter):
         return super()._mix(out, picks)
 
 
-def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter) -> list:
+def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: str = "rsd_c", **kw) -> list:
+    """``shape``: the auto tree of every round (rsd_c), or None for ``method`` with its tree parameters ``kw``."""
     target, draft = models
     monkeypatch.setattr(auto_module, "choose", lambda *a, **k: (shape, 1.0))
     hybrid = drafter_cls(ModelDrafter(draft), weight=0.6, track_levels=2)
@@ -186,8 +188,11 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter) -> list:
             set_laws(tree, probs, hub, support)
 
         monkeypatch.setattr(DraftTree, "set_level_laws", neural_law)
-    decoder = specdec.SpeculativeDecoder(target, hybrid, method="rsd_c", branching="auto")
-    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
+    if shape is None:
+        decoder = specdec.SpeculativeDecoder(target, hybrid, method=method, **kw)
+    else:
+        decoder = specdec.SpeculativeDecoder(target, hybrid, method="rsd_c", branching="auto")
+        decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=3, do_sample=True, temperature=TEMPERATURE, seed=5)
     hist = out.stats.accepted_hist
@@ -202,10 +207,14 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter) -> list:
     return checks
 
 
-@pytest.mark.parametrize("shape", [(2,), (1, 1)])
-def test_hybrid_draft_keeps_the_target_law(models, shape, monkeypatch) -> None:
-    for prompt, check in zip(PROMPTS, hybrid_run(models, shape, monkeypatch), strict=True):
-        assert check.ok, f"shape {shape}, prompt {prompt}: {check}"
+@pytest.mark.parametrize(
+    ("shape", "method", "kw"),
+    [((2,), "rsd_c", {}), ((1, 1), "rsd_c", {}), (None, "sd", {"draft_length": 2}), (None, "spechub", {})],
+)
+def test_hybrid_draft_keeps_the_target_law(models, shape, method, kw, monkeypatch) -> None:
+    checks = hybrid_run(models, shape, monkeypatch, method=method, **kw)
+    for prompt, check in zip(PROMPTS, checks, strict=True):
+        assert check.ok, f"{method} {shape or kw}, prompt {prompt}: {check}"
 
 
 def test_hybrid_draft_with_the_neural_law_handed_to_the_verifier_fails(models, monkeypatch) -> None:
