@@ -1,6 +1,6 @@
 """End-to-end benchmark on SmolLM2-135M-Instruct: AR vs every specdec method vs HuggingFace generation, with
-HF assisted generation (prompt lookup with the n-gram draft, ``assistant_model=`` with a plain neural draft) as the
-peer baseline.
+HF assisted generation (prompt lookup with the n-gram draft and with a hybrid ``NAME+ngram`` draft,
+``assistant_model=`` with a plain neural draft) as the peer baseline.
 
 Same prompts, same model pair and seeds for every method; methods take turns per prompt in rotating order so that
 load drift on a shared machine does not favour one of them. Each decoder is built once and reused over the prompts
@@ -25,7 +25,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
-from specdec.cli import head_plan, load_prompts, make_draft
+from specdec.cli import HYBRID_SUFFIX, head_plan, load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 
@@ -107,7 +107,7 @@ def main() -> None:
         decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
 
     methods = [f"specdec:{m}" for m in decoders] + ["hf:generate"]
-    if args.draft == "ngram":
+    if args.draft == "ngram" or args.draft.endswith(HYBRID_SUFFIX):
         methods.append("hf:prompt_lookup")
     elif isinstance(draft, torch.nn.Module) and not feature:
         methods.append("hf:assistant_model")  # a feature draft (EAGLE-style) is not an HF assistant model

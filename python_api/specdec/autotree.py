@@ -40,15 +40,21 @@ MAX_WIDTH = 4
 #: ranks each less likely
 PRIOR = (0.5, 0.15, 0.07, 0.04)
 PRIOR_WEIGHT = 4.0
-#: row counts a cost curve is measured at (linear interpolation between them, the last slope beyond)
-CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: prior chance that a track node (a hybrid draft's chain below the tree) is drafted and accepted once the node above
+#: it was accepted (pseudo-counts PRIOR_WEIGHT)
+TRACK_PRIOR = 0.5
+#: row counts a cost curve is measured at (linear interpolation between them; beyond the last, the cost per row of
+#: the last): up to a batch of 8 trees of 16 nodes each
+CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec")) / "costs"
 
 
-def _interp(points: dict[int, float], n: float) -> float:
+def _interp(points: dict[int, float], n: float, proportional: bool = False) -> float:
+    """Linear interpolation; beyond the last point the last slope, or with ``proportional`` the cost per row of the
+    last point."""
     xs = sorted(points)
     if n <= xs[0]:
         return points[xs[0]] * n / xs[0] if xs[0] > 1 else points[xs[0]]
@@ -56,6 +62,8 @@ def _interp(points: dict[int, float], n: float) -> float:
         if n <= b:
             return points[a] + (points[b] - points[a]) * (n - a) / (b - a)
     a, b = xs[-2], xs[-1]
+    if proportional:
+        return points[b] * n / b
     return points[b] + (points[b] - points[a]) / (b - a) * (n - b)
 
 
@@ -68,7 +76,9 @@ class CostCurve:
     _draft_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
 
     def target_cost(self, rows: float) -> float:
-        return _interp(self.target, rows)
+        # beyond the measured rows a pass costs in proportion to them: a flat last stretch of the curve must not
+        # make a pass far larger than any measured look free
+        return _interp(self.target, rows, proportional=True)
 
     def draft_cost(self, rows: float) -> float:
         seen = {r: s / c for r, (s, c) in self._draft_seen.items() if c}
@@ -105,7 +115,7 @@ def curve_key(model: torch.nn.Module, threads: int) -> str:
     p = next(model.parameters())
     n = sum(q.numel() for q in model.parameters())
     raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_isa()}|{sk.skinny_linear_isa()}|{threads}"
-    raw += f"|{sk.__version__}|{FORWARD_PATH}"
+    raw += f"|{sk.__version__}|{FORWARD_PATH}|{CURVE_ROWS}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -152,6 +162,10 @@ class AcceptanceModel:
     def __init__(self) -> None:
         self.hits = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
         self.trials = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
+        # track chain: per chain level k (the last bucket shared by deeper ones), rounds that accepted the node above
+        # level k's node and those that also accepted it (the node exists only when Max-Gram proposed that far)
+        self.track_hits = [0.0] * MAX_DEPTH_BUCKETS
+        self.track_trials = [0.0] * MAX_DEPTH_BUCKETS
 
     @staticmethod
     def _bucket(depth: int) -> int:
@@ -181,11 +195,33 @@ class AcceptanceModel:
                 for k in range(width):
                     self.trials[d][k] += 1
 
-    def expected_tokens(self, branching: tuple[int, ...]) -> float:
-        total, reach = 1.0, 1.0
+    def h(self, k: int) -> float:
+        """P(track level ``k`` (1-based) is drafted and accepted | the node above it was accepted)."""
+        d = self._bucket(k)
+        return (self.track_hits[d] + TRACK_PRIOR * PRIOR_WEIGHT) / (self.track_trials[d] + PRIOR_WEIGHT)
+
+    def observe_track(self, ranks: list[int], n_accepted: int, depth: int, track: int) -> None:
+        """One row's round of a tree ``depth`` levels deep with a chain of ``track`` nodes under its first-child
+        path: counted only when that whole path was accepted (the chain's top was reachable)."""
+        if track == 0 or n_accepted < depth or any(r != 0 for r in ranks[:depth]):
+            return
+        for k in range(1, track + 1):
+            self.track_trials[self._bucket(k)] += 1
+            if n_accepted < depth + k:
+                return
+            self.track_hits[self._bucket(k)] += 1
+
+    def expected_tokens(self, branching: tuple[int, ...], track: int = 0) -> float:
+        """E of the module docstring; a chain of ``track`` nodes under the first-child path adds, once that path
+        is accepted (prod_d g[d][0]), prod_{i <= k} h(i) for each chain level k."""
+        total, reach, first = 1.0, 1.0, 1.0
         for level, b in enumerate(branching):
             reach *= self.accept(level + 1, b)
+            first *= self.g(level + 1, 0)
             total += reach
+        for k in range(1, track + 1):
+            first *= self.h(k)
+            total += first
         return total
 
 
@@ -219,16 +255,18 @@ def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int, track: 
 
 def choose(
     curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int, track: int = 0
-) -> tuple[tuple[int, ...], float]:
-    """The shape with the most expected tokens per second and that rate (tokens per second per row). The empty
-    shape (no draft: a plain one-token step) competes too, so where no tree pays (large batches on a machine whose
-    pass cost grows with rows) the round is plain decoding. ``track``: every tree carries a chain of that many
-    more nodes (a hybrid draft's track), counted in ``max_nodes`` and in the pass cost but, conservatively, not in
-    the expected tokens."""
+) -> tuple[tuple[int, ...], int, float]:
+    """The shape with the most expected tokens per second, its track length and that rate (tokens per second per
+    row). The empty shape (no draft: a plain one-token step) competes too, so where no tree pays (large batches on a
+    machine whose pass cost grows with rows) the round is plain decoding. ``track``: the longest chain a hybrid
+    draft can hang under the first-child path; every length 0 ... ``track`` competes, its nodes counted in
+    ``max_nodes`` and, as if always drafted, in the pass cost."""
     best: tuple[int, ...] = ()
+    best_track = 0
     best_rate = 1.0 / curve.target_cost(batch)
-    for shape in shapes(max_nodes - track, max_depth):
-        rate = model.expected_tokens(shape) / round_cost(curve, shape, batch, track)
-        if rate > best_rate:
-            best, best_rate = shape, rate
-    return best, best_rate
+    for t in range(track + 1):
+        for shape in shapes(max_nodes - t, max_depth):
+            rate = model.expected_tokens(shape, t) / round_cost(curve, shape, batch, t)
+            if rate > best_rate:
+                best, best_track, best_rate = shape, t, rate
+    return best, best_track, best_rate

@@ -382,6 +382,8 @@ class SpeculativeDecoder:
         state = target.new_state(batch)
         if drafter is not None:
             drafter.start(prompts)
+        if builder is not None:
+            builder.start_call()
         # the target keeps the extra hidden states the drafter reads (Drafter.feature_layers) only for this run
         target.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         calls_before = drafter.calls if drafter is not None else 0

@@ -435,13 +435,16 @@ class NGramDrafter(Drafter):
 class HybridDrafter(Drafter):
     """A neural drafter whose law at every node on the Max-Gram track puts mass ``weight`` on Max-Gram's proposal.
 
-    The track is the path of the tree that spells Max-Gram's proposal after the committed sequence (longest earlier
-    match of the suffix, :func:`max_gram_proposal`). At a node on the track the draft law is the mixture
+    The track is the path of the tree that spells Max-Gram's proposal after the committed sequence: up to
+    ``max_tokens`` tokens after the earliest occurrence of the longest suffix that occurred before
+    (:func:`longest_match`), when that suffix is at least ``min_match`` tokens long. At a node on the track the
+    draft law is the mixture
     ``weight * point mass on the proposal's next token + (1 - weight) * the neural law without that token``
     (on raw logits, before temperature and truncation; ``weight >= 0.5`` makes the token the top-1 as well, so
     greedy trees take it as the first child). Off the track the law is the neural draft's. Below the tree's own
-    depth (:meth:`set_tree_depth`) only the track continues, as a point mass, without running the neural draft:
-    code and other text that repeats itself get long drafts at no draft cost.
+    depth (:meth:`set_tree_depth`; auto trees add ``track_levels`` such levels) only the track continues, as a
+    point mass, without running the neural draft: code and other text that repeats itself get long drafts at no
+    draft cost.
 
     The law at each node is a deterministic function of the committed tokens and the path to it, so every
     verifier stays exact with it (docs/methods.md, Drafts).

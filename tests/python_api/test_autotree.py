@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import specdec
+import torch
 from specdec import autotree
 from specdec.autotree import AcceptanceModel, CostCurve, choose, round_cost, shapes
+from tiny_models import tiny_llama
 
 FLAT = CostCurve(target={1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.050, 32: 0.090}, draft={1: 0.002, 8: 0.003})
 STEEP = CostCurve(target={1: 0.040, 2: 0.060, 4: 0.100, 8: 0.180, 16: 0.340, 32: 0.660}, draft={1: 0.002, 8: 0.003})
@@ -49,17 +52,17 @@ def test_choice_follows_the_cost_curve_and_the_acceptance() -> None:
     good = AcceptanceModel()
     for _ in range(300):  # every draft accepted at rank 0, to depth 6
         good.observe((1,) * 6, [0] * 6, 6, 6)
-    deep, _ = choose(FLAT, good, batch=1, max_nodes=8, max_depth=6)
+    deep, _, _ = choose(FLAT, good, batch=1, max_nodes=8, max_depth=6)
     assert deep == (1, 1, 1, 1, 1, 1)  # cheap passes and sure drafts: the deepest chain
     bad = AcceptanceModel()
     for _ in range(300):  # nothing is ever accepted
         bad.observe((4,), [], 0, 1)
-    shallow, _ = choose(FLAT, bad, batch=1, max_nodes=8, max_depth=6)
+    shallow, _, _ = choose(FLAT, bad, batch=1, max_nodes=8, max_depth=6)
     assert shallow == ()  # drafts that are never accepted: plain decoding
-    wide, _ = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
+    wide, _, _ = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
     assert round_cost(STEEP, wide, 8) <= round_cost(STEEP, deep, 8)
     rate = lambda s, c, b: good.expected_tokens(s) / round_cost(c, s, b)  # noqa: E731
-    best, best_rate = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
+    best, _, best_rate = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
     assert best_rate == pytest.approx(max([1 / STEEP.target_cost(8), *(rate(s, STEEP, 8) for s in shapes(8, 6))]))
 
 
@@ -88,6 +91,7 @@ def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) 
 
 def test_measured_curve_never_falls_with_more_rows(monkeypatch) -> None:
     cost = {1: 1.0, 2: 3.0, 3: 1.5, 4: 2.0, 6: 2.5, 8: 2.4, 12: 4.0, 16: 5.0, 24: 8.0, 32: 9.0}
+    cost |= {48: 12.0, 64: 15.0, 96: 20.0, 128: 26.0}
     now = [0.0]
 
     def forward(n: int) -> None:  # a pass over n rows takes cost[n] seconds of the fake clock
@@ -98,3 +102,53 @@ def test_measured_curve_never_falls_with_more_rows(monkeypatch) -> None:
     assert list(curve) == list(autotree.CURVE_ROWS)
     assert [curve[n] for n in (1, 2, 6, 32)] == pytest.approx([1.0, 1.5, 2.4, 9.0])
     assert all(curve[a] <= curve[b] for a, b in zip(autotree.CURVE_ROWS, autotree.CURVE_ROWS[1:], strict=False))
+
+
+def test_target_cost_beyond_the_curve_grows_with_the_rows() -> None:
+    """A flat last stretch (memory-bound passes) must not make a pass far beyond the measured rows look free."""
+    curve = CostCurve(target={1: 1.0, 64: 2.0, 128: 2.0})
+    assert curve.target_cost(256) == pytest.approx(4.0)
+    assert curve.target_cost(96) == pytest.approx(2.0)
+
+
+def test_first_round_of_a_call_does_not_set_the_draft_cost(tmp_path, monkeypatch) -> None:
+    """The first round's draft step also reads the prompt into the draft: it is left out of the draft-cost means,
+    every later drafting round is counted."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target = tiny_llama(0, vocab=32, hidden=32)
+    draft = tiny_llama(1, vocab=32, hidden=32)
+    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})  # every round drafts
+    seen: list[int] = []
+    observe = CostCurve.observe_draft
+    monkeypatch.setattr(CostCurve, "observe_draft", lambda self, r, s: (seen.append(r), observe(self, r, s)))
+    roots = []
+    propose_root = decoder.drafter.propose_root
+    monkeypatch.setattr(decoder.drafter, "propose_root", lambda c: (roots.append(1), propose_root(c))[1])
+    for _ in range(2):
+        decoder.generate(torch.tensor([[t % 32 for t in range(40)]]), max_new_tokens=12, do_sample=False)
+    assert len(roots) >= 6  # rounds that drafted: all but each call's first are counted
+    assert len(seen) == len(roots) - 2
+
+
+def test_track_chain_acceptance_and_its_choice() -> None:
+    """A hybrid draft's chain under the first-child path: counted only when that path was accepted, its gain
+    weighted by reaching it, and chosen where its rows cost little."""
+    model = AcceptanceModel()
+    before = model.h(1)
+    model.observe_track([1, 0], 2, 2, 3)  # the path went through rank 1: the chain was out of reach
+    assert model.h(1) == before
+    for _ in range(40):
+        model.observe_track([0, 0, 0, 0, 0], 5, 2, 3)  # whole chain accepted
+        model.observe_track([0, 0], 2, 2, 3)  # chain top not drafted or rejected
+    assert model.h(1) == pytest.approx(
+        (40 + autotree.TRACK_PRIOR * autotree.PRIOR_WEIGHT) / (80 + autotree.PRIOR_WEIGHT)
+    )
+    assert model.h(2) > 0.9
+    first_path = model.g(1, 0) * model.g(2, 0)
+    gain = model.expected_tokens((2, 1), 2) - model.expected_tokens((2, 1))
+    assert gain == pytest.approx(first_path * model.h(1) * (1 + model.h(2)))
+    _, track, _ = choose(FLAT, model, batch=1, max_nodes=16, max_depth=6, track=4)
+    assert track > 0
+    _, track, _ = choose(STEEP, model, batch=8, max_nodes=16, max_depth=6, track=4)
+    assert track == 0

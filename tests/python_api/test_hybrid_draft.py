@@ -174,7 +174,7 @@ class NeuralLawToVerifier(HybridDrafter):
 def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: str = "rsd_c", **kw) -> list:
     """``shape``: the auto tree of every round (rsd_c), or None for ``method`` with its tree parameters ``kw``."""
     target, draft = models
-    monkeypatch.setattr(auto_module, "choose", lambda *a, **k: (shape, 1.0))
+    monkeypatch.setattr(auto_module, "choose", lambda *a, **k: (shape, 2, 1.0))
     hybrid = drafter_cls(ModelDrafter(draft), weight=0.6, track_levels=2)
     if drafter_cls is NeuralLawToVerifier:
         sampling = SamplingConfig(temperature=TEMPERATURE)
@@ -192,7 +192,7 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: st
         decoder = specdec.SpeculativeDecoder(target, hybrid, method=method, **kw)
     else:
         decoder = specdec.SpeculativeDecoder(target, hybrid, method="rsd_c", branching="auto")
-        decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
+        decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=3, do_sample=True, temperature=TEMPERATURE, seed=5)
     hist = out.stats.accepted_hist

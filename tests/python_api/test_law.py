@@ -296,7 +296,7 @@ def auto_law(models, tmp_path, monkeypatch) -> tuple[list, dict]:
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     target, draft = models
     decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
-    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01, 32: 0.01})
+    decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, seed=3)
     return first_two_checks(target, out.new_tokens, SamplingConfig(temperature=TEMPERATURE), 0.08), (

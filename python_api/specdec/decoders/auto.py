@@ -38,8 +38,10 @@ class AutoTreeBuilder(TreeBuilder):
         self.acceptance = AcceptanceModel()
         self.curve: CostCurve | None = None  # set by the decoder from the target (needs a model to measure)
         self.shape: tuple[int, ...] = (1,)
+        self.track = 0  # nodes of the hybrid draft's chain under the shape's first-child path, this round
         self.shapes_used: dict[tuple[int, ...], int] = {}
-        self._builders: dict[tuple[int, ...], SWORTreeBuilder] = {}
+        self._builders: dict[tuple[tuple[int, ...], int], SWORTreeBuilder] = {}
+        self._first_round = True
 
     def calibrate(self, target: models.HFCausalLM) -> None:
         """The target's pass cost by rows: from the cache, or measured once (about a second per row count)."""
@@ -57,6 +59,9 @@ class AutoTreeBuilder(TreeBuilder):
                 target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
 
         self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads()), forward)
+
+    def start_call(self) -> None:
+        self._first_round = True
 
     def _builder(self, shape: tuple[int, ...], track: int = 0) -> SWORTreeBuilder:
         """The static builder of ``shape``, with a chain of ``track`` nodes under its first-child path (the draft
@@ -98,19 +103,25 @@ class AutoTreeBuilder(TreeBuilder):
         if self.curve is None:
             raise RuntimeError("branching='auto' needs the target's cost curve (set by SpeculativeDecoder)")
         batch = int(roots.shape[0])
-        track = min(drafter.track_levels, self.max_nodes - 2)  # room for a one-node tree and the root
-        self.shape, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, track)
+        longest = min(drafter.track_levels, self.max_nodes - 2)  # room for a one-node tree and the root
+        self.shape, track, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest)
+        # chain levels this round can draft (a round near the end of generation is cut short by max_depth); the
+        # chain's nodes exist only where Max-Gram proposes that far, and rounds without them count as misses
+        self.track = max(0, min(track, max_depth - len(self.shape)))
         self.shapes_used[self.shape] = self.shapes_used.get(self.shape, 0) + 1
         if not self.shape:  # no tree pays at this batch size: a plain one-token step
             return DraftTree.from_roots(roots)
         builder = self._builder(self.shape, track)
         builder.stop_rule = self.stop_rule
         calls, t0 = drafter.calls, time.perf_counter()
-        if track:
+        if longest:
             drafter.set_tree_depth(len(self.shape))
         tree = builder.build(drafter, roots, committed, sampling, generator, max_depth)
         steps = drafter.calls - calls
-        if steps > 0:  # the mean draft step of this round, at the mean rows of its levels
+        first, self._first_round = self._first_round, False
+        # The mean draft step of this round, at the mean rows of its levels; not on a call's first drafting round,
+        # whose first step also reads the whole prompt into the draft (tens of steps' worth on a long prompt).
+        if steps > 0 and not first:
             rows = sum(hi - lo for lo, hi in tree.levels[:steps]) * batch / steps
             self.curve.observe_draft(max(1, round(rows)), (time.perf_counter() - t0) / steps)
         return tree
@@ -119,5 +130,7 @@ class AutoTreeBuilder(TreeBuilder):
         depth = min(len(tree.levels) - 1, len(self.shape))  # a track chain below the shape is not counted
         if depth == 0:
             return
+        track = self.track if depth == len(self.shape) else 0
         for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
             self.acceptance.observe(self.shape, ranks, min(n, depth), depth)
+            self.acceptance.observe_track(ranks, n, depth, track)

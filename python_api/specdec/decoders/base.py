@@ -56,6 +56,9 @@ class TreeBuilder(ABC):
     def reset(self, batch: int, device: torch.device) -> None:  # noqa: B027 (optional hook)
         """Per-round state (beam scores for RSD-S); nothing for static trees."""
 
+    def start_call(self) -> None:  # noqa: B027 (optional hook)
+        """A new generate call begins (its first round's drafter also reads the prompt)."""
+
     def calibrate(self, target: Any) -> None:  # noqa: B027 (optional hook)
         """Read what the builder needs from the target before the first round (auto trees: the cost curve)."""
 
