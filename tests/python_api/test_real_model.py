@@ -36,7 +36,7 @@ def test_smollm2_greedy_speculation_equals_ar() -> None:
     assert 1 <= len(sampled.new_tokens[0]) <= 8
 
 
-def test_demo_defaults_to_the_feature_draft_and_runs_specdec_pp_with_its_head(tmp_path, capsys) -> None:
+def test_demo_defaults_to_the_hybrid_draft_and_runs_specdec_pp_with_its_head(tmp_path, capsys) -> None:
     pytest.importorskip("transformers")
     from specdec import cli
 
@@ -45,7 +45,7 @@ def test_demo_defaults_to_the_feature_draft_and_runs_specdec_pp_with_its_head(tm
     argv = ["demo", "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4"]
     cli.main([*argv, "--methods", "ar,sd,specdec_pp", "--temperature", "0.7"])
     out = capsys.readouterr().out
-    assert "draft 'smollm2-eagle'" in out
+    assert "draft 'smollm2-eagle+ngram'" in out
     assert "specdec_pp drafts with 'smollm2-eagle', acceptance head 'smollm2-eagle-head', h = 0.8" in out
     assert "specdec_pp(cap=20)" in out and "sd(L=2)" in out
     cli.main([*argv, "--methods", "ar,specdec_pp", "--draft", "ngram", "--no-hf", "--no-numerics"])
