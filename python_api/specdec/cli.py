@@ -93,16 +93,16 @@ def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
 def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
     """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
     ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file)."""
-    from .drafting import FeatureDrafter, HybridDrafter, ModelDrafter, NGramDrafter
+    from .drafting import HybridDrafter, NGramDrafter, neural_drafter
 
     if spec == "ngram":
         return NGramDrafter(target.config.vocab_size)
-    if spec.endswith(HYBRID_SUFFIX) and spec != HYBRID_SUFFIX:
-        base = make_draft(spec[: -len(HYBRID_SUFFIX)], target, dtype)
+    neural = spec.removesuffix(HYBRID_SUFFIX)
+    if neural and neural != spec:
+        base = make_draft(neural, target, dtype)
         if isinstance(base, NGramDrafter):
             raise SystemExit(f"--draft {spec!r}: the part before {HYBRID_SUFFIX!r} must be a neural draft")
-        wrap = FeatureDrafter if getattr(base, "reads_target_features", False) else ModelDrafter
-        return HybridDrafter(wrap(base, name=spec[: -len(HYBRID_SUFFIX)]))
+        return HybridDrafter(neural_drafter(base, name=neural))
     if spec == "self-bf16":
         from .smollm2 import load_smollm2
 

@@ -575,6 +575,14 @@ class HybridDrafter(Drafter):
         self._track = [self._track[i] for i in keep] if self._track else []
 
 
+def neural_drafter(model: Any, name: str = "draft") -> ModelDrafter:
+    """A neural draft model as its drafter: a feature draft (``reads_target_features``) as a
+    :class:`FeatureDrafter`, any other model as a :class:`ModelDrafter`."""
+    if getattr(model, "reads_target_features", False):
+        return FeatureDrafter(model, name=name)
+    return ModelDrafter(model, name=name)
+
+
 def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Drafter:
     """The drafter for ``draft`` as ``generate`` takes it: a :class:`Drafter` as is, a feature draft (a model with
     ``reads_target_features``) as a :class:`FeatureDrafter`, ``"ngram"`` as an :class:`NGramDrafter`, any other
@@ -595,14 +603,12 @@ def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Draft
             drafter = HiddenStateDrafter(draft, name="draft")
     elif isinstance(draft, Drafter):
         drafter = draft
-    elif getattr(draft, "reads_target_features", False):
-        drafter = FeatureDrafter(draft, name="draft")
     elif isinstance(draft, str):
         if draft != "ngram":
             raise ValueError(f"draft must be a model, a Drafter or the string 'ngram', got {draft!r}")
         drafter = NGramDrafter(target.vocab_size)
     else:
-        drafter = ModelDrafter(draft, name="draft")
+        drafter = neural_drafter(draft)
     inner = drafter.neural if isinstance(drafter, HybridDrafter) else drafter
     if isinstance(inner, FeatureDrafter):
         width = int(getattr(target.model.config, "hidden_size", -1))

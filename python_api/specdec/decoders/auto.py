@@ -111,7 +111,7 @@ class AutoTreeBuilder(TreeBuilder):
         self.shapes_used[self.shape] = self.shapes_used.get(self.shape, 0) + 1
         if not self.shape:  # no tree pays at this batch size: a plain one-token step
             return DraftTree.from_roots(roots)
-        builder = self._builder(self.shape, track)
+        builder = self._builder(self.shape, self.track)
         builder.stop_rule = self.stop_rule
         calls, t0 = drafter.calls, time.perf_counter()
         if longest:
