@@ -90,6 +90,25 @@ constexpr int64_t kLinearBlockBf16 = 16;
 constexpr int64_t kLinearBlockBf16 = kLinearBlock;
 #endif
 
+// Tiling of the vector paths: tiles of O rows of W x R rows of x, R and O template arguments so that the R * O
+// accumulators stay in registers. Every tiling adds the same products in the same order per (row, output), so the
+// choice changes speed only: row r of a call equals a call on row r alone. Rows of x go MaxR at a time in one
+// sweep over W, so the weights' trip from memory overlaps every row's products; a later group of rows (more than
+// MaxR) reads the tile's W rows again, from L1.
+template <int O, int R, typename Tile>
+inline void tile_rows(int64_t nr, const Tile& tile, int64_t r0, int64_t o0, int64_t m) {
+  if constexpr (R > 1)
+    if (nr < R) return tile_rows<O, R - 1>(nr, tile, r0, o0, m);
+  tile.template operator()<R, O>(r0, o0, m);
+}
+
+template <int O, int MaxR, typename Tile>
+inline void sweep_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile& tile) {
+  for (int64_t o0 = o_begin; o0 < o_end; o0 += O)
+    for (int64_t r0 = 0; r0 < n; r0 += MaxR)
+      tile_rows<O, MaxR>(n - r0 < MaxR ? n - r0 : MaxR, tile, r0, o0, o_end - o0 < O ? o_end - o0 : O);
+}
+
 #if defined(SPECDEC_LINEAR_AVX512BF16)
 // AVX512-BF16: 32 products per instruction (VDPBF16PS: pairs of bf16 products summed into 16 fp32 lanes). A tile
 // is R rows of x against O rows of W: each 32-element chunk of a W row is loaded once and feeds R rows' dot
@@ -172,13 +191,14 @@ inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_
         _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytesL2, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int q = 0; q < R; ++q) {
-      const __m512bh v = (__m512bh)_mm512_loadu_si512(x + (r0 + q) * in + i);
+      __m512bh v = (__m512bh)_mm512_loadu_si512(x + (r0 + q) * in + i);
+      if constexpr (O > 1) __asm__("" : "+v"(v));  // keep v in a register: GCC would fold one load into each product
 #pragma GCC unroll 8
       for (int j = 0; j < O; ++j) a[q][j] = _mm512_dpbf16_ps(a[q][j], u[j], v);
     }
   }
   float s[R][O];
-  const bool whole = in32 == in && m == O;  // no tail, no padding: O outputs per row stored at once
+  const bool whole = (O == 4 || O == 8) && in32 == in && m == O;  // no tail, no padding: O outputs stored at once
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q) {
     uint16_t* yr = y + (r0 + q) * out + o0;
@@ -188,12 +208,15 @@ inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_
         _mm_storel_epi64(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(_mm256_castps128_ps256(v)));
       else
         _mm_storeu_ps(s[q], v);
-    } else {
+    } else if constexpr (O == 8) {
       const __m256 v = sum_lanes_avx512(a[q][0], a[q][1], a[q][2], a[q][3], a[q][4], a[q][5], a[q][6], a[q][7]);
       if (whole)
         _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(v));
       else
         _mm256_storeu_ps(s[q], v);
+    } else {
+#pragma GCC unroll 8
+      for (int j = 0; j < O; ++j) s[q][j] = _mm512_reduce_add_ps(a[q][j]);  // the same tree as sum_lanes_avx512
     }
   }
   if (whole) return;
@@ -206,41 +229,24 @@ inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_
   }
 }
 
-// One or two rows (an AR step, a draft step): 8 W rows per tile (8 or 16 independent accumulators); three rows and
-// more (verification passes): 4 W rows x up to 6 rows of x (up to 24 accumulators and 4 chunks of W in the 32 zmm
-// registers), so each chunk of W feeds up to 24 products; more than 6 rows go 4 at a time until at most 6 are
-// left, the later groups reading the tile's W rows from L1.
+// One or two rows (an AR step, a draft step): 8 W rows per tile (8 or 16 independent accumulators). 3 to 6 rows
+// (verification passes): 4 W rows x all rows (up to 24 accumulators and 4 chunks of W in the 32 zmm registers).
+// More: 2 W rows x 8 rows at a time, so a pass of up to 8 tokens reads W once. W is prefetched by the first group
+// of rows of a tile only; later groups find it in L1.
 inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in,
                                             int64_t out, int64_t o_begin, int64_t o_end, uint16_t* y) {
-  if (n <= 2) {
-    for (int64_t o0 = o_begin; o0 < o_end; o0 += 8) {
-      const int64_t m = (o_end - o0) < 8 ? (o_end - o0) : 8;
-      if (n == 2) skinny_tile_bf16_avx512<2, 8, true>(x, w, in, out, 0, o0, m, y);
-      if (n == 1) skinny_tile_bf16_avx512<1, 8, true>(x, w, in, out, 0, o0, m, y);
-    }
-    return;
-  }
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
-    const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
-    int64_t r0 = 0;
-    if (n > 6) skinny_tile_bf16_avx512<4, 4, true>(x, w, in, out, 0, o0, m, y), r0 = 4;
-    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx512<4, 4, false>(x, w, in, out, r0, o0, m, y);
-    if (r0 == 0) {
-      switch (n) {  // 3 to 6 rows
-        case 6: skinny_tile_bf16_avx512<6, 4, true>(x, w, in, out, 0, o0, m, y); break;
-        case 5: skinny_tile_bf16_avx512<5, 4, true>(x, w, in, out, 0, o0, m, y); break;
-        case 4: skinny_tile_bf16_avx512<4, 4, true>(x, w, in, out, 0, o0, m, y); break;
-        default: skinny_tile_bf16_avx512<3, 4, true>(x, w, in, out, 0, o0, m, y);
-      }
-      continue;
-    }
-    switch (n - r0) {  // 3 to 6 rows left
-      case 6: skinny_tile_bf16_avx512<6, 4, false>(x, w, in, out, r0, o0, m, y); break;
-      case 5: skinny_tile_bf16_avx512<5, 4, false>(x, w, in, out, r0, o0, m, y); break;
-      case 4: skinny_tile_bf16_avx512<4, 4, false>(x, w, in, out, r0, o0, m, y); break;
-      default: skinny_tile_bf16_avx512<3, 4, false>(x, w, in, out, r0, o0, m, y);
-    }
-  }
+  const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
+    if (r0 == 0)
+      skinny_tile_bf16_avx512<R, O, true>(x, w, in, out, r0, o0, m, y);
+    else
+      skinny_tile_bf16_avx512<R, O, false>(x, w, in, out, r0, o0, m, y);
+  };
+  if (n <= 2)
+    sweep_rows<8, 2>(n, o_begin, o_end, tile);
+  else if (n <= 6)
+    sweep_rows<4, 6>(n, o_begin, o_end, tile);
+  else
+    sweep_rows<2, 8>(n, o_begin, o_end, tile);
 }
 #endif
 
@@ -401,7 +407,8 @@ inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t
         _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytesAvx512, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int q = 0; q < R; ++q) {
-      const __m512 v = _mm512_loadu_ps(xf + (r0 + q) * in + i);
+      __m512 v = _mm512_loadu_ps(xf + (r0 + q) * in + i);
+      if constexpr (O > 1) __asm__("" : "+v"(v));  // keep v in a register: GCC would fold one load into each FMA
 #pragma GCC unroll 8
       for (int j = 0; j < O; ++j) a[q][j] = _mm512_fmadd_ps(u[j], v, a[q][j]);
     }
@@ -421,37 +428,26 @@ inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t
   }
 }
 
-// One or two rows: 8 W rows per tile; three rows and more: 4 W rows x up to 6 rows of x, more than 6 rows 4 at a
-// time until at most 6 are left (the later groups read the tile's W rows from L1).
+// The tiles of the AVX512-BF16 path: 8 W rows for one or two rows, 4 W rows x 3 to 6 rows, 2 W rows x 8 rows at a
+// time beyond.
 inline void skinny_linear_block_bf16_avx512f(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
                                              int64_t o_begin, int64_t o_end, uint16_t* y) {
-  if (n <= 2) {
-    for (int64_t o0 = o_begin; o0 < o_end; o0 += 8) {
-      const int64_t m = (o_end - o0) < 8 ? (o_end - o0) : 8;
-      if (n == 2) skinny_tile_bf16_avx512f<2, 8>(xf, w, in, out, 0, o0, m, y);
-      if (n == 1) skinny_tile_bf16_avx512f<1, 8>(xf, w, in, out, 0, o0, m, y);
-    }
-    return;
-  }
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
-    const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
-    int64_t r0 = 0;
-    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx512f<4, 4>(xf, w, in, out, r0, o0, m, y);
-    switch (n - r0) {  // 3 to 6 rows left
-      case 6: skinny_tile_bf16_avx512f<6, 4>(xf, w, in, out, r0, o0, m, y); break;
-      case 5: skinny_tile_bf16_avx512f<5, 4>(xf, w, in, out, r0, o0, m, y); break;
-      case 4: skinny_tile_bf16_avx512f<4, 4>(xf, w, in, out, r0, o0, m, y); break;
-      default: skinny_tile_bf16_avx512f<3, 4>(xf, w, in, out, r0, o0, m, y);
-    }
-  }
+  const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
+    skinny_tile_bf16_avx512f<R, O>(xf, w, in, out, r0, o0, m, y);
+  };
+  if (n <= 2)
+    sweep_rows<8, 2>(n, o_begin, o_end, tile);
+  else if (n <= 6)
+    sweep_rows<4, 6>(n, o_begin, o_end, tile);
+  else
+    sweep_rows<2, 8>(n, o_begin, o_end, tile);
 }
 #endif
 
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
-// widened to fp32 once per call (xf [n, in]); each 8-wide chunk of two W rows is widened in registers and used for
-// up to four rows of x, so a verification pass of up to four rows costs what one row does (the weights' trip from
-// memory). Every row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call
+// widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a W row is widened in registers and used for up
+// to eight rows of x, so the extra rows of a verification pass cost arithmetic, not another trip through W. Every row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call
 // equals a call on row r alone. The weights are prefetched kPrefetchBytes ahead: once each chunk feeds several rows'
 // FMAs, the hardware prefetcher alone no longer keeps the stream at memory speed (a 4-row pass of SmolLM2's
 // linears took 1.45x a 1-row one without it, 1.15x with it, on a 2-core AVX2 EPYC).
@@ -485,7 +481,8 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
     if ((i & 31) == 0)  // one prefetch per 64-byte line; W's rows are contiguous, so this runs into later tiles' rows
       for (int j = 0; j < O; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytes, _MM_HINT_T0);
     for (int q = 0; q < R; ++q) {
-      const __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
+      __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
+      if constexpr (O > 1) __asm__("" : "+x"(v));  // keep v in a register: GCC would fold one load into each FMA
       for (int j = 0; j < O; ++j) a[q][j] = _mm256_fmadd_ps(u[j], v, a[q][j]);
     }
   }
@@ -500,30 +497,20 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
 }
 
 // One or two rows (an AR step, a draft step): 4 W rows per tile, the widening amortised over few FMAs but the
-// loop lean; three rows and more (verification passes): 2 W rows x up to 6 rows of x (12 accumulators, 16 ymm
-// registers), so each widened chunk feeds up to 12 FMAs; more than 6 rows go 4 at a time until at most 6 are left.
-// Every tiling adds the same products in the same order per (row, output), so the results are bitwise equal.
+// loop lean. 3 to 6 rows (verification passes): 2 W rows x all rows (12 accumulators in the 16 ymm registers), so
+// each widened chunk feeds up to 12 FMAs. More: 1 W row x 8 rows at a time (8 accumulators, enough independent
+// FMAs to hide their latency), so a pass of up to 8 tokens reads W once.
 inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
                                           int64_t o_begin, int64_t o_end, uint16_t* y) {
-  if (n <= 2) {
-    for (int64_t o0 = o_begin; o0 < o_end; o0 += 4) {
-      const int64_t m = (o_end - o0) < 4 ? (o_end - o0) : 4;
-      if (n == 2) skinny_tile_bf16_avx2<2, 4>(xf, w, in, out, 0, o0, m, y);
-      if (n == 1) skinny_tile_bf16_avx2<1, 4>(xf, w, in, out, 0, o0, m, y);
-    }
-    return;
-  }
-  for (int64_t o0 = o_begin; o0 < o_end; o0 += 2) {
-    const int64_t m = (o_end - o0) < 2 ? (o_end - o0) : 2;
-    int64_t r0 = 0;
-    for (; n - r0 > 6; r0 += 4) skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y);
-    switch (n - r0) {  // 3 to 6 rows left
-      case 6: skinny_tile_bf16_avx2<6, 2>(xf, w, in, out, r0, o0, m, y); break;
-      case 5: skinny_tile_bf16_avx2<5, 2>(xf, w, in, out, r0, o0, m, y); break;
-      case 4: skinny_tile_bf16_avx2<4, 2>(xf, w, in, out, r0, o0, m, y); break;
-      default: skinny_tile_bf16_avx2<3, 2>(xf, w, in, out, r0, o0, m, y);
-    }
-  }
+  const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
+    skinny_tile_bf16_avx2<R, O>(xf, w, in, out, r0, o0, m, y);
+  };
+  if (n <= 2)
+    sweep_rows<4, 2>(n, o_begin, o_end, tile);
+  else if (n <= 6)
+    sweep_rows<2, 6>(n, o_begin, o_end, tile);
+  else
+    sweep_rows<1, 8>(n, o_begin, o_end, tile);
 }
 #endif
 
