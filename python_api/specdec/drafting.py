@@ -553,16 +553,18 @@ class HybridDrafter(Drafter):
             cols = torch.searchsorted(support, toks).tolist()
         else:
             cols = toks.tolist()
-        for (b, j, _), c in zip(flat, cols, strict=True):
-            row = logits[b, j]
-            if not bool(ok[b, j]):  # no neural proposal here (nothing to pair yet): the track's point mass
-                row.fill_(float("-inf"))
-                row[c] = 0.0
-                ok[b, j] = True
-                continue
-            row[c] = float("-inf")
-            rest = torch.logsumexp(row, 0)
-            row[c] = rest + self._log_odds if bool(torch.isfinite(rest)) else 0.0
+        dev = logits.device
+        bi = torch.tensor([b for b, _, _ in flat], dtype=torch.long, device=dev)
+        ji = torch.tensor([j for _, j, _ in flat], dtype=torch.long, device=dev)
+        ci = torch.tensor(cols, dtype=torch.long, device=dev)
+        pick = torch.arange(len(flat), device=dev)
+        # a node without a neural proposal (nothing to pair yet) gets the track's point mass
+        rows = torch.where(ok[bi, ji, None], logits[bi, ji], float("-inf"))
+        rows[pick, ci] = float("-inf")
+        rest = torch.logsumexp(rows, -1)
+        rows[pick, ci] = torch.where(torch.isfinite(rest), rest + self._log_odds, torch.zeros_like(rest))
+        logits[bi, ji] = rows
+        ok[bi, ji] = True
         return DraftLogits(logits, ok, support)
 
     def accept(self, tree: DraftTree, accepted_nodes: torch.Tensor, n_accepted: torch.Tensor) -> None:
