@@ -36,6 +36,25 @@ requires_cpu_ext = pytest.mark.skipif(
 VOCABS = (7, 111, 32000, 49152, 128256)
 
 
+def opcheck_devices() -> list[str]:
+    """Devices the ops' test_opcheck runs on: the CPU, and the GPU where one is present and the CUDA extension is
+    built (the ops with a CUDA kernel)."""
+    import specdec_kernels as sk
+
+    return ["cpu", "cuda"] if torch.cuda.is_available() and "cuda" in sk.available_backends() else ["cpu"]
+
+
+def on(device: str, args: tuple) -> tuple:
+    """``args`` with every tensor, also inside a list, moved to ``device``."""
+
+    def move(a: object) -> object:
+        if isinstance(a, torch.Tensor):
+            return a.to(device)
+        return [move(x) for x in a] if isinstance(a, list) else a
+
+    return tuple(move(a) for a in args)
+
+
 def rows_for(vocab: int) -> int:
     """Few rows for the big vocabularies so that each case stays in the tens of milliseconds."""
     return 2 if vocab > 20000 else 9

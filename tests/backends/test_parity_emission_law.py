@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, dyadic, requires_cpu_ext, rows_for
+from backend_parity import VOCABS, dyadic, on, opcheck_devices, requires_cpu_ext, rows_for
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -77,10 +77,11 @@ def test_empty_rows() -> None:
     assert out.shape == (0, 7)
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     p, q = case(4, 17, seed=0)
-    torch.library.opcheck(torch.ops.specdec.emission_law, (p, q, 2.0))
-    torch.library.opcheck(torch.ops.specdec.emission_law, (p.double(), q, 1.0))
+    torch.library.opcheck(torch.ops.specdec.emission_law, on(device, (p, q, 2.0)))
+    torch.library.opcheck(torch.ops.specdec.emission_law, on(device, (p.double(), q, 1.0)))
 
 
 def test_unsupported_device_raises() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from backend_parity import requires_cpu_ext
+from backend_parity import on, opcheck_devices, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -62,11 +62,12 @@ def test_int_prefix_and_no_layers() -> None:
     assert torch.equal(sk.filter_kv([], 4, nodes, n_acc, backend="cpu"), torch.tensor([6, 5]))
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     nodes = torch.tensor([[1, 3, -1], [2, 4, 6]])
     n_acc = torch.tensor([2, 3])
     kv = [torch.randn(2, 2, 12, 4) for _ in range(2)]
-    torch.library.opcheck(torch.ops.specdec.filter_kv, (kv, torch.tensor([3, 5]), nodes, n_acc))
+    torch.library.opcheck(torch.ops.specdec.filter_kv, on(device, (kv, torch.tensor([3, 5]), nodes, n_acc)))
 
 
 def test_unsupported_device_raises() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, open_uniform, requires_cpu_ext, rows_for
+from backend_parity import VOCABS, on, opcheck_devices, open_uniform, requires_cpu_ext, rows_for
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -74,9 +74,10 @@ def test_ties() -> None:
     assert out.tokens[0].tolist() == [0, 1, 2, 3, 4]
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     logp = torch.log_softmax(torch.randn(3, 17), -1)
-    torch.library.opcheck(torch.ops.specdec.gumbel_topk, (logp, 4, open_uniform((3, 17), seed=0)))
+    torch.library.opcheck(torch.ops.specdec.gumbel_topk, on(device, (logp, 4, open_uniform((3, 17), seed=0))))
 
 
 def test_unsupported_device_raises() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, dyadic, requires_cpu_ext
+from backend_parity import VOCABS, dyadic, on, opcheck_devices, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -74,9 +74,10 @@ def test_edge_laws() -> None:
     assert beta.item() == 0.0
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     p, q = pq(3, 17, seed=0)
-    torch.library.opcheck(torch.ops.specdec.kseq_gamma, (p, q, torch.tensor([1, 2, 3])))
+    torch.library.opcheck(torch.ops.specdec.kseq_gamma, on(device, (p, q, torch.tensor([1, 2, 3]))))
 
 
 def test_unsupported_device_raises() -> None:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, assert_logp_close, assert_probs_close, requires_cpu_ext, rows_for
+from backend_parity import (
+    VOCABS,
+    assert_logp_close,
+    assert_probs_close,
+    on,
+    opcheck_devices,
+    requires_cpu_ext,
+    rows_for,
+)
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -90,11 +98,12 @@ def test_peaked_rows() -> None:
         check(logits, 1.0, 0, p)
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     logits = torch.randn(3, 17)
     for args in ((1.0, 0, 1.0), (0.7, 5, 0.9), (0.0, 0, 1.0)):
-        torch.library.opcheck(torch.ops.specdec.process_logits, (logits, *args))
-        torch.library.opcheck(torch.ops.specdec.process_logits, (logits, *args, False))
+        torch.library.opcheck(torch.ops.specdec.process_logits, on(device, (logits, *args)))
+        torch.library.opcheck(torch.ops.specdec.process_logits, on(device, (logits, *args, False)))
 
 
 def test_unsupported_device_raises() -> None:

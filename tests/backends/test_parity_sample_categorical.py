@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, open_uniform, requires_cpu_ext, rows_for
+from backend_parity import VOCABS, on, opcheck_devices, open_uniform, requires_cpu_ext, rows_for
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -69,9 +69,10 @@ def test_single_finite_token() -> None:
     assert out.tolist() == [0, 49151, 777] and torch.equal(out, ref)
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     logp = torch.log_softmax(torch.randn(3, 17), -1)
-    torch.library.opcheck(torch.ops.specdec.sample_categorical, (logp, open_uniform((3, 17), seed=0)))
+    torch.library.opcheck(torch.ops.specdec.sample_categorical, on(device, (logp, open_uniform((3, 17), seed=0))))
 
 
 def test_unsupported_device_raises() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, open_uniform, requires_cpu_ext
+from backend_parity import VOCABS, on, opcheck_devices, open_uniform, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -104,9 +104,11 @@ def test_minus_inf_gamma_or_sigma_gives_no_children() -> None:
     assert not (out.parent_slot[0] == 1).any() and not (out.parent_slot[1] == 1).any()
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     logp, sigma, gamma, valid = beam(3, 2, 17, seed=0, p_valid=1.0)
-    torch.library.opcheck(torch.ops.specdec.sbs_step, (logp, sigma, gamma, valid, 3, open_uniform((3, 2, 17), seed=0)))
+    args = (logp, sigma, gamma, valid, 3, open_uniform((3, 2, 17), seed=0))
+    torch.library.opcheck(torch.ops.specdec.sbs_step, on(device, args))
 
 
 def test_unsupported_device_raises() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import ragged_trees, requires_cpu_ext
+from backend_parity import on, opcheck_devices, ragged_trees, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry, branching_parents, kseq_chain_parents, parents_tensor
@@ -41,11 +41,12 @@ def test_int32_parent() -> None:
     assert torch.equal(out, sk.tree_mask(parent, valid, 2, backend="torch"))
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     parent, valid = ragged_trees(3, 7, seed=1)
     past_valid = torch.ones((3, 4), dtype=torch.bool)
     for dtype in (torch.float32, torch.bfloat16):
-        torch.library.opcheck(torch.ops.specdec.tree_mask, (parent, valid, past_valid, dtype))
+        torch.library.opcheck(torch.ops.specdec.tree_mask, on(device, (parent, valid, past_valid, dtype)))
 
 
 def test_unsupported_device_raises() -> None:

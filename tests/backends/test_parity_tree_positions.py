@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import depth_of, ragged_trees, requires_cpu_ext
+from backend_parity import depth_of, on, opcheck_devices, ragged_trees, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -30,9 +30,10 @@ def test_int_prefix() -> None:
     assert torch.equal(sk.tree_positions(depth, 7, backend="cpu"), torch.tensor([[6, 7, 7, 8, 9]]))
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     depth = torch.tensor([[0, 1, 1, 2], [0, 1, 2, 3]])
-    torch.library.opcheck(torch.ops.specdec.tree_positions, (depth, torch.tensor([3, 9])))
+    torch.library.opcheck(torch.ops.specdec.tree_positions, on(device, (depth, torch.tensor([3, 9]))))
 
 
 def test_unsupported_device_raises() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, dyadic, open_uniform, requires_cpu_ext
+from backend_parity import VOCABS, dyadic, on, opcheck_devices, open_uniform, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -120,14 +120,18 @@ def test_lenient_review_matches_reference(vocab: int, leniency: float, greedy: b
     assert bool((out.n_accepted >= exact.n_accepted).all())
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     draft, p, q = chain_case(3, 4, 17, seed=0)
     u, fin = noise(3, 4, 17, seed=0)
     lengths = torch.tensor([4, 2, 0])
-    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, False, None))
-    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, None, q, lengths, u, fin, True, torch.tensor([3, 5])))
-    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, False, None, 0, 2.0))
-    torch.library.opcheck(torch.ops.specdec.verify_chain, (draft, p, q, lengths, u, fin, True, None, 0, 1.5))
+    for args in (
+        (draft, p, q, lengths, u, fin, False, None),
+        (draft, None, q, lengths, u, fin, True, torch.tensor([3, 5])),
+        (draft, p, q, lengths, u, fin, False, None, 0, 2.0),
+        (draft, p, q, lengths, u, fin, True, None, 0, 1.5),
+    ):
+        torch.library.opcheck(torch.ops.specdec.verify_chain, on(device, args))
 
 
 def test_unsupported_device_raises() -> None:

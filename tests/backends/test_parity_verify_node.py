@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, dyadic, open_uniform, requires_cpu_ext
+from backend_parity import VOCABS, dyadic, on, opcheck_devices, open_uniform, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry
@@ -135,7 +135,8 @@ def test_zero_mass_residual() -> None:
         torch.testing.assert_close(out.final_residual, q)
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     for method in METHODS:
         case = node_case(method, 3, 17, k=2, seed=1)
         u = torch.rand((3, case["cand"].shape[1]), dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -149,7 +150,7 @@ def test_opcheck() -> None:
             open_uniform((3, 17), 2),
             case["hub"],
         )
-        torch.library.opcheck(torch.ops.specdec.verify_node, args)
+        torch.library.opcheck(torch.ops.specdec.verify_node, on(device, args))
 
 
 def test_unsupported_device_raises() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from backend_parity import VOCABS, open_uniform, requires_cpu_ext
+from backend_parity import VOCABS, on, opcheck_devices, open_uniform, requires_cpu_ext
 
 import specdec_kernels as sk
 from specdec_kernels import _registry, branching_parents, chain_parents, kseq_chain_parents
@@ -118,7 +118,8 @@ def test_root_only_tree() -> None:
     assert (out.n_accepted == 0).all() and out.accepted_nodes.shape == (4, 0)
 
 
-def test_opcheck() -> None:
+@pytest.mark.parametrize("device", opcheck_devices())
+def test_opcheck(device: str) -> None:
     for method in METHODS:
         case = tree_case(method, 3, 17, seed=1)
         n = case["tokens"].shape[1]
@@ -137,7 +138,7 @@ def test_opcheck() -> None:
             torch.tensor([5]),
             4,  # >= the depth of every topology above
         )
-        torch.library.opcheck(torch.ops.specdec.verify_tree, args)
+        torch.library.opcheck(torch.ops.specdec.verify_tree, on(device, args))
 
 
 def test_unsupported_device_raises() -> None:
