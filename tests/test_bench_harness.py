@@ -4,6 +4,8 @@ harness adds columns, and every row names the machine, CPU flags and extension v
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _timing  # noqa: E402
 
 import specdec_kernels as sk  # noqa: E402
+from specdec_kernels.native import CUDA_OPS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
@@ -89,3 +94,24 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
     out = report.block_target_step(tmp_path)
     assert "draft step (dr), after a target step" in out
     assert "| avx2 | " in out and "| 40.0 ms | 1.10x | - | 5.0 % (2.00 ms) | 2.5 % (1.00 ms) |" in out
+
+
+def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
+    """scripts/gpu_check.sh --dry-run runs its steps on the CPU at small sizes and leaves the three files a GPU call
+    brings back; its microbenchmark covers every op that has a CUDA kernel, each backend checked against the
+    reference before it is timed."""
+    res = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", str(tmp_path), "--dry-run", "env", "build", "bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_ops.csv", "logs.tar.gz", "summary.txt"]
+    assert all(f"{step} rc=0" in res.stdout for step in ("env", "build", "bench"))
+    _, rows = read(tmp_path / "gpu_ops.csv")
+    assert {r["op"] for r in rows} == set(CUDA_OPS)
+    assert {r["backend"] for r in rows} == {"torch", "cpu"}
+    assert all(float(r["median_ms"]) > 0 and float(r["roofline_ms"]) > 0 for r in rows)

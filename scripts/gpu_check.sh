@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The GPU work of the project in one call: build the package against the machine's own torch with the CUDA
+# extension for sm_90, run the GPU test suites (the cuda and triton parity suites on CUDA tensors, the seeded law
+# tests on the device's RNG path, the driver end to end on tiny random models), torch.library.opcheck of every op
+# on CUDA, compute-sanitizer over one parity run, and the op microbenchmarks against the memory roofline.
+#
+#   bash scripts/gpu_check.sh OUTDIR [STEP...]      steps: env build test opcheck sanitize bench (default: all)
+#   bash scripts/gpu_check.sh OUTDIR --dry-run [STEP...]   the same on a machine without a GPU (CPU, small sizes)
+#
+# OUTDIR gets three files (the device tool brings back few): summary.txt (each step's exit status and time),
+# logs.tar.gz (each step's full log, <step>.log) and gpu_ops.csv (the benchmark's rows). A failing step does not
+# stop the others; the script exits non-zero if any failed. The build stays in the working tree, so a later call on the same
+# machine can run the remaining steps alone.
+set -uo pipefail
+out=${1:?usage: scripts/gpu_check.sh OUTDIR [--dry-run] [STEP...]}
+shift
+dry=0
+steps=(env build test opcheck sanitize bench)
+if [ "${1:-}" = "--dry-run" ]; then
+  dry=1
+  shift
+fi
+[ $# -gt 0 ] && steps=("$@")
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+logs=$(mktemp -d)
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+failed=0
+
+run_step() {  # name, command...
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "== $name: $*"
+  "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - start))s" | tee -a "$out/summary.txt"
+  [ "$rc" -eq 0 ] || failed=1
+}
+
+env_info() {
+  nvidia-smi || echo "no nvidia-smi"
+  "$py" -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
+      'device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)"
+  "$py" -c "import triton; print('triton', triton.__version__)" || true
+  "$py" -c "import transformers; print('transformers', transformers.__version__)" || true
+  command -v nvcc && nvcc --version | tail -1
+  command -v compute-sanitizer || true
+}
+
+build() {
+  if [ "$dry" -eq 1 ]; then  # this machine's build is already in place; check that it imports
+    "$py" -c "import specdec_kernels as sk, specdec; print(sk.available_backends())"
+    return
+  fi
+  TORCH_CUDA_ARCH_LIST=9.0 SPECDEC_BUILD_CUDA=1 SPECDEC_CPU_ISAS=avx2 MAX_JOBS=${MAX_JOBS:-16} \
+    "$py" -m pip install -q --no-build-isolation --no-deps --no-cache-dir -e . &&
+    "$py" -c "import specdec_kernels as sk; b = sk.available_backends(); print(b); assert 'cuda' in b, b"
+}
+
+gpu_tests() {
+  local interp=()
+  [ "$dry" -eq 1 ] && interp=(env TRITON_INTERPRET=1)
+  "${interp[@]}" "$py" -m pytest -q -p no:cacheprovider -rs tests/cuda tests/triton tests/python_api/test_gpu.py
+}
+
+opcheck() {
+  "$py" -m pytest -q -p no:cacheprovider -rs tests/backends -k opcheck
+}
+
+sanitize() {
+  if ! command -v compute-sanitizer >/dev/null; then
+    echo "compute-sanitizer not found"
+    [ "$dry" -eq 1 ]  # expected without a GPU; a failure on the GPU machine
+    return
+  fi
+  compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$py" -m pytest -q -p no:cacheprovider -x tests/cuda/test_cuda_parity.py -k "verify_tree or verify_chain or sbs"
+}
+
+bench() {
+  if [ "$dry" -eq 1 ]; then
+    "$py" benchmarks/bench_gpu.py --device cpu --small --out "$out"
+  else
+    "$py" benchmarks/bench_gpu.py --out "$out"
+  fi
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+    env) run_step env env_info ;;
+    build) run_step build build ;;
+    test) run_step test gpu_tests ;;
+    opcheck) run_step opcheck opcheck ;;
+    sanitize) run_step sanitize sanitize ;;
+    bench) run_step bench bench ;;
+    *) echo "unknown step $s (env build test opcheck sanitize bench)"; failed=1 ;;
+  esac
+done
+tar -czf "$out/logs.tar.gz" -C "$logs" .
+echo "== summary"
+cat "$out/summary.txt"
+tail -n 3 "$logs"/test.log "$logs"/opcheck.log "$logs"/bench.log 2>/dev/null
+exit "$failed"
