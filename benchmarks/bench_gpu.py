@@ -222,6 +222,15 @@ def time_call(fn: Callable[..., Any], copies: list[tuple], dev: torch.device, wa
     return times
 
 
+def save_rows(out: str, name: str, fields: list[str], rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` to ``out/name`` (a CSV with ``fields``)."""
+    if rows:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, name)
+        append_csv(path, fields, rows)
+        print(f"appended {len(rows)} rows to {path}")
+
+
 def copy_rate(dev: torch.device, nbytes: int) -> float:
     """Device-to-device copy rate in bytes per second, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(1)
@@ -292,11 +301,8 @@ def main() -> None:
             del copies
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-    if not args.no_csv and rows:
-        os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "gpu_ops.csv")
-        append_csv(path, FIELDS, rows)
-        print(f"appended {len(rows)} rows to {path}")
+    if not args.no_csv:
+        save_rows(args.out, "gpu_ops.csv", FIELDS, rows)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,21 @@
 # The GPU work of the project in one call: build the package against the machine's own torch with the CUDA
 # extension for sm_90, run the GPU test suites (the cuda and triton parity suites on CUDA tensors, the seeded law
 # tests on the device's RNG path, the driver end to end on tiny random models), torch.library.opcheck of every op
-# on CUDA, compute-sanitizer over one parity run, and the op microbenchmarks against the memory roofline.
+# on CUDA, compute-sanitizer over one parity run, the op microbenchmarks against the memory roofline, and a model of
+# realistic size (random weights): a verification pass against a one-token step, and kernels per speculative round.
 #
-#   bash scripts/gpu_check.sh OUTDIR [STEP...]      steps: env build test opcheck sanitize bench (default: all)
+#   bash scripts/gpu_check.sh OUTDIR [STEP...]   steps: env build test opcheck sanitize bench model (default: all)
 #   bash scripts/gpu_check.sh OUTDIR --dry-run [STEP...]   the same on a machine without a GPU (CPU, small sizes)
 #
-# OUTDIR gets three files (the device tool brings back few): summary.txt (each step's exit status and time),
-# logs.tar.gz (each step's full log, <step>.log) and gpu_ops.csv (the benchmark's rows). A failing step does not
+# OUTDIR gets four files (the device tool brings back few): summary.txt (each step's exit status and time),
+# logs.tar.gz (each step's full log, <step>.log), gpu_ops.csv and gpu_model.csv (the benchmarks' rows). A failing step does not
 # stop the others; the script exits non-zero if any failed. The build stays in the working tree, so a later call on the same
 # machine can run the remaining steps alone.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [--dry-run] [STEP...]}
 shift
 dry=0
-steps=(env build test opcheck sanitize bench)
+steps=(env build test opcheck sanitize bench model)
 if [ "${1:-}" = "--dry-run" ]; then
   dry=1
   shift
@@ -88,6 +89,14 @@ bench() {
   fi
 }
 
+model() {
+  if [ "$dry" -eq 1 ]; then
+    "$py" benchmarks/bench_gpu_model.py --device cpu --small --out "$out"
+  else
+    "$py" benchmarks/bench_gpu_model.py --out "$out"
+  fi
+}
+
 for s in "${steps[@]}"; do
   case $s in
     env) run_step env env_info ;;
@@ -96,11 +105,13 @@ for s in "${steps[@]}"; do
     opcheck) run_step opcheck opcheck ;;
     sanitize) run_step sanitize sanitize ;;
     bench) run_step bench bench ;;
-    *) echo "unknown step $s (env build test opcheck sanitize bench)"; failed=1 ;;
+    model) run_step model model ;;
+    *) echo "unknown step $s (env build test opcheck sanitize bench model)"; failed=1 ;;
   esac
 done
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo "== summary"
 cat "$out/summary.txt"
-tail -n 3 "$logs"/test.log "$logs"/opcheck.log "$logs"/bench.log 2>/dev/null
+tail -n 3 "$logs"/test.log "$logs"/opcheck.log 2>/dev/null
+tail -n 30 "$logs"/bench.log "$logs"/model.log 2>/dev/null
 exit "$failed"

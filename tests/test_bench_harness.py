@@ -97,11 +97,11 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
 
 
 def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
-    """scripts/gpu_check.sh --dry-run runs its steps on the CPU at small sizes and leaves the three files a GPU call
+    """scripts/gpu_check.sh --dry-run runs its steps on the CPU at small sizes and leaves the four files a GPU call
     brings back; its microbenchmark covers every op that has a CUDA kernel, each backend checked against the
-    reference before it is timed."""
+    reference before it is timed, and the model benchmark records a pass at every chain length."""
     res = subprocess.run(
-        ["bash", "scripts/gpu_check.sh", str(tmp_path), "--dry-run", "env", "build", "bench"],
+        ["bash", "scripts/gpu_check.sh", str(tmp_path), "--dry-run", "env", "build", "bench", "model"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -109,9 +109,13 @@ def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_ops.csv", "logs.tar.gz", "summary.txt"]
-    assert all(f"{step} rc=0" in res.stdout for step in ("env", "build", "bench"))
+    files = ["gpu_model.csv", "gpu_ops.csv", "logs.tar.gz", "summary.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    assert all(f"{step} rc=0" in res.stdout for step in ("env", "build", "bench", "model"))
     _, rows = read(tmp_path / "gpu_ops.csv")
     assert {r["op"] for r in rows} == set(CUDA_OPS)
     assert {r["backend"] for r in rows} == {"torch", "cpu"}
     assert all(float(r["median_ms"]) > 0 and float(r["roofline_ms"]) > 0 for r in rows)
+    _, model_rows = read(tmp_path / "gpu_model.csv")
+    assert [r["case"] for r in model_rows[:7]] == [f"pass n={n}" for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(float(r["value"]) > 0 for r in model_rows if r["unit"] == "ms")
