@@ -7,9 +7,11 @@ load drift on a shared machine does not favour one of them. Each decoder is buil
 (so ``rsd_c(auto)`` keeps its acceptance counts, as a user's decoder would). SpecDec++ runs as the demo runs it
 (``specdec.cli.head_plan``): with ``--draft`` and the acceptance head shipped for it, else with ``--pp-draft`` and
 ``--head``.
-Reports tokens/s, ratio to specdec AR, block efficiency and MBSU, plus a batch-size sweep of SD and rsd_c(auto) vs
-AR (where speculation stops paying). Rows go to ``benchmarks/results/end_to_end.csv`` with the machine, CPU flags,
-torch version, commit and extension variant; a bar plot to ``benchmarks/results/end_to_end.png``.
+Reports tokens/s, ratio to specdec AR, block efficiency and MBSU (greedy: also on how many prompts each output equals
+AR's token for token), plus a batch-size sweep of SD and rsd_c(auto) vs AR (where speculation stops paying).
+``--device cuda`` runs the models on a GPU (``--csv`` then names a file of its own). Rows go to
+``benchmarks/results/end_to_end.csv`` (``--csv``) with the machine, CPU flags, torch version, commit, extension
+variant and device; a bar plot beside it (``end_to_end.png``).
 
     python benchmarks/bench_end_to_end.py --prompts 6 --tokens 64 --temperature 0.7 --draft smollm2-eagle
 """
@@ -58,6 +60,7 @@ def run_specdec(decoder: specdec.SpeculativeDecoder, ids: torch.Tensor, args: ar
         "seconds": dt,
         "block_eff": st.block_efficiency,
         "mbsu": st.mbsu,
+        "new_tokens": out.new_tokens,
     }
 
 
@@ -74,6 +77,7 @@ def run_hf(target: Any, ids: torch.Tensor, args: argparse.Namespace, **extra: An
         "seconds": dt,
         "block_eff": float("nan"),
         "mbsu": float("nan"),
+        "new_tokens": out[:, ids.shape[1] :].tolist(),
     }
 
 
@@ -88,11 +92,18 @@ def main() -> None:
     ap.add_argument("--head", default=None, help="acceptance head of specdec_pp (default: <pp-draft>-head)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 2, 4])
+    ap.add_argument("--device", default="cpu", help="where the models run (cuda: a GPU)")
+    ap.add_argument("--csv", default=str(RESULTS / "end_to_end.csv"), help="CSV the rows go to (plot beside it)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
     target, tok = load_smollm2(dtype=torch.bfloat16)
-    draft = make_draft(args.draft, target, torch.bfloat16)
-    prompts = [torch.tensor([chat_prompt(tok, p)]) for p in load_prompts(args.prompt_file, args.prompts)]
+    # drafts load against the target where it was loaded (they check its embedding), then move with it
+    draft = make_draft(args.draft, target, torch.bfloat16, dev)
+    pp_draft, head = head_plan(args)
+    pp_use = draft if pp_draft == args.draft else make_draft(pp_draft, target, torch.bfloat16, dev)
+    target = target.to(dev)
+    prompts = [torch.tensor([chat_prompt(tok, p)], device=dev) for p in load_prompts(args.prompt_file, args.prompts)]
     feature = getattr(draft, "reads_target_features", False)
     decoders: dict[str, specdec.SpeculativeDecoder] = {}
     for label, method, params in SPECDEC_METHODS:
@@ -101,9 +112,9 @@ def main() -> None:
         if specdec.methods.get(method).needs_head:
             from specdec.train import load_head
 
-            pp_draft, head = head_plan(args)
-            extra["head"], extra["threshold"] = load_head(head)
-            use = draft if pp_draft == args.draft else make_draft(pp_draft, target, torch.bfloat16)
+            acceptance, extra["threshold"] = load_head(head)
+            extra["head"] = acceptance.to(dev)
+            use = pp_use
         decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
 
     methods = [f"specdec:{m}" for m in decoders] + ["hf:generate"]
@@ -111,10 +122,11 @@ def main() -> None:
         methods.append("hf:prompt_lookup")
     elif isinstance(draft, torch.nn.Module) and not feature:
         methods.append("hf:assistant_model")  # a feature draft (EAGLE-style) is not an HF assistant model
-    totals = {m: {"tokens": 0, "seconds": 0.0, "block_eff": [], "mbsu": []} for m in methods}
+    totals = {m: {"tokens": 0, "seconds": 0.0, "block_eff": [], "mbsu": [], "equal": 0} for m in methods}
     with torch.inference_mode():
         for i, ids in enumerate(tqdm(prompts, desc="prompts")):
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
+            outputs = {}
             for m in order:
                 kind, name = m.split(":", 1)
                 if kind == "specdec":
@@ -130,6 +142,9 @@ def main() -> None:
                 t["seconds"] += r["seconds"]
                 t["block_eff"].append(r["block_eff"])
                 t["mbsu"].append(r["mbsu"])
+                outputs[m] = r["new_tokens"]
+            for m, toks in outputs.items():  # greedy: every method decodes the target's greedy path
+                totals[m]["equal"] += int(toks == outputs["specdec:ar"])
         # batch sweep: SD and auto trees vs AR with the same prompt replicated (rows decode independently)
         sweep = []
         for b in args.batches:
@@ -140,17 +155,20 @@ def main() -> None:
                 sweep.append((name, b, ar["tokens"] / ar["seconds"], r["tokens"] / r["seconds"], r["block_eff"]))
 
     base = totals["specdec:ar"]["tokens"] / totals["specdec:ar"]["seconds"]
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / "end_to_end.csv"
+    path = Path(args.csv)
+    path.parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows = []
-    print(f"\n{'method':22s} {'tok/s':>8s} {'vs AR':>7s} {'block eff':>10s} {'MBSU':>6s}")
+    greedy = args.temperature == 0
+    print(f"\n{'method':22s} {'tok/s':>8s} {'vs AR':>7s} {'block eff':>10s} {'MBSU':>6s} {'= AR':>6s}")
     for m, t in totals.items():
         rate = t["tokens"] / t["seconds"]
         be = sum(t["block_eff"]) / len(t["block_eff"])
         mb = sum(t["mbsu"]) / len(t["mbsu"])
-        print(f"{m:22s} {rate:8.2f} {rate / base:6.2f}x {be:10.2f} {mb:6.2f}")
+        same = f"{t['equal']}/{len(prompts)}" if greedy else ""
+        print(f"{m:22s} {rate:8.2f} {rate / base:6.2f}x {be:10.2f} {mb:6.2f} {same:>6s}")
         rows.append({"method": m, "tok_s": rate, "ratio_vs_ar": rate / base, "block_eff": be, "mbsu": mb, "batch": 1})
+        rows[-1]["equal_ar"] = same
     print(f"\n{'method':12s} {'batch':>5s} {'AR tok/s':>9s} {'tok/s':>9s} {'vs AR':>6s} {'block eff':>10s}")
     for name, b, ar_rate, rate, be in sweep:
         print(f"{name:12s} {b:5d} {ar_rate:9.2f} {rate:9.2f} {rate / ar_rate:5.2f}x {be:10.2f}")
@@ -162,14 +180,16 @@ def main() -> None:
                 "block_eff": be,
                 "mbsu": float("nan"),
                 "batch": b,
+                "equal_ar": "",
             }
         )
     meta = run_meta()
     fields = ["time", "machine", "cpu_flags", "cpu_isa", "torch", "git", "draft", "temperature", "tokens", "prompts"]
-    fields += ["threads", *rows[0].keys()]
+    fields += ["device", "threads", *rows[0].keys()]
     run = {"time": stamp, "machine": meta["machine"], "cpu_flags": meta["cpu_flags"], "cpu_isa": meta["cpu_isa"]}
     run |= {"torch": meta["torch"], "git": meta["git_rev"], "draft": args.draft, "temperature": args.temperature}
     run |= {"tokens": args.tokens, "prompts": args.prompts, "threads": args.threads}
+    run["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     append_csv(path, fields, [{**run, **r} for r in rows])
     try:
         import matplotlib
@@ -186,7 +206,7 @@ def main() -> None:
         ax.set_title(f"SmolLM2-135M bf16, draft={args.draft}, T={args.temperature}")
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         fig.tight_layout()
-        fig.savefig(RESULTS / "end_to_end.png", dpi=120)
+        fig.savefig(path.with_suffix(".png"), dpi=120)
     except ImportError:
         print("matplotlib not installed: no plot")
     print(f"\nrows appended to {path}")

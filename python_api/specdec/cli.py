@@ -90,37 +90,40 @@ def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
     return model, tokenizer, os.path.basename(os.path.normpath(spec))
 
 
-def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
+def make_draft(spec: str, target: Any, dtype: torch.dtype, device: torch.device | str | None = None) -> Any:
     """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
-    ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file)."""
+    ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file). ``device``: where
+    a neural draft goes (it is loaded against ``target`` where that is, then moved); None: left there."""
     from .drafting import HybridDrafter, NGramDrafter, neural_drafter
 
     if spec == "ngram":
         return NGramDrafter(target.config.vocab_size)
     neural = spec.removesuffix(HYBRID_SUFFIX)
     if neural and neural != spec:
-        base = make_draft(neural, target, dtype)
+        base = make_draft(neural, target, dtype, device)
         if isinstance(base, NGramDrafter):
             raise SystemExit(f"--draft {spec!r}: the part before {HYBRID_SUFFIX!r} must be a neural draft")
         return HybridDrafter(neural_drafter(base, name=neural))
     if spec == "self-bf16":
         from .smollm2 import load_smollm2
 
-        return load_smollm2(torch.bfloat16)[0]
-    if os.path.isdir(spec):
+        model = load_smollm2(torch.bfloat16)[0]
+    elif os.path.isdir(spec):
         from transformers import AutoModelForCausalLM
 
-        return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
-    try:
-        from .train import load_draft
-    except ImportError as err:
-        raise SystemExit(f"--draft {spec!r}: distilled drafts need specdec.train ({err})") from err
-    try:
-        return load_draft(spec, target, dtype=dtype)
-    except FileNotFoundError as err:
-        raise SystemExit(
-            f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
-        ) from err
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
+    else:
+        try:
+            from .train import load_draft
+        except ImportError as err:
+            raise SystemExit(f"--draft {spec!r}: distilled drafts need specdec.train ({err})") from err
+        try:
+            model = load_draft(spec, target, dtype=dtype)
+        except FileNotFoundError as err:
+            raise SystemExit(
+                f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
+            ) from err
+    return model if device is None else model.to(device)
 
 
 #: --draft NAME+ngram: the neural draft NAME with Max-Gram's track mixed into its law (drafting.HybridDrafter)
