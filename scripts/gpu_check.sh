@@ -10,10 +10,11 @@
 #   bash scripts/gpu_check.sh OUTDIR [STEP...]   steps: env build test opcheck sanitize bench model e2e (default: all)
 #   bash scripts/gpu_check.sh OUTDIR --dry-run [STEP...]   the same on a machine without a GPU (CPU, small sizes)
 #
-# OUTDIR gets at most six files: summary.txt (each step's exit status and time), logs.tar.gz (each step's full log,
-# <step>.log), and the benchmarks' rows: gpu_ops.csv, gpu_model.csv, gpu_end_to_end.csv (with its plot). A failing step does not
-# stop the others; the script exits non-zero if any failed. The build stays in the working tree, so a later call on the same
-# machine can run the remaining steps alone.
+# OUTDIR gets at most six files: summary.txt (each step's exit status and time), logs.tar.gz (each step's full
+# log, <step>.log), and the benchmarks' rows: gpu_ops.csv, gpu_model.csv, gpu_end_to_end.csv (with its plot). A
+# failing step does not stop the others; the script exits non-zero if any failed. The build stays in the working
+# tree, so a later call on the same machine can run the remaining steps alone (e.g. env build test opcheck
+# sanitize in one call, bench model e2e in the next).
 set -uo pipefail
 out=${1:?usage: scripts/gpu_check.sh OUTDIR [--dry-run] [STEP...]}
 shift
