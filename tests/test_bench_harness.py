@@ -119,3 +119,11 @@ def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
     _, model_rows = read(tmp_path / "gpu_model.csv")
     assert [r["case"] for r in model_rows[:7]] == [f"pass n={n}" for n in (1, 2, 4, 8, 16, 32, 64)]
     assert all(float(r["value"]) > 0 for r in model_rows if r["unit"] == "ms")
+    # the docs' GPU blocks render from these CSVs: one line per (op, backend), one per model case
+    import report
+
+    ops_block = report.block_gpu_ops(tmp_path)
+    assert ops_block.count("\n| `") == len(rows) and "Measured on cpu" in ops_block
+    model_block = report.block_gpu_model(tmp_path)
+    assert "| pass n=64 |" in model_block and "| pass n=1 | " in model_block and "1.00x" in model_block
+    assert report.block_gpu_ops(tmp_path / "none").startswith("No GPU run recorded")
