@@ -118,7 +118,9 @@ def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
     assert all(float(r["median_ms"]) > 0 and float(r["roofline_ms"]) > 0 for r in rows)
     _, model_rows = read(tmp_path / "gpu_model.csv")
     assert [r["case"] for r in model_rows[:7]] == [f"pass n={n}" for n in (1, 2, 4, 8, 16, 32, 64)]
-    assert all(float(r["value"]) > 0 for r in model_rows if r["unit"] == "ms")
+    assert all(float(r["value"]) > 0 for r in model_rows if r["case"].startswith("pass "))
+    assert {r["case"].split(": ")[-1] for r in model_rows[7:]} == {"CUDA kernels per round", "kernel time per round",
+                                                                 "time per round"}  # fmt: skip
     # the docs' GPU blocks render from these CSVs: one line per (op, backend), one per model case
     import report
 
