@@ -5,7 +5,8 @@ Cases, one per op at the sizes that matter on a GPU: verify_tree at 8 rows x 32 
 64 x 64 x 128256; gumbel_topk, sbs_step, process_logits, sample_categorical, spechub_sample, emission_law and
 kseq_gamma at 64 x 128256; verify_chain 64 rows x 8 drafts x 128256; verify_node 64 x 128256; tree_mask, tree_positions
 and filter_kv at a batch of 64 trees. Before anything is timed, every backend's output is compared with the
-reference's on the same inputs (integer outputs equal, float outputs within 1e-5); a disagreement stops the run.
+reference's on the same inputs (integer outputs equal, float outputs within 1e-4 relative or 1e-5 absolute); a
+backend that disagrees (or raises) is not timed, and the run ends with an error naming it.
 
 Timing: each call between two CUDA events (the host waits for the second), after ``--warmup`` calls, over
 ``--copies`` copies of its inputs taken in turn (so that inputs that fit in L2 are not read from it); median and
@@ -191,7 +192,7 @@ def _agree(out: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
         if a.dtype.is_floating_point:
             ok = torch.equal(torch.isfinite(a), torch.isfinite(b))
             fin = torch.isfinite(a)
-            if not ok or not torch.allclose(a[fin].double(), b[fin].double(), rtol=0, atol=1e-5):
+            if not ok or not torch.allclose(a[fin].double(), b[fin].double(), rtol=1e-4, atol=1e-5):
                 return False
         elif not torch.equal(a, b):
             return False
@@ -271,6 +272,7 @@ def main() -> None:
     meta = {"timestamp": stamp, "device": name, "torch": torch.__version__, "cuda": torch.version.cuda or ""}
     meta["git_rev"] = git_rev()
     rows: list[dict[str, Any]] = []
+    disagree: list[str] = []
     with torch.inference_mode():
         for case in cases(dev, args.small):
             if args.ops and case.op not in args.ops:
@@ -278,9 +280,16 @@ def main() -> None:
             have = [b for b in args.backends if b in sk.available_backends()]
             fns = {b: sk.implementation(case.op, b, dev) for b in have}
             ref = case.outputs(fns["torch"](*_copy(case.args)))
-            for b, fn in fns.items():
-                if not _agree(case.outputs(fn(*_copy(case.args))), ref):
-                    raise SystemExit(f"{case.op} {case.name}: backend {b} disagrees with the torch reference")
+            for b in list(fns):
+                try:
+                    same = _agree(case.outputs(fns[b](*_copy(case.args))), ref)
+                except Exception as err:  # a backend that raises is reported like one that disagrees
+                    print(f"{case.op} {case.name}: backend {b} raised {type(err).__name__}: {err}")
+                    same = False
+                if not same:
+                    print(f"{case.op} {case.name}: backend {b} DISAGREES with the torch reference; not timed")
+                    disagree.append(f"{case.op}/{b}")
+                    del fns[b]
             copies = [case.args] + [tuple(_copy(a) for a in case.args) for _ in range(args.copies - 1)]
             roof = case.nbytes / rate
             medians = {}
@@ -303,6 +312,8 @@ def main() -> None:
                 torch.cuda.empty_cache()
     if not args.no_csv:
         save_rows(args.out, "gpu_ops.csv", FIELDS, rows)
+    if disagree:
+        raise SystemExit(f"backends that disagree with the torch reference: {', '.join(disagree)}")
 
 
 if __name__ == "__main__":
