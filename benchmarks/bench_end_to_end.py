@@ -167,8 +167,8 @@ def main() -> None:
         mb = sum(t["mbsu"]) / len(t["mbsu"])
         same = f"{t['equal']}/{len(prompts)}" if greedy else ""
         print(f"{m:22s} {rate:8.2f} {rate / base:6.2f}x {be:10.2f} {mb:6.2f} {same:>6s}")
-        rows.append({"method": m, "tok_s": rate, "ratio_vs_ar": rate / base, "block_eff": be, "mbsu": mb, "batch": 1})
-        rows[-1]["equal_ar"] = same
+        rows.append({"method": m, "tok_s": rate, "ratio_vs_ar": rate / base, "block_eff": be, "mbsu": mb, "batch": 1,
+                     "equal_ar": same})  # fmt: skip
     print(f"\n{'method':12s} {'batch':>5s} {'AR tok/s':>9s} {'tok/s':>9s} {'vs AR':>6s} {'block eff':>10s}")
     for name, b, ar_rate, rate, be in sweep:
         print(f"{name:12s} {b:5d} {ar_rate:9.2f} {rate:9.2f} {rate / ar_rate:5.2f}x {be:10.2f}")

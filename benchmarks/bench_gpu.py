@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from _timing import RESULTS, append_csv, git_rev, quantile
+from bench_verify_tree import depth_of, tree
 
 import specdec_kernels as sk
 from specdec_kernels.trees import branching_parents, parents_tensor
@@ -148,21 +149,11 @@ def cases(dev: torch.device, small: bool) -> list[Case]:
 
 
 def tree_case(batch: int, n: int, vocab: int, g: torch.Generator, dev: torch.device) -> Case:
-    """verify_tree, method rrs, on a tree of n nodes (4 children at the root, then 2 per node, level by level); each
-    node's token drawn from its parent's draft row. Bytes: the p and q rows of one root-to-leaf path plus the final
-    noise (a walk reads no more)."""
-    parents, level, width = [-1], [0], 4
-    while len(parents) < n:
-        nxt = []
-        for m in level:
-            for _ in range(width):
-                if len(parents) < n:
-                    nxt.append(len(parents))
-                    parents.append(m)
-        level, width = nxt, 2
-    depth = [0] * n
-    for i in range(1, n):
-        depth[i] = depth[parents[i]] + 1
+    """verify_tree, method rrs, on the tree of ``bench_verify_tree`` (4 children at the root, then 2 per node, level
+    by level); each node's token drawn from its parent's draft row. Bytes: the p and q rows of one root-to-leaf path
+    plus the final noise (a walk reads no more)."""
+    parents = tree("rrs", n)
+    depth = depth_of(parents)
     z = _logits((batch, n, vocab), g, dev)
     p_rows = torch.softmax(z, -1)
     z.add_(0.5 * torch.randn(z.shape, generator=g, device=dev))
@@ -176,8 +167,8 @@ def tree_case(batch: int, n: int, vocab: int, g: torch.Generator, dev: torch.dev
     valid = torch.ones((batch, n), dtype=torch.bool, device=dev)
     u = _noise((batch, n, 4), g, dev)
     fin = _noise((batch, vocab), g, dev)
-    call = (tokens, parent, valid, p_rows, q_rows, "rrs", None, u, fin, False, None, max(depth))
-    nbytes = batch * (max(depth) + 1) * vocab * 8 + batch * vocab * 8
+    call = (tokens, parent, valid, p_rows, q_rows, "rrs", None, u, fin, False, None, depth)
+    nbytes = batch * (depth + 1) * vocab * 8 + batch * vocab * 8
     return Case("verify_tree", f"rrs {batch}x{n}x{vocab}", call, nbytes, _first(2))
 
 

@@ -109,6 +109,19 @@ inline void sweep_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile& ti
       tile_rows<O, MaxR>(n - r0 < MaxR ? n - r0 : MaxR, tile, r0, o0, o_end - o0 < O ? o_end - o0 : O);
 }
 
+// The three regimes every vector path tiles by: one or two rows (an AR step, a draft step) with OFew W rows per
+// tile; 3 to 6 rows (verification passes) all at once with OMid W rows; more, 8 rows at a time with OMany W rows,
+// so a pass of up to 8 tokens reads W once.
+template <int OFew, int OMid, int OMany, typename Tile>
+inline void sweep_by_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile& tile) {
+  if (n <= 2)
+    sweep_rows<OFew, 2>(n, o_begin, o_end, tile);
+  else if (n <= 6)
+    sweep_rows<OMid, 6>(n, o_begin, o_end, tile);
+  else
+    sweep_rows<OMany, 8>(n, o_begin, o_end, tile);
+}
+
 #if defined(SPECDEC_LINEAR_AVX512BF16)
 // AVX512-BF16: 32 products per instruction (VDPBF16PS: pairs of bf16 products summed into 16 fp32 lanes). A tile
 // is R rows of x against O rows of W: each 32-element chunk of a W row is loaded once and feeds R rows' dot
@@ -241,12 +254,7 @@ inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w
     else
       skinny_tile_bf16_avx512<R, O, false>(x, w, in, out, r0, o0, m, y);
   };
-  if (n <= 2)
-    sweep_rows<8, 2>(n, o_begin, o_end, tile);
-  else if (n <= 6)
-    sweep_rows<4, 6>(n, o_begin, o_end, tile);
-  else
-    sweep_rows<2, 8>(n, o_begin, o_end, tile);
+  sweep_by_rows<8, 4, 2>(n, o_begin, o_end, tile);
 }
 #endif
 
@@ -435,12 +443,7 @@ inline void skinny_linear_block_bf16_avx512f(const float* xf, const uint16_t* w,
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
     skinny_tile_bf16_avx512f<R, O>(xf, w, in, out, r0, o0, m, y);
   };
-  if (n <= 2)
-    sweep_rows<8, 2>(n, o_begin, o_end, tile);
-  else if (n <= 6)
-    sweep_rows<4, 6>(n, o_begin, o_end, tile);
-  else
-    sweep_rows<2, 8>(n, o_begin, o_end, tile);
+  sweep_by_rows<8, 4, 2>(n, o_begin, o_end, tile);
 }
 #endif
 
@@ -505,12 +508,7 @@ inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, in
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
     skinny_tile_bf16_avx2<R, O>(xf, w, in, out, r0, o0, m, y);
   };
-  if (n <= 2)
-    sweep_rows<4, 2>(n, o_begin, o_end, tile);
-  else if (n <= 6)
-    sweep_rows<2, 6>(n, o_begin, o_end, tile);
-  else
-    sweep_rows<1, 8>(n, o_begin, o_end, tile);
+  sweep_by_rows<4, 2, 1>(n, o_begin, o_end, tile);
 }
 #endif
 
