@@ -34,7 +34,7 @@ def main(argv: list[str]) -> None:
         "temperature": args.temperature,
         "threads": args.threads,
         "batch_size": args.batch_size,
-        "draft": args.draft,
+        "draft": cli.draft_label(args.draft, args.draft_int8),
         "dtype": args.dtype,
     }
     out = [{"timestamp": stamp, **run_meta(), **settings, **{k: r.get(k, "") for k in ROW}} for r in rows]

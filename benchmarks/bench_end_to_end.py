@@ -27,7 +27,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
-from specdec.cli import HYBRID_SUFFIX, head_plan, load_prompts, make_draft
+from specdec.cli import HYBRID_SUFFIX, draft_label, head_plan, load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 
@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--draft", default="ngram")
+    ap.add_argument(
+        "--draft-int8", action=argparse.BooleanOptionalAction, default=True, help="int8 weights for the neural drafts"
+    )
     ap.add_argument("--pp-draft", default=None, help="draft of specdec_pp (default: as the demo's --pp-draft)")
     ap.add_argument("--head", default=None, help="acceptance head of specdec_pp (default: <pp-draft>-head)")
     ap.add_argument("--threads", type=int, default=1)
@@ -99,9 +102,12 @@ def main() -> None:
     dev = torch.device(args.device)
     target, tok = load_smollm2(dtype=torch.bfloat16)
     # drafts load against the target where it was loaded (they check its embedding), then move with it
-    draft = make_draft(args.draft, target, torch.bfloat16, dev)
+    draft = make_draft(args.draft, target, torch.bfloat16, dev, int8=args.draft_int8)
     pp_draft, head = head_plan(args)
-    pp_use = draft if pp_draft == args.draft else make_draft(pp_draft, target, torch.bfloat16, dev)
+    if pp_draft == args.draft:
+        pp_use = draft
+    else:
+        pp_use = make_draft(pp_draft, target, torch.bfloat16, dev, int8=args.draft_int8)
     target = target.to(dev)
     prompts = [torch.tensor([chat_prompt(tok, p)], device=dev) for p in load_prompts(args.prompt_file, args.prompts)]
     feature = getattr(draft, "reads_target_features", False)
@@ -187,7 +193,8 @@ def main() -> None:
     fields = ["time", "machine", "cpu_flags", "cpu_isa", "torch", "git", "draft", "temperature", "tokens", "prompts"]
     fields += ["device", "threads", *rows[0].keys()]
     run = {"time": stamp, "machine": meta["machine"], "cpu_flags": meta["cpu_flags"], "cpu_isa": meta["cpu_isa"]}
-    run |= {"torch": meta["torch"], "git": meta["git_rev"], "draft": args.draft, "temperature": args.temperature}
+    run |= {"torch": meta["torch"], "git": meta["git_rev"], "temperature": args.temperature}
+    run["draft"] = draft_label(args.draft, args.draft_int8)
     run |= {"tokens": args.tokens, "prompts": args.prompts, "threads": args.threads}
     run["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     append_csv(path, fields, [{**run, **r} for r in rows])

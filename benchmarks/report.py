@@ -68,6 +68,7 @@ KERNEL_OPS = (
     "tree_positions",
     "filter_kv",
     "skinny_linear",
+    "skinny_linear_int8",
     "decode_attention",
     "rms_norm",
     "rotary_embedding",

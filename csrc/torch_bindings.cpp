@@ -71,6 +71,8 @@ TORCH_LIBRARY(specdec, m) {
       "-> (Tensor, Tensor, Tensor, Tensor)");
   // x [..., in], weight [out, in] -> x weight^T [..., out] (a decode step's projections: few rows of x)
   m.def("skinny_linear(Tensor x, Tensor weight) -> Tensor");
+  // x [..., in], weight int8 [out, in], scale float32 [out] -> (x weight^T) * scale [..., out] (int8 weights)
+  m.def("skinny_linear_int8(Tensor x, Tensor weight, Tensor scale) -> Tensor");
   // the bf16 path skinny_linear was built with: "avx512bf16", "avx2" or "portable" (no tensors: a catch-all kernel)
   m.def("skinny_linear_isa() -> str", &specdec::cpu::skinny_linear_isa);
   // q [B, H, n, D], k/v [B, Hkv, S, D], mask [B, 1, n, S] additive -> [B, H, n, D] (a decode step's attention)
@@ -97,6 +99,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("verify_node", &specdec::cpu::verify_node);
   m.impl("verify_tree", &specdec::cpu::verify_tree);
   m.impl("skinny_linear", &specdec::cpu::skinny_linear);
+  m.impl("skinny_linear_int8", &specdec::cpu::skinny_linear_int8);
   m.impl("decode_attention", &specdec::cpu::decode_attention);
   m.impl("rms_norm", &specdec::cpu::rms_norm);
   m.impl("rotary_embedding", &specdec::cpu::rotary_embedding);

@@ -150,6 +150,7 @@ CPU_OPS = (
     "verify_node",
     "verify_tree",
     "skinny_linear",
+    "skinny_linear_int8",
     "decode_attention",
     "rms_norm",
     "rotary_embedding",
@@ -210,6 +211,14 @@ if HAVE_CPU:
 
     @torch.library.register_fake("specdec::skinny_linear")
     def _skinny_linear_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+    @register("skinny_linear_int8", "cpu", supports=_on_cpu)
+    def skinny_linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return ops.skinny_linear_int8(x, weight, scale)
+
+    @torch.library.register_fake("specdec::skinny_linear_int8")
+    def _skinny_linear_int8_fake(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     @register("decode_attention", "cpu", supports=_on_cpu)

@@ -1,6 +1,9 @@
 // CPU adapter of skinny_linear (a draft model's decode-step projections); kernels in specdec/linear.h.
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "cpu/common.h"
 #include "cpu/ops.h"
 #include "specdec/linear.h"
@@ -8,8 +11,6 @@
 #if defined(SPECDEC_LINEAR_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
-
-#include <vector>
 #endif
 
 namespace specdec::cpu {
@@ -99,23 +100,86 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
                                       static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out, o0, o1,
                                       static_cast<uint16_t*>(y.mutable_data_ptr()));
 #elif defined(SPECDEC_LINEAR_AVX512F)
-      skinny_linear_block_bf16_avx512f(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()),
-                                       n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+      skinny_linear_block_avx512f(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()),
+                                  nullptr, n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
 #elif defined(SPECDEC_LINEAR_AVX2)
-      skinny_linear_block_bf16_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), n,
-                                    in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+      skinny_linear_block_avx2(xf.const_data_ptr<float>(), static_cast<const uint16_t*>(w.const_data_ptr()), nullptr,
+                               n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
 #else
       skinny_linear_block_bf16(static_cast<const uint16_t*>(x.const_data_ptr()),
                                static_cast<const uint16_t*>(w.const_data_ptr()), n, in, out, o0, o1,
                                static_cast<uint16_t*>(y.mutable_data_ptr()));
 #endif
     } else if (st == at::kFloat) {
-      skinny_linear_block<float>(x.const_data_ptr<float>(), w.const_data_ptr<float>(), n, in, out, o0, o1,
+      skinny_linear_block<float>(x.const_data_ptr<float>(), w.const_data_ptr<float>(), nullptr, n, in, out, o0, o1,
                                  y.mutable_data_ptr<float>());
     } else {
-      skinny_linear_block<double>(x.const_data_ptr<double>(), w.const_data_ptr<double>(), n, in, out, o0, o1,
-                                  y.mutable_data_ptr<double>());
+      skinny_linear_block<double>(x.const_data_ptr<double>(), w.const_data_ptr<double>(), nullptr, n, in, out, o0,
+                                  o1, y.mutable_data_ptr<double>());
     }
+  }
+  return y;
+}
+
+at::Tensor skinny_linear_int8(const at::Tensor& x_in, const at::Tensor& weight_in, const at::Tensor& scale_in) {
+  check_cpu(x_in, "x");
+  check_cpu(weight_in, "weight");
+  check_cpu(scale_in, "scale");
+  TORCH_CHECK(weight_in.dim() == 2 && weight_in.scalar_type() == at::kChar, "weight must be int8 [out, in], got ",
+              weight_in.scalar_type(), " ", weight_in.sizes());
+  const int64_t in = weight_in.size(1), out = weight_in.size(0);
+  TORCH_CHECK(scale_in.dim() == 1 && scale_in.size(0) == out && scale_in.scalar_type() == at::kFloat,
+              "scale must be float32 [out=", out, "], got ", scale_in.scalar_type(), " ", scale_in.sizes());
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == in, "x must be [..., in=", in, "], got ", x_in.sizes());
+  const at::ScalarType st = x_in.scalar_type();
+  TORCH_CHECK(at::isFloatingType(st), "x must be floating, got ", st);
+  if (st == at::kHalf) return skinny_linear_int8(x_in.to(at::kFloat), weight_in, scale_in).to(at::kHalf);
+  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
+  int64_t n = 1;  // rows: the product of the leading dimensions
+  for (size_t d = 0; d + 1 < shape.size(); ++d) n *= shape[d];
+  shape.back() = out;
+  const at::Tensor x = x_in.contiguous(), w = weight_in.contiguous(), scale = scale_in.contiguous();
+  at::Tensor y = at::empty(shape, x.options());
+  if (n == 0 || out == 0) return y;
+  if (in == 0) return y.zero_();  // an empty sum
+  const int8_t* wp = w.const_data_ptr<int8_t>();
+  const float* sp = scale.const_data_ptr<float>();
+  if (st == at::kDouble) {
+    const int64_t blocks = (out + kLinearBlock - 1) / kLinearBlock;
+#pragma omp parallel for num_threads(omp_threads(blocks, n * out * in)) schedule(static)
+    for (int64_t b = 0; b < blocks; ++b)
+      skinny_linear_block<double, int8_t>(x.const_data_ptr<double>(), wp, sp, n, in, out, b * kLinearBlock,
+                                       std::min(out, (b + 1) * kLinearBlock), y.mutable_data_ptr<double>());
+    return y;
+  }
+  // float32 and bf16 x: fp32 products of x (widened once here) and the int8 weights widened in registers
+  const at::Tensor xf = st == at::kFloat ? x : x.to(at::kFloat).contiguous();
+  const float* xp = xf.const_data_ptr<float>();
+  const int64_t blocks = (out + kLinearBlockBf16 - 1) / kLinearBlockBf16;
+#pragma omp parallel for num_threads(omp_threads(blocks, n * out * in)) schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t o0 = b * kLinearBlockBf16, o1 = std::min(out, o0 + kLinearBlockBf16);
+#if defined(__AVX512F__)
+    if (st == at::kBFloat16)
+      skinny_linear_block_avx512f(xp, wp, sp, n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+    else
+      skinny_linear_block_avx512f(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
+#elif defined(SPECDEC_LINEAR_AVX2)
+    if (st == at::kBFloat16)
+      skinny_linear_block_avx2(xp, wp, sp, n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
+    else
+      skinny_linear_block_avx2(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
+#else
+    if (st == at::kBFloat16) {
+      std::vector<float> t(static_cast<size_t>(n * (o1 - o0)));
+      skinny_linear_block<float, int8_t>(xp, wp + o0 * in, sp + o0, n, in, o1 - o0, 0, o1 - o0, t.data());
+      uint16_t* yb = static_cast<uint16_t*>(y.mutable_data_ptr());
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t o = o0; o < o1; ++o) yb[r * out + o] = float_to_bf16(t[r * (o1 - o0) + o - o0]);
+    } else {
+      skinny_linear_block<float, int8_t>(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
+    }
+#endif
   }
   return y;
 }

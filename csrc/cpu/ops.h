@@ -52,6 +52,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
 // linear.cpp: x [..., in], weight [out, in] (one dtype) -> x weight^T [..., out], accumulated in fp32 (fp64 for
 // double); for the few rows of a decode step
 at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight);
+// x [..., in] (floating), weight int8 [out, in], scale float32 [out] -> (x weight^T) * scale [..., out] in x's
+// dtype, accumulated in fp32 (fp64 for double)
+at::Tensor skinny_linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale);
 // The bf16 path skinny_linear was compiled with: "avx512bf16", "avx2" or "portable".
 std::string skinny_linear_isa();
 

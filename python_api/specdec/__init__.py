@@ -34,7 +34,7 @@ from .drafting import (
     max_gram_proposal,
 )
 from .metrics import GenerationStats
-from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState
+from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState, int8_weights
 from .tree import DraftTree
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "SpeculativeDecoder",
     "custom_generate",
     "generate",
+    "int8_weights",
     "make_method",
     "max_gram_proposal",
     "methods",

@@ -34,6 +34,7 @@ from . import methods as registry
 from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
+from .models import int8_weights
 
 PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
 DEFAULT_DRAFT = "smollm2-eagle+ngram"
@@ -90,17 +91,20 @@ def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
     return model, tokenizer, os.path.basename(os.path.normpath(spec))
 
 
-def make_draft(spec: str, target: Any, dtype: torch.dtype, device: torch.device | str | None = None) -> Any:
+def make_draft(
+    spec: str, target: Any, dtype: torch.dtype, device: torch.device | str | None = None, *, int8: bool = False
+) -> Any:
     """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
     ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file). ``device``: where
-    a neural draft goes (it is loaded against ``target`` where that is, then moved); None: left there."""
+    a neural draft goes (it is loaded against ``target`` where that is, then moved); None: left there. ``int8``: a
+    neural draft's linears get int8 weights (:func:`specdec.int8_weights`), after the move."""
     from .drafting import HybridDrafter, NGramDrafter, neural_drafter
 
     if spec == "ngram":
         return NGramDrafter(target.config.vocab_size)
     neural = spec.removesuffix(HYBRID_SUFFIX)
     if neural and neural != spec:
-        base = make_draft(neural, target, dtype, device)
+        base = make_draft(neural, target, dtype, device, int8=int8)
         if isinstance(base, NGramDrafter):
             raise SystemExit(f"--draft {spec!r}: the part before {HYBRID_SUFFIX!r} must be a neural draft")
         return HybridDrafter(neural_drafter(base, name=neural))
@@ -123,7 +127,13 @@ def make_draft(spec: str, target: Any, dtype: torch.dtype, device: torch.device 
             raise SystemExit(
                 f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
             ) from err
-    return model if device is None else model.to(device)
+    model = model if device is None else model.to(device)
+    return int8_weights(model) if int8 else model
+
+
+def draft_label(spec: str, int8: bool) -> str:
+    """--draft as the demo and the benchmarks report it: ``NAME (int8)`` for a neural draft with int8 weights."""
+    return f"{spec} (int8)" if int8 and spec != "ngram" else spec
 
 
 #: --draft NAME+ngram: the neural draft NAME with Max-Gram's track mixed into its law (drafting.HybridDrafter)
@@ -322,8 +332,9 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     t0 = time.perf_counter()
     target, tokenizer, model_name = load_target(args.model, dtype)
-    draft = make_draft(args.draft, target, dtype)
-    say(f"loaded {model_name} ({args.dtype}) and draft {args.draft!r} in {time.perf_counter() - t0:.1f}s")
+    draft = make_draft(args.draft, target, dtype, int8=args.draft_int8)
+    label = draft_label(args.draft, args.draft_int8)
+    say(f"loaded {model_name} ({args.dtype}) and draft {label!r} in {time.perf_counter() - t0:.1f}s")
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=eos)
@@ -338,7 +349,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     if head_methods:
         pp_name, head_name = head_plan(args)
         if pp_name != args.draft:  # the head reads the hidden states of the draft it was trained on
-            pp_draft = make_draft(pp_name, target, dtype)
+            pp_draft = make_draft(pp_name, target, dtype, int8=args.draft_int8)
             drafts.update({m: pp_draft for m in head_methods})
     cascade_methods = [m for m in methods if registry.get(m).cascade]
     if cascade_methods:
@@ -432,7 +443,7 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     say()
     say(
         f"{len(prompts)} prompts ({'HumanEval' if args.prompts is None else args.prompts}), "
-        f"{args.max_new_tokens} new tokens max, {args.dtype}, draft {args.draft}, "
+        f"{args.max_new_tokens} new tokens max, {args.dtype}, draft {draft_label(args.draft, args.draft_int8)}, "
         f"{'greedy' if greedy else f'T={args.temperature}'}, batch {args.batch_size}, {args.threads} threads"
     )
     say(format_table(rows))
@@ -541,6 +552,13 @@ def build_parser() -> argparse.ArgumentParser:
         "distilled draft), 'ngram' (Max-Gram prompt lookup), 'self-bf16', an HF model directory, or a "
         "specdec.train draft asset/.safetensors; a neural one followed by '+ngram' mixes Max-Gram's proposal into "
         "its law and carries it below auto trees (the default, smollm2-eagle+ngram)",
+    )
+    demo.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the neural draft's linears with int8 weights, one scale per output row (specdec.int8_weights): half "
+        "the bytes a draft step reads; the draft law changes slightly, the output law not at all",
     )
     demo.add_argument(
         "--pp-draft",

@@ -75,12 +75,71 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
     ):
         return F.linear(x, weight)
+    packed = getattr(weight, INT8_ATTR, None)
+    if packed is not None:
+        return _decode_op("skinny_linear_int8", x.device)(x, *_int8_pair(weight, packed))
     # the op's own checks cost 2x the kernel call on a small layer; the kernels check what they rely on
     return _decode_op("skinny_linear", x.device)(x, weight)
 
 
+#: the attribute :func:`int8_weights` sets on a weight: (q int8 [out, in], scale float32 [out], weight._version or
+#: None where it is not tracked)
+INT8_ATTR = "_specdec_int8"
+
+
+def _int8_pair(weight: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int]) -> tuple[torch.Tensor, ...]:
+    q, scale, version = packed
+    if (version is not None and weight._version != version) or q.device != weight.device:
+        raise RuntimeError(
+            "a weight changed or moved after specdec.int8_weights() quantized it; call int8_weights() again on the "
+            "model as it is now"
+        )
+    return q, scale
+
+
+def concat_weights(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``torch.cat(weights)`` (output rows stacked), carrying the parts' int8 matrices and scales along when every
+    part has them (:func:`int8_weights` scales each output row on its own, so the stacked pair is the whole's)."""
+    whole = torch.cat(weights).detach()
+    packed = [getattr(w, INT8_ATTR, None) for w in weights]
+    if all(p is not None for p in packed):
+        pairs = [_int8_pair(w, p) for w, p in zip(weights, packed, strict=True)]
+        q, scale = torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+        setattr(whole, INT8_ATTR, (q, scale, None))  # a private copy: never edited
+    return whole
+
+
+def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every bias-free ``nn.Linear`` of ``model`` (and a reduced draft head's matrix) int8 weights, one scale
+    per output row (:func:`specdec_kernels.quantize_int8`), in place; returns ``model``.
+
+    Each weight is replaced by its dequantized value (``q * scale`` in the weight's dtype), so every path computes
+    the same layer up to rounding: the decode-step calls (:func:`decode_linear`) run
+    :func:`specdec_kernels.skinny_linear_int8` on the int8 matrix, others (prefill beyond :data:`DECODE_ROWS`,
+    autograd, plain module calls) ``F.linear`` on the dequantized one. A draft step reads its weights whole, so
+    this halves the bytes of a bf16 draft's step. For drafts: the draft's law changes by the quantization, which
+    every verifier accounts for (the output law stays the target's). Call it after moving the model to its device
+    and dtype; a weight changed afterwards raises at its next decode call."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is None:
+                weight = module.weight
+            elif getattr(module, "reduced_output", False):  # a reduced head (specdec.train.ReducedHead)
+                weight = module.reduced_weight
+            else:
+                continue
+            if not weight.is_floating_point():
+                raise TypeError(f"int8_weights: {type(module).__name__} has a {weight.dtype} weight")
+            q, scale = sk.quantize_int8(weight)
+            weight.copy_((q.float() * scale[:, None]).to(weight.dtype))
+            # an inference tensor cannot be edited in place outside inference mode and has no version counter
+            version = None if weight.is_inference() else weight._version
+            setattr(weight, INT8_ATTR, (q.to(weight.device), scale.to(weight.device), version))
+    return model
+
+
 #: the ops of a decode step, called straight through their implementation (:func:`_decode_op`)
-DECODE_OPS = ("skinny_linear", "rms_norm", "rotary_embedding", "decode_attention")
+DECODE_OPS = ("skinny_linear", "skinny_linear_int8", "rms_norm", "rotary_embedding", "decode_attention")
 
 
 def _decode_op(op: str, device: torch.device) -> Callable[..., Any]:

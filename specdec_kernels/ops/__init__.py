@@ -1,6 +1,13 @@
 """Public entry points of every op: signature, shapes, validation, dispatch. No math here."""
 
-from .decode import decode_attention, rms_norm, rotary_embedding, skinny_linear
+from .decode import (
+    decode_attention,
+    quantize_int8,
+    rms_norm,
+    rotary_embedding,
+    skinny_linear,
+    skinny_linear_int8,
+)
 from .sampling import (
     GumbelTopK,
     SBSStep,
@@ -38,11 +45,13 @@ __all__ = [
     "is_greedy",
     "kseq_gamma",
     "process_logits",
+    "quantize_int8",
     "rms_norm",
     "rotary_embedding",
     "sample_categorical",
     "sbs_step",
     "skinny_linear",
+    "skinny_linear_int8",
     "spechub_sample",
     "tree_mask",
     "tree_positions",

@@ -38,6 +38,55 @@ def skinny_linear(
     return resolve("skinny_linear", backend, x.device)(x, weight)
 
 
+def skinny_linear_int8(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    backend: str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """:func:`skinny_linear` with int8 weights and one scale per output: ``(x @ weight.T) * scale``.
+
+    Shape: x [..., in] floating, weight int8 [out, in], scale float32 [out] (:func:`quantize_int8` makes both) ->
+    [..., out] in x's dtype, each output's sum accumulated in fp32 (fp64 for double) and then scaled. A decode step
+    reads ``weight`` whole, so half the bytes of bf16 halve its time where the step is memory-bound (a small draft
+    model's). No autograd: inference only. On GPU the ``torch`` backend serves it. ``validate=False`` skips the
+    argument checks for a caller that guarantees them.
+    """
+    if not validate:
+        return resolve("skinny_linear_int8", backend, x.device)(x, weight, scale)
+    check_tensor("x", x, min_ndim=1)
+    check_tensor("weight", weight, ndim=2)
+    check_tensor("scale", scale, ndim=1)
+    check_float("x", x)
+    if weight.dtype != torch.int8:
+        raise TypeError(f"weight must be int8 (see quantize_int8), got {weight.dtype}")
+    if scale.dtype != torch.float32:
+        raise TypeError(f"scale must be float32, got {scale.dtype}")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x must be [..., in={weight.shape[1]}] to match weight [out, in], got {tuple(x.shape)}")
+    if scale.shape[0] != weight.shape[0]:
+        raise ValueError(f"scale must be [out={weight.shape[0]}] to match weight [out, in], got {tuple(scale.shape)}")
+    check_same_device(x=x, weight=weight, scale=scale)
+    return resolve("skinny_linear_int8", backend, x.device)(x, weight, scale)
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 quantization of each output row of ``weight`` [out, in] (floating, finite): the pair
+    (q int8 [out, in], scale float32 [out]) with scale = max |row| / 127 and q = round(row / scale) in [-127, 127]
+    (a zero row gets scale 0 and q 0), so ``q * scale`` is the row to within half a step, scale / 2, per entry.
+    The inputs of :func:`skinny_linear_int8`."""
+    check_tensor("weight", weight, ndim=2)
+    check_float("weight", weight)
+    w = weight.detach().to(torch.float32)
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("weight must be finite to be quantized")
+    scale = w.abs().amax(dim=1) / 127 if w.shape[1] else w.new_zeros(w.shape[0])
+    q = torch.round(w / torch.where(scale > 0, scale, 1)[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -15,6 +15,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+@register("skinny_linear_int8", "torch")
+def skinny_linear_int8(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(x weight^T) * scale in fp32 (fp64 for double), the int8 weights exact in either; the result in x's dtype."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return (torch.matmul(x.to(acc), weight.to(acc).T) * scale.to(acc)).to(x.dtype)
+
+
 @register("decode_attention", "torch")
 def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float

@@ -22,6 +22,7 @@ ISAS = native.runnable_isas() if native.HAVE_CPU else []
 PARITY = [
     "tests/backends",
     "tests/ops/test_skinny_linear.py",
+    "tests/ops/test_skinny_linear_int8.py",
     "tests/ops/test_decode_attention.py",
     "tests/ops/test_rms_norm.py",
     "tests/ops/test_rotary_embedding.py",

@@ -41,15 +41,23 @@ SHAPES = [  # (leading shape of x, in, out): decode steps of the shipped drafts,
 ]
 
 
+def assert_within_budget(
+    out: torch.Tensor, ref: torch.Tensor, truth: torch.Tensor, size: torch.Tensor, dtype: torch.dtype
+) -> None:
+    """The cpu error against the float64 ``truth``, relative to ``size`` (the size of the terms summed), is at most
+    2x the reference's plus one rounding of ``dtype``."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype == dtype
+    size = size.clamp_min(1e-300)
+    err_cpu = ((out.double() - truth).abs() / size).max().item()
+    err_ref = ((ref.double() - truth).abs() / size).max().item()
+    assert err_cpu <= 2 * err_ref + ROUNDING[dtype], (err_cpu, err_ref)
+
+
 def check(x: torch.Tensor, w: torch.Tensor) -> None:
     out = sk.skinny_linear(x, w, backend="cpu")
     ref = sk.skinny_linear(x, w, backend="torch")
-    assert out.shape == ref.shape and out.dtype == ref.dtype
     truth = F.linear(x.double(), w.double())
-    scale = (x.double().abs() @ w.double().abs().T).clamp_min(1e-300)  # the size of the terms summed
-    err_cpu = ((out.double() - truth).abs() / scale).max().item()
-    err_ref = ((ref.double() - truth).abs() / scale).max().item()
-    assert err_cpu <= 2 * err_ref + ROUNDING[x.dtype], (err_cpu, err_ref)
+    assert_within_budget(out, ref, truth, x.double().abs() @ w.double().abs().T, x.dtype)
 
 
 @pytest.mark.parametrize("dtype", list(ROUNDING), ids=str)

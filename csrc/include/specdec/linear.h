@@ -35,22 +35,30 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// y[r, o] = sum_i x[r, i] * w[o, i] for o in [o_begin, o_end), r in [0, n); float/double, accumulated in T.
-template <typename T>
-void skinny_linear_block(const T* x, const T* w, int64_t n, int64_t in, int64_t out, int64_t o_begin,
-                         int64_t o_end, T* y) {
+// A weight as a float (bf16 bits or int8), and an output stored from its fp32 sum (bf16 bits or float).
+inline float weight_value(uint16_t b) { return bf16_to_float(b); }
+inline float weight_value(int8_t v) { return static_cast<float>(v); }
+inline void store_value(uint16_t* y, float v) { *y = float_to_bf16(v); }
+inline void store_value(float* y, float v) { *y = v; }
+
+// y[r, o] = sum_i x[r, i] * w[o, i] for o in [o_begin, o_end), r in [0, n); x float/double, accumulated in T; w of
+// x's type, or int8 with one scale per output (each sum then multiplied by scale[o]; scale null for float weights).
+// The path of CPUs without AVX2, of double, and of float x with float weights.
+template <typename T, typename TW = T>
+void skinny_linear_block(const T* x, const TW* w, const float* scale, int64_t n, int64_t in, int64_t out,
+                         int64_t o_begin, int64_t o_end, T* y) {
   for (int64_t o = o_begin; o < o_end; ++o) {
-    const T* wr = w + o * in;
+    const TW* wr = w + o * in;
     for (int64_t r = 0; r < n; ++r) {
       const T* xr = x + r * in;
       T acc[kLinearLanes] = {};
       int64_t i = 0;
       for (; i + kLinearLanes <= in; i += kLinearLanes)
-        for (int j = 0; j < kLinearLanes; ++j) acc[j] += xr[i + j] * wr[i + j];
+        for (int j = 0; j < kLinearLanes; ++j) acc[j] += xr[i + j] * static_cast<T>(wr[i + j]);
       T s = 0;
       for (int j = 0; j < kLinearLanes; ++j) s += acc[j];
-      for (; i < in; ++i) s += xr[i] * wr[i];
-      y[r * out + o] = s;
+      for (; i < in; ++i) s += xr[i] * static_cast<T>(wr[i]);
+      y[r * out + o] = scale == nullptr ? s : s * static_cast<T>(scale[o]);
     }
   }
 }
@@ -385,20 +393,27 @@ inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const u
 }
 #endif
 
-#if defined(SPECDEC_LINEAR_AVX512F)
-// AVX-512F without bf16 dot products: the AVX2 scheme below on 16-wide vectors and 32 registers. x comes widened to
-// fp32 once per call (xf [n, in]); each 16-element chunk of a W row is widened once in registers and feeds every row
-// of the tile's FMAs (up to 24 accumulators), so the extra rows of a verification pass cost arithmetic, not another
-// trip through W. Every row's sum runs the same lanes in the same order (then _mm512_reduce_add_ps) whichever rows
-// share its call, so row r of a call equals a call on row r alone.
+#if defined(__AVX512F__)
+// AVX-512F FMA tiles: the bf16 path of CPUs without bf16 dot products, and the int8-weight path of every AVX-512
+// build. x comes widened to fp32 once per call (xf [n, in]); each 16-element chunk of a W row is widened once in
+// registers and feeds every row of the tile's FMAs (up to 24 accumulators), so the extra rows of a verification
+// pass cost arithmetic, not another trip through W. Every row's sum runs the same lanes in the same order (then
+// _mm512_reduce_add_ps) whichever rows share its call, so row r of a call equals a call on row r alone.
 constexpr int kPrefetchBytesAvx512 = 16384;  // into L2, as in the AVX512-BF16 path; a prefetch never faults
 
-// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped).
-template <int R, int O>
-inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t in, int64_t out, int64_t r0,
-                                     int64_t o0, int64_t m, uint16_t* y) {
+inline __m512 widen_x16(const uint16_t* p) { return widen_bf16x16(p); }  // bf16 bits
+inline __m512 widen_x16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped);
+// TW: bf16 bits or int8 (then each output is multiplied by scale[o] after its sum); TY: bf16 bits or float.
+template <int R, int O, typename TW, typename TY>
+inline void skinny_tile_avx512f(const float* xf, const TW* w, const float* scale, int64_t in, int64_t out,
+                                int64_t r0, int64_t o0, int64_t m, TY* y) {
+  constexpr int64_t kLine = 64 / sizeof(TW);  // elements per cache line of W
   const int64_t in16 = in / 16 * 16;
-  const uint16_t* wr[O];
+  const TW* wr[O];
   for (int j = 0; j < O; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;
   __m512 a[R][O];
 #pragma GCC unroll 8
@@ -408,8 +423,8 @@ inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t
   for (int64_t i = 0; i < in16; i += 16) {
     __m512 u[O];
 #pragma GCC unroll 8
-    for (int j = 0; j < O; ++j) u[j] = widen_bf16x16(wr[j] + i);
-    if ((i & 31) == 0)  // one prefetch per 64-byte line; W's rows are contiguous, so this runs into later tiles' rows
+    for (int j = 0; j < O; ++j) u[j] = widen_x16(wr[j] + i);
+    if ((i & (kLine - 1)) == 0)  // one prefetch per line; W's rows are contiguous, so this runs into later tiles'
 #pragma GCC unroll 8
       for (int j = 0; j < O; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytesAvx512, _MM_HINT_T1);
@@ -430,18 +445,18 @@ inline void skinny_tile_bf16_avx512f(const float* xf, const uint16_t* w, int64_t
     const float* xr = xf + (r0 + q) * in;
     for (int j = 0; j < m; ++j) {
       float t = s[q][j];
-      for (int64_t k = in16; k < in; ++k) t += xr[k] * bf16_to_float(wr[j][k]);
-      y[(r0 + q) * out + o0 + j] = float_to_bf16(t);
+      for (int64_t k = in16; k < in; ++k) t += xr[k] * weight_value(wr[j][k]);
+      store_value(y + (r0 + q) * out + o0 + j, scale == nullptr ? t : t * scale[o0 + j]);
     }
   }
 }
 
-// The tiles of the AVX512-BF16 path: 8 W rows for one or two rows, 4 W rows x 3 to 6 rows, 2 W rows x 8 rows at a
-// time beyond.
-inline void skinny_linear_block_bf16_avx512f(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
-                                             int64_t o_begin, int64_t o_end, uint16_t* y) {
+// The tiles: 8 W rows for one or two rows, 4 W rows x 3 to 6 rows, 2 W rows x 8 rows at a time beyond.
+template <typename TW, typename TY>
+inline void skinny_linear_block_avx512f(const float* xf, const TW* w, const float* scale, int64_t n, int64_t in,
+                                        int64_t out, int64_t o_begin, int64_t o_end, TY* y) {
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
-    skinny_tile_bf16_avx512f<R, O>(xf, w, in, out, r0, o0, m, y);
+    skinny_tile_avx512f<R, O>(xf, w, scale, in, out, r0, o0, m, y);
   };
   sweep_by_rows<8, 4, 2>(n, o_begin, o_end, tile);
 }
@@ -468,20 +483,27 @@ inline float sum_lanes(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped).
-template <int R, int O>
-inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in, int64_t out, int64_t r0,
-                                  int64_t o0, int64_t m, uint16_t* y) {
+inline __m256 widen_x8(const uint16_t* p) { return widen_bf16x8(p); }  // bf16 bits
+inline __m256 widen_x8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Rows [r0, r0 + R) of x against W rows [o0, o0 + m), m <= O (padding columns repeat row o0 and are dropped);
+// TW: bf16 bits or int8 (then each output is multiplied by scale[o] after its sum); TY: bf16 bits or float.
+template <int R, int O, typename TW, typename TY>
+inline void skinny_tile_avx2(const float* xf, const TW* w, const float* scale, int64_t in, int64_t out, int64_t r0,
+                             int64_t o0, int64_t m, TY* y) {
+  constexpr int64_t kLine = 64 / sizeof(TW);  // elements per cache line of W
   const int64_t in8 = in / 8 * 8;
-  const uint16_t* wr[O];
+  const TW* wr[O];
   for (int j = 0; j < O; ++j) wr[j] = w + (o0 + (j < m ? j : 0)) * in;
   __m256 a[R][O];
   for (int q = 0; q < R; ++q)
     for (int j = 0; j < O; ++j) a[q][j] = _mm256_setzero_ps();
   for (int64_t i = 0; i < in8; i += 8) {
     __m256 u[O];
-    for (int j = 0; j < O; ++j) u[j] = widen_bf16x8(wr[j] + i);
-    if ((i & 31) == 0)  // one prefetch per 64-byte line; W's rows are contiguous, so this runs into later tiles' rows
+    for (int j = 0; j < O; ++j) u[j] = widen_x8(wr[j] + i);
+    if ((i & (kLine - 1)) == 0)  // one prefetch per line; W's rows are contiguous, so this runs into later tiles'
       for (int j = 0; j < O; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytes, _MM_HINT_T0);
     for (int q = 0; q < R; ++q) {
       __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
@@ -493,8 +515,8 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
     const float* xr = xf + (r0 + q) * in;
     for (int j = 0; j < m; ++j) {
       float s = sum_lanes(a[q][j]);
-      for (int64_t k = in8; k < in; ++k) s += xr[k] * bf16_to_float(wr[j][k]);
-      y[(r0 + q) * out + o0 + j] = float_to_bf16(s);
+      for (int64_t k = in8; k < in; ++k) s += xr[k] * weight_value(wr[j][k]);
+      store_value(y + (r0 + q) * out + o0 + j, scale == nullptr ? s : s * scale[o0 + j]);
     }
   }
 }
@@ -503,10 +525,11 @@ inline void skinny_tile_bf16_avx2(const float* xf, const uint16_t* w, int64_t in
 // loop lean. 3 to 6 rows (verification passes): 2 W rows x all rows (12 accumulators in the 16 ymm registers), so
 // each widened chunk feeds up to 12 FMAs. More: 1 W row x 8 rows at a time (8 accumulators, enough independent
 // FMAs to hide their latency), so a pass of up to 8 tokens reads W once.
-inline void skinny_linear_block_bf16_avx2(const float* xf, const uint16_t* w, int64_t n, int64_t in, int64_t out,
-                                          int64_t o_begin, int64_t o_end, uint16_t* y) {
+template <typename TW, typename TY>
+inline void skinny_linear_block_avx2(const float* xf, const TW* w, const float* scale, int64_t n, int64_t in,
+                                     int64_t out, int64_t o_begin, int64_t o_end, TY* y) {
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
-    skinny_tile_bf16_avx2<R, O>(xf, w, in, out, r0, o0, m, y);
+    skinny_tile_avx2<R, O>(xf, w, scale, in, out, r0, o0, m, y);
   };
   sweep_by_rows<4, 2, 1>(n, o_begin, o_end, tile);
 }

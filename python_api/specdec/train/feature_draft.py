@@ -28,7 +28,7 @@ from torch import nn
 
 from specdec_kernels import decode_attention, rms_norm
 
-from ..models import cache_argument, decode_linear, fused_decoder_layer
+from ..models import cache_argument, concat_weights, decode_linear, fused_decoder_layer
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
@@ -153,7 +153,7 @@ def _fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     hit = getattr(layer, "_specdec_fused", None)
     if hit is None or hit[0] != key:
         with torch.no_grad():
-            hit = (key, torch.cat(src[:3]).detach(), torch.cat(src[3:]).detach())
+            hit = (key, concat_weights(src[:3]), concat_weights(src[3:]))
         layer._specdec_fused = hit
     return hit[1], hit[2]
 
