@@ -14,7 +14,8 @@ in benchmarks/results/target_step_ops.csv: what grows with n outside the linears
 ``--draft NAME`` (default ``smollm2-eagle``; ``none`` skips it) also times one cached step of that shipped draft
 as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
 included), in two cases: right after a target step (the first draft call of a round, its weights evicted from the
-caches by the target's) and repeated (the later levels of a round).
+caches by the target's) and repeated (the later levels of a round); with int8 weights (as the demo loads it) unless
+``--no-draft-int8``.
 Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops] [--draft NAME]
 """
 
@@ -73,15 +74,26 @@ def save_ops(rec: Recorder, rows: list[dict]) -> None:
     print(f"appended {len(rows)} rows to benchmarks/results/target_step_ops.csv")
 
 
+def _read_bytes(weight: torch.Tensor) -> int:
+    """Bytes a decode step reads of ``weight``: its int8 matrix and scales where it has them."""
+    packed = getattr(weight, models.INT8_ATTR, None)
+    ws = packed[:2] if packed is not None else (weight,)
+    return sum(t.numel() * t.element_size() for t in ws)
+
+
 class DraftStep:
     """One cached step of a shipped draft through the decoders' adapter: a level of one node after a root whose
     block is cached, then the cache as it was."""
 
-    def __init__(self, name: str, target: torch.nn.Module, lm: models.HFCausalLM, context: list[int]) -> None:
+    def __init__(
+        self, name: str, target: torch.nn.Module, lm: models.HFCausalLM, context: list[int], int8: bool = False
+    ) -> None:
         from specdec.drafting import as_drafter
         from specdec.train import load_draft
 
         self.draft = load_draft(name, target, dtype=lm.dtype)
+        if int8:
+            models.int8_weights(self.draft)
         self.lm = as_drafter(self.draft, lm).lm
         self.state = self.lm.new_state(1)
         width = int(target.config.hidden_size)
@@ -99,7 +111,7 @@ class DraftStep:
         self.valid, self.depth = torch.ones((1, 2), dtype=torch.bool), torch.tensor([[0, 1]])
         # the matrices a step reads in full: every 2-D parameter (the target's embedding table, of which a step
         # reads one row, is a buffer)
-        self.nbytes = sum(p.numel() * p.element_size() for p in self.draft.parameters() if p.dim() == 2)
+        self.nbytes = sum(_read_bytes(p) for p in self.draft.parameters() if p.dim() == 2)
 
     def __call__(self) -> None:
         lm, st = self.lm, self.state
@@ -115,6 +127,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--ops", action="store_true", help="also record the per-op profile of each cpu pass")
     ap.add_argument("--ops-reps", type=int, default=10, help="profiled passes per n (with --ops)")
     ap.add_argument("--draft", default="smollm2-eagle", help="shipped draft whose step is timed too ('none': skip)")
+    ap.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the draft with int8 weights (specdec.int8_weights), as the demo loads it",
+    )
 
 
 def main() -> None:
@@ -142,10 +160,11 @@ def main() -> None:
                 if ms >= 0.01:
                     ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
     if args.draft != "none" and "cpu" in args.backends:
-        step = DraftStep(args.draft, target, lm, context)
+        step = DraftStep(args.draft, target, lm, context, int8=args.draft_int8)
         one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)
-        rec.case(f"draft {args.draft} after a target step", {"cpu": step}, step.nbytes, before=one)
-        rec.case(f"draft {args.draft} repeated", {"cpu": step}, step.nbytes)
+        name = f"{args.draft}/int8" if args.draft_int8 else args.draft  # one word: the report reads it back
+        rec.case(f"draft {name} after a target step", {"cpu": step}, step.nbytes, before=one)
+        rec.case(f"draft {name} repeated", {"cpu": step}, step.nbytes)
     rec.save()
     if args.ops and ops_rows and not args.no_csv:
         save_ops(rec, ops_rows)
