@@ -74,7 +74,7 @@ from specdec.baselines import sampling_kwargs
 from specdec.cascade import CascadeDrafter, load_bigram
 from specdec.cli import load_prompts
 from specdec.drafting import NGramDrafter
-from specdec.models import HFCausalLM
+from specdec.models import HFCausalLM, int8_weights
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 
@@ -87,7 +87,7 @@ FIELDS = [
     "time", "machine", "cpu_flags", "cpu_isa", "torch", "git", "threads", "clock", "dtype", "load_before",
     "load_after", "dataset", "prompts", "tune_prompts", "tokens", "temperature", "select", "row", "method",
     "setting", "steps", "leniency", "drafters", "tok_s", "ratio_vs_ar", "block_eff", "swi_ms", "swi_pw",
-    "new_tokens", "target_forwards", "drafter_forwards", "c_ms", "c_pw", "equal_ar",
+    "new_tokens", "target_forwards", "drafter_forwards", "c_ms", "c_pw", "equal_ar", "draft_weights",
 ]  # fmt: skip
 
 
@@ -436,6 +436,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--tune-prompts", type=int, default=3, help="prompts per set for the search (not measured)")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per prompt (fewer at EOS)")
     ap.add_argument("--drafters", default="smollm2-distill", help="neural draft assets, largest first")
+    ap.add_argument(
+        "--draft-int8",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the neural drafters with int8 weights (specdec.int8_weights), as the demo loads drafts",
+    )
     ap.add_argument("--bigram", default="smollm2-bigram", help="Max-Gram's bigram table (asset or .npz)")
     ap.add_argument("--mag-tokens", type=int, default=10, help="tokens per Max-Gram proposal in the cascades")
     ap.add_argument("--k-grid", default="1,2,3,4,6,8", help="SD draft lengths k and cascade k11 to search")
@@ -489,6 +495,8 @@ def main() -> None:
     from specdec.train import load_draft
 
     drafts = {d: load_draft(d, target, dtype=dtype) for d in args.drafters}
+    if args.draft_int8:
+        drafts = {d: int8_weights(m) for d, m in drafts.items()}
     for d, m in drafts.items():
         if getattr(m, "reads_target_features", False):
             raise SystemExit(f"--drafters: {d} is a feature draft; a cascade level must review a block in one forward")
@@ -541,6 +549,7 @@ def main() -> None:
         "torch": meta["torch"], "git": meta["git_rev"], "threads": args.threads, "clock": args.clock,
         "dtype": args.dtype, "load_before": f"{load_before[0]:.2f}", "load_after": f"{load_after[0]:.2f}",
         "prompts": args.prompts, "tune_prompts": args.tune_prompts, "tokens": args.tokens, "select": args.select,
+        "draft_weights": "int8" if args.draft_int8 else args.dtype,
     }  # fmt: skip
     rows = [csv_row({**run, **base}, c, t, ar, c_ms, c_pw, g) for base, c, t, ar, g in results]
     print(f"\n{'set':10s} {'T':>4s} {'row':34s} {'setting':24s} {'tok/s':>7s} {'vs AR':>6s} {'blk eff':>7s} "
