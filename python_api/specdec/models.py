@@ -111,30 +111,33 @@ def concat_weights(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
     """Give every bias-free ``nn.Linear`` of ``model`` (and a reduced draft head's matrix) int8 weights, one scale
-    per output row (:func:`specdec_kernels.quantize_int8`), in place; returns ``model``.
+    per output row (:func:`specdec_kernels.quantize_int8`); returns ``model``, changed in place.
 
-    Each weight is replaced by its dequantized value (``q * scale`` in the weight's dtype), so every path computes
-    the same layer up to rounding: the decode-step calls (:func:`decode_linear`) run
-    :func:`specdec_kernels.skinny_linear_int8` on the int8 matrix, others (prefill beyond :data:`DECODE_ROWS`,
-    autograd, plain module calls) ``F.linear`` on the dequantized one. A draft step reads its weights whole, so
-    this halves the bytes of a bf16 draft's step. For drafts: the draft's law changes by the quantization, which
-    every verifier accounts for (the output law stays the target's). Call it after moving the model to its device
-    and dtype; a weight changed afterwards raises at its next decode call."""
+    Each such module gets a new weight ``Parameter`` holding the dequantized values (``q * scale`` in the weight's
+    dtype), so every path computes the same layer up to rounding: the decode-step calls (:func:`decode_linear`)
+    run :func:`specdec_kernels.skinny_linear_int8` on the int8 matrix, others (``F.linear`` beyond
+    :data:`DECODE_ROWS` rows, autograd, plain module calls) the dequantized one. The old weight tensor is left as it
+    was, so a tensor the model shares with another (a tied embedding, another model's head) keeps its values. A
+    draft step reads its weights whole, so this halves the bytes of a bf16 draft's step; the draft's law changes by
+    the quantization, which every verifier accounts for (the output law stays the target's). Call it after moving
+    the model to its device and dtype; a weight changed afterwards raises at its next decode call."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.bias is None:
-                weight = module.weight
+                name = "weight"
             elif getattr(module, "reduced_output", False):  # a reduced head (specdec.train.ReducedHead)
-                weight = module.reduced_weight
+                name = "reduced_weight"
             else:
                 continue
-            if not weight.is_floating_point():
-                raise TypeError(f"int8_weights: {type(module).__name__} has a {weight.dtype} weight")
-            q, scale = sk.quantize_int8(weight)
-            weight.copy_((q.float() * scale[:, None]).to(weight.dtype))
-            # an inference tensor cannot be edited in place outside inference mode and has no version counter
+            old = getattr(module, name)
+            if not old.is_floating_point():
+                raise TypeError(f"int8_weights: {type(module).__name__} has a {old.dtype} weight")
+            q, scale = sk.quantize_int8(old)
+            weight = torch.nn.Parameter((q.float() * scale[:, None]).to(old.dtype), requires_grad=old.requires_grad)
+            setattr(module, name, weight)
+            # an inference tensor has no version counter (and cannot be edited outside inference mode)
             version = None if weight.is_inference() else weight._version
-            setattr(weight, INT8_ATTR, (q.to(weight.device), scale.to(weight.device), version))
+            setattr(weight, INT8_ATTR, (q.to(old.device), scale.to(old.device), version))
     return model
 
 

@@ -69,6 +69,21 @@ def test_feature_draft_fused_matrices_carry_int8_and_the_lean_path_matches_the_m
     torch.testing.assert_close(lean, hf.last_hidden_state, atol=1e-4, rtol=1e-4)
 
 
+def test_a_tensor_shared_with_another_model_keeps_its_values():
+    """A weight the model shares (here: its head tied to another model's head) gets a new quantized Parameter; the
+    shared tensor, and so the other model, stays as it was."""
+    other = tiny_llama(0, vocab=32, hidden=32)
+    model = tiny_llama(1, vocab=32, hidden=32)
+    model.lm_head.weight = other.lm_head.weight
+    before = other.lm_head.weight.detach().clone()
+    specdec.int8_weights(model)
+    assert torch.equal(other.lm_head.weight, before)
+    assert getattr(other.lm_head.weight, models.INT8_ATTR, None) is None
+    assert model.lm_head.weight is not other.lm_head.weight
+    q, s = sk.quantize_int8(before)
+    assert torch.equal(model.lm_head.weight, q.float() * s[:, None])
+
+
 def test_a_weight_edited_after_quantization_is_refused():
     model = tiny_llama(0, vocab=32, hidden=32)
     specdec.int8_weights(model)
