@@ -144,6 +144,14 @@ def test_default_methods_are_every_method_but_the_domain_cascade() -> None:
     assert "csd" in specdec.methods.available()
 
 
+def test_draft_int8_flag_and_label() -> None:
+    assert build_parser().parse_args(["demo"]).draft_int8 is True
+    assert build_parser().parse_args(["demo", "--no-draft-int8"]).draft_int8 is False
+    assert cli.draft_label("smollm2-eagle+ngram", True) == "smollm2-eagle+ngram (int8)"
+    assert cli.draft_label("smollm2-eagle", False) == "smollm2-eagle"
+    assert cli.draft_label("ngram", True) == "ngram"  # Max-Gram has no weights
+
+
 def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:
     import csv
 

@@ -45,9 +45,10 @@ def test_demo_defaults_to_the_hybrid_draft_and_runs_specdec_pp_with_its_head(tmp
     argv = ["demo", "--prompts", str(prompts), "--num-prompts", "1", "--max-new-tokens", "4"]
     cli.main([*argv, "--methods", "ar,sd,specdec_pp", "--temperature", "0.7"])
     out = capsys.readouterr().out
-    assert "draft 'smollm2-eagle+ngram'" in out
+    assert "draft 'smollm2-eagle+ngram (int8)'" in out  # the default draft, with int8 weights by default
     assert "specdec_pp drafts with 'smollm2-eagle', acceptance head 'smollm2-eagle-head', h = 0.8" in out
     assert "specdec_pp(cap=20)" in out and "sd(L=2)" in out
     cli.main([*argv, "--methods", "ar,specdec_pp", "--draft", "ngram", "--no-hf", "--no-numerics"])
     out = capsys.readouterr().out
+    assert "draft 'ngram'" in out  # not a neural draft: no int8 label
     assert "specdec_pp drafts with 'smollm2-distill', acceptance head 'smollm2-distill-head'" in out
