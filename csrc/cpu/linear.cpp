@@ -56,6 +56,20 @@ void skinny_linear_amx(const uint16_t* x, const uint16_t* w, int64_t n, int64_t 
 }  // namespace
 #endif
 
+namespace {
+
+// The output [..., out] of a linear on x [..., in] (x's dtype and device) and its row count n, the product of x's
+// leading dimensions (x.numel() / in fails for in = 0).
+at::Tensor linear_output(const at::Tensor& x, int64_t out, int64_t& n) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  n = 1;
+  for (size_t d = 0; d + 1 < shape.size(); ++d) n *= shape[d];
+  shape.back() = out;
+  return at::empty(shape, x.options());
+}
+
+}  // namespace
+
 at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   check_cpu(x_in, "x");
   check_cpu(weight_in, "weight");
@@ -67,13 +81,10 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   const at::ScalarType st = x_in.scalar_type();
   TORCH_CHECK(at::isFloatingType(st), "x must be floating, got ", st);
   const int64_t in = weight_in.size(1), out = weight_in.size(0);
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-  int64_t n = 1;  // rows: the product of the leading dimensions (x.numel() / in fails for in = 0)
-  for (size_t d = 0; d + 1 < shape.size(); ++d) n *= shape[d];
-  shape.back() = out;
   if (st == at::kHalf) return skinny_linear(x_in.to(at::kFloat), weight_in.to(at::kFloat)).to(at::kHalf);
   const at::Tensor x = x_in.contiguous(), w = weight_in.contiguous();
-  at::Tensor y = at::empty(shape, x.options());
+  int64_t n = 0;
+  at::Tensor y = linear_output(x, out, n);
   if (n == 0 || out == 0) return y;
   if (in == 0) return y.zero_();  // an empty sum
 #if defined(SPECDEC_LINEAR_AMX)
@@ -134,12 +145,13 @@ at::Tensor skinny_linear_int8(const at::Tensor& x_in, const at::Tensor& weight_i
   const at::ScalarType st = x_in.scalar_type();
   TORCH_CHECK(at::isFloatingType(st), "x must be floating, got ", st);
   if (st == at::kHalf) return skinny_linear_int8(x_in.to(at::kFloat), weight_in, scale_in).to(at::kHalf);
-  std::vector<int64_t> shape(x_in.sizes().begin(), x_in.sizes().end());
-  int64_t n = 1;  // rows: the product of the leading dimensions
-  for (size_t d = 0; d + 1 < shape.size(); ++d) n *= shape[d];
-  shape.back() = out;
+#if !defined(__AVX512F__) && !defined(SPECDEC_LINEAR_AVX2)
+  // the portable loop computes in float x: bf16 goes through it and rounds once at the end
+  if (st == at::kBFloat16) return skinny_linear_int8(x_in.to(at::kFloat), weight_in, scale_in).to(at::kBFloat16);
+#endif
   const at::Tensor x = x_in.contiguous(), w = weight_in.contiguous(), scale = scale_in.contiguous();
-  at::Tensor y = at::empty(shape, x.options());
+  int64_t n = 0;
+  at::Tensor y = linear_output(x, out, n);
   if (n == 0 || out == 0) return y;
   if (in == 0) return y.zero_();  // an empty sum
   const int8_t* wp = w.const_data_ptr<int8_t>();
@@ -170,15 +182,7 @@ at::Tensor skinny_linear_int8(const at::Tensor& x_in, const at::Tensor& weight_i
     else
       skinny_linear_block_avx2(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
 #else
-    if (st == at::kBFloat16) {
-      std::vector<float> t(static_cast<size_t>(n * (o1 - o0)));
-      skinny_linear_block<float, int8_t>(xp, wp + o0 * in, sp + o0, n, in, o1 - o0, 0, o1 - o0, t.data());
-      uint16_t* yb = static_cast<uint16_t*>(y.mutable_data_ptr());
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t o = o0; o < o1; ++o) yb[r * out + o] = float_to_bf16(t[r * (o1 - o0) + o - o0]);
-    } else {
-      skinny_linear_block<float, int8_t>(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
-    }
+    skinny_linear_block<float, int8_t>(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
 #endif
   }
   return y;

@@ -87,7 +87,9 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 INT8_ATTR = "_specdec_int8"
 
 
-def _int8_pair(weight: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int]) -> tuple[torch.Tensor, ...]:
+def _int8_pair(
+    weight: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, int | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
     q, scale, version = packed
     if (version is not None and weight._version != version) or q.device != weight.device:
         raise RuntimeError(
@@ -137,7 +139,7 @@ def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
             setattr(module, name, weight)
             # an inference tensor has no version counter (and cannot be edited outside inference mode)
             version = None if weight.is_inference() else weight._version
-            setattr(weight, INT8_ATTR, (q.to(old.device), scale.to(old.device), version))
+            setattr(weight, INT8_ATTR, (q, scale, version))  # quantize_int8 leaves both on the weight's device
     return model
 
 

@@ -50,9 +50,10 @@ def skinny_linear_int8(
 
     Shape: x [..., in] floating, weight int8 [out, in], scale float32 [out] (:func:`quantize_int8` makes both) ->
     [..., out] in x's dtype, each output's sum accumulated in fp32 (fp64 for double) and then scaled. A decode step
-    reads ``weight`` whole, so half the bytes of bf16 halve its time where the step is memory-bound (a small draft
-    model's). No autograd: inference only. On GPU the ``torch`` backend serves it. ``validate=False`` skips the
-    argument checks for a caller that guarantees them.
+    reads ``weight`` whole and int8 is half the bytes of bf16, so where the weights stream from memory (a small
+    draft model's step) the call takes less time; by how much, benchmarks/bench_skinny_linear.py --int8 measures
+    (it saves less than half where the int8 tiles stream below copy speed). No autograd: inference only. On GPU the
+    ``torch`` backend serves it. ``validate=False`` skips the argument checks for a caller that guarantees them.
     """
     if not validate:
         return resolve("skinny_linear_int8", backend, x.device)(x, weight, scale)
