@@ -11,6 +11,9 @@ The memory floor of a step is the weights' bytes over the plain-copy rate measur
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
 ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
 in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
+The compute floor of a pass: "linears in cache new n" runs skinny_linear on n rows for as many multiply-adds as the
+model's matrices hold, on one weight that stays in cache (its calls' dispatch included, so an upper bound); where it
+nears the memory floor, the pass cannot stay close to a one-token step.
 ``--draft NAME`` (default ``smollm2-eagle``; ``none`` skips it) also times one cached step of that shipped draft
 as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
 included), in two cases: right after a target step (the first draft call of a round, its weights evicted from the
@@ -30,6 +33,8 @@ import specdec.models as models
 import torch
 from _timing import RESULTS, Recorder, parse_args
 from specdec import smollm2
+
+import specdec_kernels
 
 OP = "target_step"
 CONTEXT = 200
@@ -72,6 +77,12 @@ def save_ops(rec: Recorder, rows: list[dict]) -> None:
         for row in rows:
             writer.writerow({"timestamp": rec.stamp, **rec.meta, "threads": torch.get_num_threads(), **row})
     print(f"appended {len(rows)} rows to benchmarks/results/target_step_ops.csv")
+
+
+def in_cache(x: torch.Tensor, weight: torch.Tensor, calls: int) -> None:
+    """``calls`` skinny_linear calls of x on one weight that stays in cache: the compute side of a pass."""
+    for _ in range(calls):
+        specdec_kernels.skinny_linear(x, weight)
 
 
 def _read_bytes(weight: torch.Tensor) -> int:
@@ -159,6 +170,15 @@ def main() -> None:
             for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
                 if ms >= 0.01:
                     ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
+    if "cpu" in args.backends:
+        # the arithmetic of the pass's linears apart from memory: as many multiply-adds as the model's 2-D weights
+        # hold, on one weight that stays in cache (the shape of a fused qkv projection, ~1.1 MB in bf16)
+        shapes = [p.shape for p in target.parameters() if p.dim() == 2]
+        cached = (torch.randn((960, int(target.config.hidden_size)), generator=g) * 0.05).to(lm.dtype)
+        calls = round(sum(a * b for a, b in shapes) / cached.numel())
+        for n in NEW:
+            x = torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype)
+            rec.case(f"{args.dtype} linears in cache new {n}", {"cpu": partial(in_cache, x, cached, calls)}, nbytes)
     if args.draft != "none" and "cpu" in args.backends:
         step = DraftStep(args.draft, target, lm, context, int8=args.draft_int8)
         one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)

@@ -88,12 +88,16 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
         {**base, "case": "bf16 ctx 200 new 2", "median_ms": 44.0},
         {**base, "case": "draft dr after a target step", "median_ms": 2.0, "bytes": 10},
         {**base, "case": "draft dr repeated", "median_ms": 1.0, "bytes": 10},
+        {**base, "case": "bf16 linears in cache new 1", "median_ms": 6.0},
+        {**base, "case": "bf16 linears in cache new 2", "median_ms": 9.5},
     ]
     fields = [*meta, "op", "case", "backend", "threads", "clock", "median_ms", "bytes", "copy_gbps"]
     _write(tmp_path / "target_step.csv", fields, rows)
     out = report.block_target_step(tmp_path)
     assert "draft step (dr), after a target step" in out
     assert "| avx2 | " in out and "| 40.0 ms | 1.10x | - | 5.0 % (2.00 ms) | 2.5 % (1.00 ms) |" in out
+    # the compute floor sits on its own row, in ms, and stays out of the pass ratios and the memory floor
+    assert "| avx2: linears in cache | - | 6.00 ms | 9.50 ms | - | - | - |" in out
 
 
 def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
