@@ -521,12 +521,12 @@ def block_end_to_end_headline(results: Path) -> str:
 
 
 def block_demo_runs(results: Path) -> str:
-    """One line per recorded demo run (the newest of each prompt set, temperature, thread count and draft): our AR,
-    the fastest method against it and against transformers' generate, and the slowest method."""
+    """One line per recorded demo run (the newest of each prompt set, temperature, thread count, CPU variant and
+    draft): our AR, the fastest method against it and against transformers' generate, and the slowest method."""
     rows = read_csv(results, "demo")
-    newest: dict[tuple[str, str, str, str], str] = {}
+    newest: dict[tuple[str, str, str, str, str], str] = {}
     for r in rows:
-        key = (r["prompt_set"], r["temperature"], r["threads"], r["draft"])
+        key = (r["prompt_set"], r["temperature"], r["threads"], r["draft"], r.get("cpu_isa") or "-")
         newest[key] = max(newest.get(key, ""), r["timestamp"])
     lines, runs = [], []
     for key, stamp in sorted(newest.items()):
@@ -546,6 +546,7 @@ def block_demo_runs(results: Path) -> str:
                 key[0].removesuffix(".jsonl"),
                 mode,
                 key[2],
+                key[4],
                 f"`{key[3]}`",
                 num(ar["tokens_per_second"]),
                 f"{best['label']} {float(best['speed_ratio']):.2f}x",
@@ -556,7 +557,8 @@ def block_demo_runs(results: Path) -> str:
         runs += run
     if not lines:
         return "No demo run recorded in `benchmarks/results/demo.csv`.\n"
-    head = ["prompts", "sampling", "threads", "draft", "our AR, tok/s", "fastest (vs AR)", "fastest vs generate"]
+    head = ["prompts", "sampling", "threads", "CPU variant", "draft", "our AR, tok/s", "fastest (vs AR)"]
+    head.append("fastest vs generate")
     head.append("slowest")
     r0 = runs[0]
     extra = f"{r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, {r0['dtype']}"

@@ -73,7 +73,7 @@ def test_demo_runs_block_names_the_fastest_and_slowest_method(tmp_path: Path) ->
     ]
     _write(tmp_path / "demo.csv", bench_demo.FIELDS, rows)
     out = report.block_demo_runs(tmp_path)
-    assert "| chat | T = 0.7 | 1 | `d` | 30.0 | spechub(b=2,2) 1.60x | 3.00x | sd(L=2) 1.20x |" in out
+    assert "| chat | T = 0.7 | 1 | avx2 | `d` | 30.0 | spechub(b=2,2) 1.60x | 3.00x | sd(L=2) 1.20x |" in out
     assert "rrs" not in out and "abc" not in out and "CPU flags avx2" in out  # the revision stays in the CSV
 
 
