@@ -11,9 +11,10 @@ The memory floor of a step is the weights' bytes over the plain-copy rate measur
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
 ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
 in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
-The compute floor of a pass: "linears in cache new n" runs skinny_linear on n rows for as many multiply-adds as the
-model's matrices hold, on one weight that stays in cache (its calls' dispatch included, so an upper bound); where it
-nears the memory floor, the pass cannot stay close to a one-token step.
+The linears of a pass alone: "linears new n" runs skinny_linear on n rows over each of the model's matrices once,
+from memory (the rest of the pass left out); their compute floor: "linears in cache new n", as many multiply-adds on
+one weight that stays in cache (its calls' dispatch included, so an upper bound). Where the floor nears the memory
+floor, the pass cannot stay close to a one-token step.
 ``--draft NAME`` (default ``smollm2-eagle``; ``none`` skips it) also times one cached step of that shipped draft
 as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
 included), in two cases: right after a target step (the first draft call of a round, its weights evicted from the
@@ -77,6 +78,12 @@ def save_ops(rec: Recorder, rows: list[dict]) -> None:
         for row in rows:
             writer.writerow({"timestamp": rec.stamp, **rec.meta, "threads": torch.get_num_threads(), **row})
     print(f"appended {len(rows)} rows to benchmarks/results/target_step_ops.csv")
+
+
+def linears(xs: dict[int, torch.Tensor], mats: list[torch.Tensor]) -> None:
+    """skinny_linear over each matrix once (xs: the n-row input of each input width)."""
+    for m in mats:
+        specdec_kernels.skinny_linear(xs[m.shape[1]], m)
 
 
 def in_cache(x: torch.Tensor, weight: torch.Tensor, calls: int) -> None:
@@ -171,11 +178,15 @@ def main() -> None:
                 if ms >= 0.01:
                     ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
     if "cpu" in args.backends:
-        # the arithmetic of the pass's linears apart from memory: as many multiply-adds as the model's 2-D weights
-        # hold, on one weight that stays in cache (the shape of a fused qkv projection, ~1.1 MB in bf16)
-        shapes = [p.shape for p in target.parameters() if p.dim() == 2]
+        # the pass's linears alone: skinny_linear over each of the model's matrices once, n rows, weights from memory
+        mats = [p.detach() for p in target.parameters() if p.dim() == 2]
+        xs = {n: {m.shape[1]: torch.randn((n, m.shape[1]), generator=g).to(lm.dtype) for m in mats} for n in NEW}
+        for n in NEW:
+            rec.case(f"{args.dtype} linears new {n}", {"cpu": partial(linears, xs[n], mats)}, nbytes)
+        # their arithmetic apart from memory: as many multiply-adds as those matrices hold, on one weight that stays
+        # in cache (the shape of a fused qkv projection, ~1.1 MB in bf16)
         cached = (torch.randn((960, int(target.config.hidden_size)), generator=g) * 0.05).to(lm.dtype)
-        calls = round(sum(a * b for a, b in shapes) / cached.numel())
+        calls = round(sum(m.numel() for m in mats) / cached.numel())
         for n in NEW:
             x = torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype)
             rec.case(f"{args.dtype} linears in cache new {n}", {"cpu": partial(in_cache, x, cached, calls)}, nbytes)

@@ -300,13 +300,14 @@ def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
         return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
-    steps = [[r for r in run if not r["case"].startswith("draft ") and " in cache " not in r["case"]] for run in runs]
+    steps = [[r for r in run if not r["case"].startswith("draft ") and " linears " not in r["case"]] for run in runs]
+    alone = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " linears new " in r["case"]} for run in runs]
     cached = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " in cache " in r["case"]} for run in runs]
     drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
     news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
     with_draft = any(drafts)
     lines = []
-    for run, draft, arith in zip(steps, drafts, cached, strict=True):
+    for run, draft, lin, arith in zip(steps, drafts, alone, cached, strict=True):
         cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
         torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
         if 1 not in cpu:
@@ -325,9 +326,16 @@ def block_target_step(results: Path) -> str:
             for k in ("step", "repeated")
         ]
         lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
+        blank = ["-", "-"] if with_draft else []
+        if 1 in lin:  # the same run's linears alone, from memory: n = 1 in ms, then ratios to it
+            l1 = float(lin[1]["median_ms"])
+            cells = [
+                f"{num(l1)} ms" if n == 1 else (f"{float(lin[n]['median_ms']) / l1:.2f}x" if n in lin else "-")
+                for n in news
+            ]
+            lines.append([f"{run[0]['cpu_isa']}: linears alone", "-", *cells, "-", *blank])
         if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
             cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
-            blank = ["-", "-"] if with_draft else []
             lines.append([f"{run[0]['cpu_isa']}: linears in cache", "-", *cells, "-", *blank])
     head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
     if with_draft:
@@ -337,6 +345,8 @@ def block_target_step(results: Path) -> str:
     extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
     if any(cached):
         extra += "; 'linears in cache': the pass's multiply-adds on one weight in cache (compute floor), in ms"
+    if any(alone):
+        extra += "; 'linears alone': the pass's linears over the model's weights from memory, the rest left out"
     if with_draft:
         extra += "; a draft step as a share of the one-token target step of the same run"
     prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", extra=extra)

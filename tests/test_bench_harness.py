@@ -88,6 +88,8 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
         {**base, "case": "bf16 ctx 200 new 2", "median_ms": 44.0},
         {**base, "case": "draft dr after a target step", "median_ms": 2.0, "bytes": 10},
         {**base, "case": "draft dr repeated", "median_ms": 1.0, "bytes": 10},
+        {**base, "case": "bf16 linears new 1", "median_ms": 30.0},
+        {**base, "case": "bf16 linears new 2", "median_ms": 33.0},
         {**base, "case": "bf16 linears in cache new 1", "median_ms": 6.0},
         {**base, "case": "bf16 linears in cache new 2", "median_ms": 9.5},
     ]
@@ -97,6 +99,7 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
     assert "draft step (dr), after a target step" in out
     assert "| avx2 | " in out and "| 40.0 ms | 1.10x | - | 5.0 % (2.00 ms) | 2.5 % (1.00 ms) |" in out
     # the compute floor sits on its own row, in ms, and stays out of the pass ratios and the memory floor
+    assert "| avx2: linears alone | - | 30.0 ms | 1.10x | - | - | - |" in out
     assert "| avx2: linears in cache | - | 6.00 ms | 9.50 ms | - | - | - |" in out
 
 
