@@ -64,7 +64,7 @@ void attention_rows(const T* q, const T* k, const T* v, const float* mask, int64
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = r / (heads * n), h = (r / n) % heads, i = r % n;
       const int64_t kv = b * kv_batch_stride + (h / group) * kv_head_stride;
-#if !(defined(__AVX512BF16__) && defined(__AVX512F__)) && (defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F))
+#if defined(__AVX2__) && defined(__FMA__)  // in AVX512-BF16 builds: the head widths the grouped path leaves
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (dim % 16 == 0 && dim <= kAttentionMaxDimAvx2) {
           decode_attention_row_bf16(q + r * dim, k + kv, v + kv, mask + (b * n + i) * s_len, s_len, dim,

@@ -21,6 +21,7 @@ SHAPES = [  # (B, H, Hkv, n, S, D): the shipped draft (9 heads over 3, D 64), ta
     (2, 4, 4, 3, 17, 7),
     (1, 2, 1, 8, 1, 48),
     (99, 1, 1, 1, 3, 16),
+    (1, 4, 2, 3, 33, 80),  # a multiple of 16, not of 32: the AVX2 path in every x86 build
     (1, 2, 1, 2, 6, 128),  # the AVX2 path's widest head
     (1, 2, 2, 1, 9, 136),  # wider than the AVX2 path takes: the generic loop
 ]

@@ -214,10 +214,14 @@ inline void decode_attention_values_bf16_any(const uint16_t* v, int64_t s_len, i
     default: return decode_attention_values_bf16<16>(v, s_len, w, w_stride, inv, rows, out);
   }
 }
-#elif defined(SPECDEC_LINEAR_AVX2) || defined(SPECDEC_LINEAR_AVX512F)
-// AVX2 + FMA (no bf16 dot products), bf16 rows with D a multiple of 16 and at most 128. Each 16 bf16 values are
-// loaded as 8 32-bit words and split into their even and odd halves with a shift and a mask (no cross-lane widening),
-// q is split the same way once, the weighted sum of v is kept split and interleaved back at the end; dot products
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// AVX2 + FMA, bf16 rows with D a multiple of 16 and at most 128: the path of CPUs without bf16 dot products, and of
+// the AVX512-BF16 builds for the head widths their path does not take (D not a multiple of 32, e.g. 16, 48 or 80),
+// which would otherwise run the scalar loop. Each 16 bf16 values are loaded as 8 32-bit words and split into their
+// even and odd halves with a shift and a mask (no cross-lane widening), q is split the same way once, the weighted
+// sum of v is kept split and interleaved back at the end; dot products
 // run four cache slots at a time (two FMA chains per slot, one horizontal reduction for the four); exp is
 // vectorised. About 7 ns per slot on a 2-core AVX2 EPYC, where the generic loop's scalar reductions took ~30-50.
 // Same math as decode_attention_row, another summation order, the weighted sum divided by the total at the end, and
