@@ -296,6 +296,15 @@ def _runs_by_isa(rows: Rows) -> list[Rows]:
     return [[r for r in rows if r["timestamp"] == stamp] for stamp in sorted(newest.values())]
 
 
+def _new_cells(by_n: dict[int, dict[str, str]], news: list[int]) -> list[str]:
+    """Table cells of timings by token count: n = 1 in ms, every other n as a ratio to it ("-" where missing)."""
+    one = float(by_n[1]["median_ms"])
+    return [
+        f"{num(one)} ms" if n == 1 else (f"{float(by_n[n]['median_ms']) / one:.2f}x" if n in by_n else "-")
+        for n in news
+    ]
+
+
 def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
@@ -314,10 +323,7 @@ def block_target_step(results: Path) -> str:
             continue
         one = float(cpu[1]["median_ms"])
         floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
-        cells = [
-            f"{num(one)} ms" if n == 1 else (f"{float(cpu[n]['median_ms']) / one:.2f}x" if n in cpu else "-")
-            for n in news
-        ]
+        cells = _new_cells(cpu, news)
         t1 = torch_rows.get(1)
         torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
         # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
@@ -327,13 +333,8 @@ def block_target_step(results: Path) -> str:
         ]
         lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
         blank = ["-", "-"] if with_draft else []
-        if 1 in lin:  # the same run's linears alone, from memory: n = 1 in ms, then ratios to it
-            l1 = float(lin[1]["median_ms"])
-            cells = [
-                f"{num(l1)} ms" if n == 1 else (f"{float(lin[n]['median_ms']) / l1:.2f}x" if n in lin else "-")
-                for n in news
-            ]
-            lines.append([f"{run[0]['cpu_isa']}: linears alone", "-", *cells, "-", *blank])
+        if 1 in lin:  # the same run's linears alone, from memory
+            lines.append([f"{run[0]['cpu_isa']}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
         if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
             cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
             lines.append([f"{run[0]['cpu_isa']}: linears in cache", "-", *cells, "-", *blank])
@@ -568,8 +569,7 @@ def block_demo_runs(results: Path) -> str:
     if not lines:
         return "No demo run recorded in `benchmarks/results/demo.csv`.\n"
     head = ["prompts", "sampling", "threads", "CPU variant", "draft", "our AR, tok/s", "fastest (vs AR)"]
-    head.append("fastest vs generate")
-    head.append("slowest")
+    head += ["fastest vs generate", "slowest"]
     r0 = runs[0]
     extra = f"{r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, {r0['dtype']}"
     extra += ", wall clock"
