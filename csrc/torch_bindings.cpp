@@ -81,6 +81,11 @@ TORCH_LIBRARY(specdec, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   // q [B, H, n, D], k [B, Hkv, n, D], cos/sin [B or 1, n, D] -> rotated q, k (HF's apply_rotary_pos_emb)
   m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  // one Llama decoder layer of a decode step: h [B, n, E] -> [B, n, E]; writes cache slots [length, length + n)
+  m.def(
+      "decoder_layer(Tensor h, Tensor[] weights, Tensor[] scales, Tensor ln1, Tensor ln2, Tensor cos, Tensor sin, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, int length, Tensor mask, float eps1, float eps2, float scale) "
+      "-> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -103,4 +108,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("decode_attention", &specdec::cpu::decode_attention);
   m.impl("rms_norm", &specdec::cpu::rms_norm);
   m.impl("rotary_embedding", &specdec::cpu::rotary_embedding);
+  m.impl("decoder_layer", &specdec::cpu::decoder_layer);
 }

@@ -154,6 +154,7 @@ CPU_OPS = (
     "decode_attention",
     "rms_norm",
     "rotary_embedding",
+    "decoder_layer",
 )
 
 
@@ -252,6 +253,13 @@ if HAVE_CPU:
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return q.new_empty(q.shape), k.new_empty(k.shape)
+
+    # the op takes 14 arguments: registered as is (no Python wrapper that would repeat them)
+    register("decoder_layer", "cpu", supports=_on_cpu)(ops.decoder_layer)
+
+    @torch.library.register_fake("specdec::decoder_layer")
+    def _decoder_layer_fake(h: torch.Tensor, *args: object) -> torch.Tensor:
+        return h.new_empty(h.shape)
 
     # ---- sampling ----
 

@@ -1,5 +1,5 @@
-"""Shared helpers of the rms_norm and rotary_embedding tests: bit-level comparisons, inputs as a Llama layer makes
-them, and HF's RMSNorm formula in the cpu kernel's summation order."""
+"""Shared helpers of the rms_norm, rotary_embedding and decoder_layer tests: bit-level comparisons, inputs as a Llama
+layer makes them, HF's RMSNorm formula in the cpu kernel's summation order, and whole decoder-layer calls."""
 
 from __future__ import annotations
 
@@ -76,3 +76,52 @@ def rope_tables(b: int, n: int, d: int, dtype: torch.dtype, g: torch.Generator) 
     pos = torch.randint(0, 4096, (b, n), generator=g).double()
     ang = torch.cat([pos[..., None] * inv] * 2, dim=-1)
     return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def layer_case(shape: tuple[int, ...], dtype: torch.dtype, fused: bool, int8: bool, seed: int) -> dict:
+    """Inputs of one call: weights scaled so the activations stay O(1), a mask with blocked slots."""
+    b, n, e, h, hkv, d, inter, length, cap = shape
+    g = torch.Generator().manual_seed(seed)
+
+    def mat(o: int, i: int) -> torch.Tensor:
+        return torch.randn((o, i), generator=g) / i**0.5
+
+    ws = [mat(h * d, e), mat(hkv * d, e), mat(hkv * d, e), mat(e, h * d), mat(inter, e), mat(inter, e), mat(e, inter)]
+    if fused:
+        ws = [torch.cat(ws[:3]), ws[3], torch.cat(ws[4:6]), ws[6]]
+    scales: list[torch.Tensor] = []
+    if int8:
+        pairs = [sk.quantize_int8(w) for w in ws]
+        ws, scales = [p[0] for p in pairs], [p[1] for p in pairs]
+    else:
+        ws = [w.to(dtype) for w in ws]
+    angle = torch.rand((b, n, d), generator=g) * 6.3
+    mask = torch.zeros((b, 1, n, length + n))
+    mask[..., :length][torch.rand((b, 1, n, length), generator=g) < 0.2] = float("-inf")
+    mask[..., length:] = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)  # a chain: causal new slots
+    return {
+        "h": torch.randn((b, n, e), generator=g).to(dtype),
+        "weights": ws,
+        "ln1": (1 + 0.1 * torch.randn(e, generator=g)).to(dtype),
+        "ln2": (1 + 0.1 * torch.randn(e, generator=g)).to(dtype),
+        "cos": angle.cos().to(dtype),
+        "sin": angle.sin().to(dtype),
+        "k_cache": torch.randn((b, hkv, cap, d), generator=g).to(dtype),
+        "v_cache": torch.randn((b, hkv, cap, d), generator=g).to(dtype),
+        "length": length,
+        "mask": mask.to(dtype),
+        "scale": d**-0.5,
+        "eps1": 1e-5,
+        "eps2": 1e-6,
+        "scales": scales,
+    }
+
+
+def run_layer(case: dict, backend: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, k_cache, v_cache) of decoder_layer on copies of the case's caches."""
+    c = {**case, "k_cache": case["k_cache"].clone(), "v_cache": case["v_cache"].clone()}
+    out = sk.decoder_layer(
+        c["h"], c["weights"], c["ln1"], c["ln2"], c["cos"], c["sin"], c["k_cache"], c["v_cache"], c["length"],
+        c["mask"], scale=c["scale"], eps1=c["eps1"], eps2=c["eps2"], scales=c["scales"], backend=backend,
+    )  # fmt: skip
+    return out, c["k_cache"], c["v_cache"]

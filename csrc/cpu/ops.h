@@ -69,6 +69,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 std::tuple<at::Tensor, at::Tensor> rotary_embedding(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                     const at::Tensor& sin);
 
+// layer.cpp: one Llama decoder layer of a decode step (specdec_kernels/reference/decode.py decoder_layer). h [B, n, E];
+// weights (q, k, v, o, gate, up, down) or (qkv, o, gate_up, down), floating or int8 with one float32 scale tensor
+// each; k_cache/v_cache [B, Hkv, capacity, D], slots [length, length + n) written; mask [B or 1, 1, n, length + n]
+at::Tensor decoder_layer(const at::Tensor& h, at::TensorList weights, at::TensorList scales, const at::Tensor& ln1,
+                         const at::Tensor& ln2, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
+                         const at::Tensor& v_cache, int64_t length, const at::Tensor& mask, double eps1, double eps2,
+                         double scale);
+
 // beam.cpp (SpecHub drafting, K-SEQ, beam search); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)
 std::tuple<at::Tensor, at::Tensor, at::Tensor> spechub_sample(const at::Tensor& logp,

@@ -144,7 +144,14 @@ def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
 
 
 #: the ops of a decode step, called straight through their implementation (:func:`_decode_op`)
-DECODE_OPS = ("skinny_linear", "skinny_linear_int8", "rms_norm", "rotary_embedding", "decode_attention")
+DECODE_OPS = (
+    "skinny_linear",
+    "skinny_linear_int8",
+    "rms_norm",
+    "rotary_embedding",
+    "decode_attention",
+    "decoder_layer",
+)
 
 
 def _decode_op(op: str, device: torch.device) -> Callable[..., Any]:
@@ -286,6 +293,9 @@ def fused_decoder_layer(
     this call's keys are appended. ``attend(attn, q, k, v, mask)`` -> [B, n, H, D]. ``qkv`` / ``gate_up``: the
     layer's [q; k; v] and [gate; up] weights as one matrix each (a small draft model's fewer, larger calls), else
     each projection is its own call (a target keeps no second copy of its weights)."""
+    out = _native_layer(layer, h, mask, cos, sin, cache, qkv, gate_up)
+    if out is not None:
+        return out
     attn, mlp = layer.self_attn, layer.mlp
     b, n, _ = h.shape
     d = attn.head_dim
@@ -310,6 +320,78 @@ def fused_decoder_layer(
     else:
         gate, up = decode_linear(x, gate_up).chunk(2, dim=-1)
     return h + decode_linear(F.silu(gate) * up, mlp.down_proj.weight)
+
+
+def _layer_weights(
+    layer: Any, qkv: torch.Tensor | None, gate_up: torch.Tensor | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """The matrices :func:`specdec_kernels.decoder_layer` takes for ``layer`` (with their int8 scales where every
+    one carries an int8 pair), or None where only some do."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if qkv is None or gate_up is None:
+        mats = [m.weight for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj)]
+    else:
+        mats = [qkv, attn.o_proj.weight, gate_up]
+    mats.append(mlp.down_proj.weight)
+    packed = [getattr(w, INT8_ATTR, None) for w in mats]
+    if all(p is None for p in packed):
+        return mats, []
+    if any(p is None for p in packed):
+        return None
+    pairs = [_int8_pair(w, p) for w, p in zip(mats, packed, strict=True)]  # type: ignore[arg-type]
+    return [q for q, _ in pairs], [scale for _, scale in pairs]
+
+
+def _native_layer(
+    layer: Any,
+    h: torch.Tensor,
+    mask: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: Any,
+    qkv: torch.Tensor | None,
+    gate_up: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """:func:`fused_decoder_layer` in one :func:`specdec_kernels.decoder_layer` call, for the calls where the op-by-op
+    path would run the cpu kernels throughout (every projection through skinny_linear, attention through
+    decode_attention): the same kernels, so the same bits. None for any other call (the op-by-op path then runs):
+    no cache slot layer with cached keys yet, more rows than :data:`DECODE_ROWS`, autocast, another dtype or
+    device, a mask that does not cover exactly the cache and the new keys."""
+    b, n, _ = h.shape
+    idx, layers = layer.self_attn.layer_idx, getattr(cache, "layers", None)
+    slot = layers[idx] if isinstance(layers, list) and isinstance(idx, int) and 0 <= idx < len(layers) else None
+    if (
+        not _NATIVE_ATTENTION
+        or not getattr(_skinny, "on", False)
+        or h.device.type != "cpu"
+        or h.dtype not in (torch.bfloat16, torch.float32)
+        or b * n > DECODE_ROWS
+        or n == 0
+        or mask is None
+        or mask.dim() != 4
+        or mask.dtype != h.dtype
+        or not isinstance(slot, _slot_layer_class())
+        or torch.is_autocast_enabled("cpu")
+        or (torch.is_grad_enabled() and h.requires_grad)
+    ):
+        return None
+    found = _layer_weights(layer, qkv, gate_up)
+    room = slot.slots(n)
+    if found is None or room is None:
+        return None
+    k_cache, v_cache, length = room
+    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != length + n or mask.shape[0] not in (1, b):
+        return None
+    weights, scales = found
+    if not scales and any(w.dtype != h.dtype for w in weights):
+        return None
+    attn, n1, n2 = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
+    out = _decode_op("decoder_layer", h.device)(
+        h, weights, scales, n1.weight, n2.weight, cos, sin, k_cache, v_cache, length, mask,
+        float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling),
+    )  # fmt: skip
+    slot.commit(length + n)
+    return out
 
 
 #: the attention implementation name of the adapter's own forwards: HF's sdpa with decode_attention for the calls it
@@ -575,6 +657,17 @@ def _slot_layer_class() -> type:
                 and k.shape[3] == new.shape[3]
             )
 
+        def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, end: int) -> None:
+            # grow by a quarter (at least 128 slots): a copy of the cache every few hundred tokens, not per step
+            cap = -(-(end + max(128, end // 4)) // 64) * 64
+            b, h, _, d = key_states.shape
+            kb = key_states.new_empty((b, h, cap, d))
+            vb = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[3]))
+            if length:
+                kb[:, :, :length].copy_(self.keys)
+                vb[:, :, :length].copy_(self.values)
+            self.buffers = (kb, vb)
+
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -583,20 +676,31 @@ def _slot_layer_class() -> type:
             length = self.get_seq_length()
             end = length + key_states.shape[-2]
             if not self._room(key_states, length) or self.buffers[0].shape[2] < end:  # type: ignore[index]
-                # grow by a quarter (at least 128 slots): a copy of the cache every few hundred tokens, not per step
-                cap = -(-(end + max(128, end // 4)) // 64) * 64
-                b, h, _, d = key_states.shape
-                kb = key_states.new_empty((b, h, cap, d))
-                vb = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[3]))
-                if length:
-                    kb[:, :, :length].copy_(self.keys)
-                    vb[:, :, :length].copy_(self.values)
-                self.buffers = (kb, vb)
+                self._grow(key_states, value_states, length, end)
             kb, vb = self.buffers  # type: ignore[misc]
             kb[:, :, length:end].copy_(key_states)
             vb[:, :, length:end].copy_(value_states)
-            self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
+            self.commit(end)
             return self.keys, self.values
+
+        def slots(self, n: int) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+            """(k buffer, v buffer, length) with room for ``n`` slots after the ``length`` cached ones, for a caller
+            that writes them itself and then calls :meth:`commit`; None where the layer caches nothing yet or its
+            views left its buffers (:meth:`update` then starts new ones)."""
+            if not self.is_initialized or self.keys.dim() != 4:
+                return None
+            length = self.get_seq_length()
+            if length == 0 or not self._room(self.keys, length):
+                return None
+            if self.buffers[0].shape[2] < length + n:  # type: ignore[index]
+                self._grow(self.keys, self.values, length, length + n)
+            kb, vb = self.buffers  # type: ignore[misc]
+            return kb, vb, length
+
+        def commit(self, end: int) -> None:
+            """The cache holds the first ``end`` slots of its buffers."""
+            kb, vb = self.buffers  # type: ignore[misc]
+            self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
 
     _SLOT_LAYER = SlotLayer
     return SlotLayer

@@ -2,6 +2,7 @@
 
 from .decode import (
     decode_attention,
+    decoder_layer,
     quantize_int8,
     rms_norm,
     rotary_embedding,
@@ -39,6 +40,7 @@ __all__ = [
     "SpecHubDraft",
     "TreeVerdict",
     "decode_attention",
+    "decoder_layer",
     "emission_law",
     "filter_kv",
     "gumbel_topk",

@@ -4,6 +4,7 @@ HF Llama's RMSNorm and rotary position embedding."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -138,9 +139,9 @@ def decode_attention(
     return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))
 
 
-def _check_eps(eps: object) -> float:
+def _check_eps(eps: object, name: str = "eps") -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {eps!r}")
     return float(eps)
 
 
@@ -214,3 +215,130 @@ def rotary_embedding(
         raise TypeError(f"q, k, cos and sin must share a dtype, got {q.dtype}, {k.dtype}, {cos.dtype} and {sin.dtype}")
     check_same_device(q=q, k=k, cos=cos, sin=sin)
     return resolve("rotary_embedding", backend, q.device)(q, k, cos, sin)
+
+
+def _check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_layer_weights(
+    h: torch.Tensor, weights: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], hkv: int, d: int
+) -> None:
+    """The projections of :func:`decoder_layer` against h [B, n, E] and a cache of Hkv heads of width D."""
+    if not isinstance(weights, (list, tuple)) or len(weights) not in (7, 4):
+        raise ValueError(
+            "weights must be a list of 7 matrices (q, k, v, o, gate, up, down) or 4 (qkv, o, gate_up, down)"
+        )
+    names = ("q", "k", "v", "o", "gate", "up", "down") if len(weights) == 7 else ("qkv", "o", "gate_up", "down")
+    for name, w in zip(names, weights, strict=True):
+        check_tensor(f"weights[{name}]", w, ndim=2)
+    if not isinstance(scales, (list, tuple)) or len(scales) not in (0, len(weights)):
+        raise ValueError(f"scales must be empty (floating weights) or hold one per weight ({len(weights)})")
+    for name, w, s in zip(names, weights, scales or [None] * len(weights), strict=True):
+        if s is None:
+            if w.dtype != h.dtype:
+                raise TypeError(f"weights[{name}] must have h's dtype {h.dtype}, got {w.dtype}")
+            continue
+        check_tensor(f"scales[{name}]", s, ndim=1)
+        if w.dtype != torch.int8 or s.dtype != torch.float32:
+            raise TypeError(
+                f"with scales, weights[{name}] must be int8 and its scale float32, got {w.dtype} and {s.dtype}"
+            )
+        if s.shape[0] != w.shape[0]:
+            raise ValueError(f"scales[{name}] must be [out={w.shape[0]}], got {tuple(s.shape)}")
+    e, nkv = h.shape[2], hkv * d
+    shapes = dict(zip(names, (tuple(w.shape) for w in weights), strict=True))
+    if len(weights) == 7:
+        nq, inter = shapes["q"][0], shapes["gate"][0]
+        want = {"q": (nq, e), "k": (nkv, e), "v": (nkv, e), "gate": (inter, e), "up": (inter, e)}
+    else:
+        nq, inter = shapes["qkv"][0] - 2 * nkv, shapes["gate_up"][0] // 2
+        want = {"qkv": (nq + 2 * nkv, e), "gate_up": (2 * inter, e)}
+    want |= {"o": (e, nq), "down": (e, inter)}
+    if nq <= 0 or nq % d or (nq // d) % hkv:
+        raise ValueError(
+            f"the query projection must have a multiple of D={d} outputs, a multiple of the cache's Hkv={hkv} heads, "
+            f"got {nq}"
+        )
+    for name, shape in want.items():
+        if shapes[name] != shape or (name == "gate_up" and shapes[name][0] % 2):
+            raise ValueError(f"weights[{name}] must be {list(shape)} for h [B, n, E={e}], got {list(shapes[name])}")
+
+
+def decoder_layer(
+    h: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    ln1: torch.Tensor,
+    ln2: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    length: int,
+    mask: torch.Tensor,
+    *,
+    scale: float,
+    eps1: float,
+    eps2: float,
+    scales: Sequence[torch.Tensor] = (),
+    backend: str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """One Llama decoder layer of a decode step (no biases, SiLU MLP), from its weights, in one call:
+    ``x = rms_norm(h, ln1)``; q, k, v projections of x; :func:`rotary_embedding` of q and k; the new keys and values
+    written to cache slots ``[length, length + n)``; :func:`decode_attention` of q over slots ``[0, length + n)``;
+    ``h = h + o(attention)``; ``x = rms_norm(h, ln2)``; ``h + down(silu(gate(x)) * up(x))``.
+
+    Shape: h [B, n, E]; ``weights`` (q, k, v, o, gate, up, down) as [out, in] matrices, or (qkv, o, gate_up, down)
+    with [q; k; v] and [gate; up] stacked; with ``scales`` (one float32 [out] per weight) the weights are int8
+    (:func:`quantize_int8`) and the projections :func:`skinny_linear_int8`, else :func:`skinny_linear` in h's dtype;
+    ln1/ln2 [E]; cos/sin [B or 1, n, D] (HF's position embeddings); k_cache/v_cache [B, Hkv, capacity, D] with
+    ``length + n <= capacity``, written in place; ``mask`` additive, broadcastable to [B, 1, n, length + n];
+    ``scale`` the attention's score scale; ``eps1``/``eps2`` the two norms' epsilons -> [B, n, E] in h's dtype.
+    The ``cpu`` backend calls the cpu kernels of those ops directly and ATen for the residual adds and the gated
+    SiLU, so its result is bitwise what those ops give when called one by one: a step of a small model then pays
+    one call per layer instead of ~15 Python-level calls. On GPU the ``torch`` backend (the ops composed) serves it.
+    No autograd: inference only. ``validate=False`` skips the argument checks for a caller that guarantees them.
+    """
+    args = (h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, int(length), mask)
+    if not validate:
+        return resolve("decoder_layer", backend, h.device)(*args, float(eps1), float(eps2), float(scale))
+    check_tensor("h", h, ndim=3)
+    check_float("h", h)
+    for name, t in (("ln1", ln1), ("ln2", ln2)):
+        check_tensor(name, t, ndim=1)
+        if t.shape[0] != h.shape[2] or t.dtype != h.dtype:
+            raise ValueError(f"{name} must be [E={h.shape[2]}] in h's dtype {h.dtype}, got {tuple(t.shape)} {t.dtype}")
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_tensor("v_cache", v_cache, ndim=4)
+    b, n, _ = h.shape
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] != b:
+        raise ValueError(
+            f"k_cache and v_cache must be one [B={b}, Hkv, capacity, D] shape, got {tuple(k_cache.shape)} and "
+            f"{tuple(v_cache.shape)}"
+        )
+    if k_cache.dtype != h.dtype or v_cache.dtype != h.dtype:
+        raise TypeError(f"k_cache and v_cache must have h's dtype {h.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+    hkv, capacity, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    if n == 0 or hkv == 0 or d == 0 or d % 2:
+        raise ValueError(f"h must hold at least one token and the cache an even head dim D > 0, got n={n}, D={d}")
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= capacity - n:
+        raise ValueError(f"length must be an int in [0, capacity - n = {capacity - n}], got {length!r}")
+    _check_layer_weights(h, weights, scales, hkv, d)
+    for name, t in (("cos", cos), ("sin", sin)):
+        check_tensor(name, t, ndim=3)
+        if t.shape[0] not in (1, b) or t.shape[1:] != (n, d) or t.dtype != h.dtype:
+            raise ValueError(
+                f"{name} must be [B={b} or 1, n={n}, D={d}] in h's dtype {h.dtype}, got {tuple(t.shape)} {t.dtype}"
+            )
+    check_tensor("mask", mask, ndim=4)
+    check_float("mask", mask)
+    if any(m not in (1, want) for m, want in zip(mask.shape, (b, 1, n, length + n), strict=True)):
+        raise ValueError(
+            f"mask must broadcast to [B, 1, n, length + n] = {(b, 1, n, length + n)}, got {tuple(mask.shape)}"
+        )
+    eps = (_check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"))
+    check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
+    return resolve("decoder_layer", backend, h.device)(*args, *eps, _check_number("scale", scale))

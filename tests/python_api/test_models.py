@@ -424,6 +424,38 @@ def test_fused_layers_compute_the_modules_bits_with_reference_ops(monkeypatch, f
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, int8: bool) -> None:
+    """Once a layer's cache holds keys, a fused layer of a decode-sized call runs as one decoder_layer call: the
+    logits (prompt, one-token step, tree pass) are bitwise those of the same ops called one by one, and the call is
+    made (for every layer of the step and of the tree pass)."""
+    import specdec.models as models
+
+    from specdec_kernels import native
+
+    if not native.HAVE_CPU:
+        pytest.skip("the cpu extension is not built")
+    model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype, layers=3)
+    if int8:
+        models.int8_weights(model)
+    calls: list[int] = []
+    native_layer = models._native_layer
+
+    def counted(*args, **kwargs):
+        out = native_layer(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(models, "_native_layer", counted)
+    got = _chain_and_tree_logits(HFCausalLM(model))
+    assert calls == [False] * 3 + [True] * 6  # the prompt fills the caches; the step and the tree pass: 3 layers each
+    monkeypatch.setattr(models, "_native_layer", lambda *args, **kwargs: None)
+    want = _chain_and_tree_logits(HFCausalLM(model))
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_base_model_run_part_by_part_gives_its_forwards_bits(dtype) -> None:
     """A stock stack of fused layers is run part by part (embedding, rotary table, layers, norm) instead of through
