@@ -51,6 +51,7 @@ HEADLINE_OPS = (
     "decode_attention",
     "rms_norm",
     "rotary_embedding",
+    "decoder_layer",
 )
 #: the kernel microbenchmark CSVs (written by benchmarks/_timing.py), in the order docs/benchmarks.md lists them
 KERNEL_OPS = (
@@ -72,6 +73,7 @@ KERNEL_OPS = (
     "decode_attention",
     "rms_norm",
     "rotary_embedding",
+    "decoder_layer",
     "target_step",
 )
 #: a speed-up over AR larger than the block efficiency (tokens per target call) times this is not physical: a

@@ -3,6 +3,9 @@ RMSNorm and rotary embedding)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -65,8 +68,8 @@ def rotary_embedding(
     return q_out.contiguous(), k_out.contiguous()
 
 
-@register("decoder_layer", "torch")
-def decoder_layer(
+def layer_from_ops(
+    ops: Mapping[str, Callable[..., Any]],
     h: torch.Tensor,
     weights: list[torch.Tensor],
     scales: list[torch.Tensor],
@@ -82,30 +85,49 @@ def decoder_layer(
     eps2: float,
     scale: float,
 ) -> torch.Tensor:
-    """One Llama decoder layer from the ops above: RMSNorm, q/k/v projections, rotary embedding, the new keys and
-    values written to cache slots [length, length + n), attention over slots [0, length + n), output projection and
-    residual, RMSNorm, SiLU-gated MLP and residual; each sum or product rounded to h's dtype as torch's ops round
-    them. ``weights`` (q, k, v, o, gate, up, down) or (qkv, o, gate_up, down); with ``scales`` they are int8."""
+    """decoder_layer (arguments as the op's) from the implementations ``ops`` of skinny_linear,
+    skinny_linear_int8, rms_norm, rotary_embedding and decode_attention, called one by one: RMSNorm, q/k/v
+    projections, rotary embedding, the new keys and values written to cache slots [length, length + n), attention
+    over slots [0, length + n), output projection and residual, RMSNorm, SiLU-gated MLP and residual; the adds and
+    the gated SiLU are torch's (rounded to h's dtype). ``weights`` (q, k, v, o, gate, up, down) or
+    (qkv, o, gate_up, down); with ``scales`` they are int8."""
     b, n, _ = h.shape
     hkv, d = k_cache.shape[1], k_cache.shape[3]
 
     def linear(x: torch.Tensor, i: int) -> torch.Tensor:
-        return skinny_linear_int8(x, weights[i], scales[i]) if scales else skinny_linear(x, weights[i])
+        if scales:
+            return ops["skinny_linear_int8"](x, weights[i], scales[i])
+        return ops["skinny_linear"](x, weights[i])
 
-    x = rms_norm(h, ln1, eps1)
+    x = ops["rms_norm"](h, ln1, eps1)
     if len(weights) == 7:
         q, k, v = linear(x, 0), linear(x, 1), linear(x, 2)
     else:
         q, k, v = linear(x, 0).split((weights[0].shape[0] - 2 * hkv * d, hkv * d, hkv * d), dim=-1)
-    q, k = rotary_embedding(q.view(b, n, -1, d).transpose(1, 2), k.view(b, n, hkv, d).transpose(1, 2), cos, sin)
-    k_cache[:, :, length : length + n] = k
-    v_cache[:, :, length : length + n] = v.view(b, n, hkv, d).transpose(1, 2)
+    q, k = ops["rotary_embedding"](q.view(b, n, -1, d).transpose(1, 2), k.view(b, n, hkv, d).transpose(1, 2), cos, sin)
     end = length + n
-    att = decode_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], mask, scale)
+    k_cache[:, :, length:end] = k
+    v_cache[:, :, length:end] = v.view(b, n, hkv, d).transpose(1, 2)
+    att = ops["decode_attention"](q, k_cache[:, :, :end], v_cache[:, :, :end], mask, scale)
     h = h + linear(att.transpose(1, 2).reshape(b, n, -1), 3 if len(weights) == 7 else 1)
-    x = rms_norm(h, ln2, eps2)
+    x = ops["rms_norm"](h, ln2, eps2)
     if len(weights) == 7:
         gate, up = linear(x, 4), linear(x, 5)
     else:
         gate, up = linear(x, 2).chunk(2, dim=-1)
     return h + linear(F.silu(gate) * up, len(weights) - 1)
+
+
+_LAYER_OPS = {
+    "skinny_linear": skinny_linear,
+    "skinny_linear_int8": skinny_linear_int8,
+    "rms_norm": rms_norm,
+    "rotary_embedding": rotary_embedding,
+    "decode_attention": decode_attention,
+}
+
+
+@register("decoder_layer", "torch")
+def decoder_layer(*args: Any) -> torch.Tensor:
+    """One Llama decoder layer (:func:`layer_from_ops`) from the reference ops above."""
+    return layer_from_ops(_LAYER_OPS, *args)
