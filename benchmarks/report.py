@@ -507,8 +507,8 @@ def block_end_to_end(results: Path) -> str:
     return "\n".join(out)
 
 
-#: the demo's default draft, whose end-to-end run the README shows
-HEADLINE_DRAFT = "smollm2-eagle+ngram"
+#: the demo's default draft as the demo loads it (int8 weights), whose end-to-end run the README shows
+HEADLINE_DRAFT = "smollm2-eagle+ngram (int8)"
 
 
 def block_end_to_end_headline(results: Path) -> str:
