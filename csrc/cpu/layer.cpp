@@ -3,7 +3,6 @@
 // computes what the same ops called one by one from Python compute, bit for bit, without the ~15 Python-level
 // calls (and their dispatch) per layer that cost a small model most of its step.
 #include <ATen/ops/add.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
 

@@ -376,15 +376,16 @@ def _native_layer(
     ):
         return None
     found = _layer_weights(layer, qkv, gate_up)
-    room = slot.slots(n)
-    if found is None or room is None:
+    if found is None or (not found[1] and any(w.dtype != h.dtype for w in found[0])):
         return None
-    k_cache, v_cache, length = room
-    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != length + n or mask.shape[0] not in (1, b):
+    end = slot.get_seq_length() + n
+    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != end or mask.shape[0] not in (1, b):
+        return None
+    room = slot.slots(n)  # may grow the buffers: asked only once the call is taken
+    if room is None:
         return None
     weights, scales = found
-    if not scales and any(w.dtype != h.dtype for w in weights):
-        return None
+    k_cache, v_cache, length = room
     attn, n1, n2 = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
     out = _decode_op("decoder_layer", h.device)(
         h, weights, scales, n1.weight, n2.weight, cos, sin, k_cache, v_cache, length, mask,

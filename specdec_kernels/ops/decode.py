@@ -89,6 +89,12 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def _check_number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -133,10 +139,9 @@ def decode_attention(
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
     if any(m not in (1, want) for m, want in zip(mask.shape, (b, 1, n, s), strict=True)):
         raise ValueError(f"mask must broadcast to [B, 1, n, S] = {(b, 1, n, s)}, got {tuple(mask.shape)}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    scale = _check_number("scale", scale)
     check_same_device(q=q, k=k, v=v, mask=mask)
-    return resolve("decode_attention", backend, q.device)(q, k, v, mask, float(scale))
+    return resolve("decode_attention", backend, q.device)(q, k, v, mask, scale)
 
 
 def _check_eps(eps: object, name: str = "eps") -> float:
@@ -215,12 +220,6 @@ def rotary_embedding(
         raise TypeError(f"q, k, cos and sin must share a dtype, got {q.dtype}, {k.dtype}, {cos.dtype} and {sin.dtype}")
     check_same_device(q=q, k=k, cos=cos, sin=sin)
     return resolve("rotary_embedding", backend, q.device)(q, k, cos, sin)
-
-
-def _check_number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
 
 
 def _check_layer_weights(
@@ -302,9 +301,11 @@ def decoder_layer(
     one call per layer instead of ~15 Python-level calls. On GPU the ``torch`` backend (the ops composed) serves it.
     No autograd: inference only. ``validate=False`` skips the argument checks for a caller that guarantees them.
     """
-    args = (h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, int(length), mask)
     if not validate:
-        return resolve("decoder_layer", backend, h.device)(*args, float(eps1), float(eps2), float(scale))
+        return resolve("decoder_layer", backend, h.device)(
+            h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, int(length), mask, float(eps1),
+            float(eps2), float(scale),
+        )  # fmt: skip
     check_tensor("h", h, ndim=3)
     check_float("h", h)
     for name, t in (("ln1", ln1), ("ln2", ln2)):
@@ -339,6 +340,8 @@ def decoder_layer(
         raise ValueError(
             f"mask must broadcast to [B, 1, n, length + n] = {(b, 1, n, length + n)}, got {tuple(mask.shape)}"
         )
-    eps = (_check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"))
+    eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
     check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
-    return resolve("decoder_layer", backend, h.device)(*args, *eps, _check_number("scale", scale))
+    return resolve("decoder_layer", backend, h.device)(
+        h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
+    )

@@ -98,6 +98,8 @@ BAD = [
     ({"length": 7}, ValueError, r"length must be an int in \[0, capacity - n = 6\], got 7"),
     ({"length": -1}, ValueError, r"length must be an int in \[0, capacity - n = 6\]"),
     ({"length": 2.0}, ValueError, r"length must be an int"),
+    ({"length": "x"}, ValueError, r"length must be an int"),
+    ({"scales": None}, ValueError, r"scales must be empty \(floating weights\) or hold one per weight"),
     ({"weights": [torch.randn(40, 40)] * 5}, ValueError, r"weights must be a list of 7 matrices"),
     ({"weights": _weights(0, torch.randn(40))}, ValueError, r"weights\[q\] must have 2 dimensions"),
     ({"weights": _weights(1, torch.randn(20, 41))}, ValueError, r"weights\[k\] must be \[20, 40\]"),
