@@ -52,6 +52,7 @@ HEADLINE_OPS = (
     "rms_norm",
     "rotary_embedding",
     "decoder_layer",
+    "decoder_stack",
 )
 #: the kernel microbenchmark CSVs (written by benchmarks/_timing.py), in the order docs/benchmarks.md lists them
 KERNEL_OPS = (
@@ -74,6 +75,7 @@ KERNEL_OPS = (
     "rms_norm",
     "rotary_embedding",
     "decoder_layer",
+    "decoder_stack",
     "target_step",
 )
 #: a speed-up over AR larger than the block efficiency (tokens per target call) times this is not physical: a

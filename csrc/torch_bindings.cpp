@@ -86,6 +86,11 @@ TORCH_LIBRARY(specdec, m) {
       "decoder_layer(Tensor h, Tensor[] weights, Tensor[] scales, Tensor ln1, Tensor ln2, Tensor cos, Tensor sin, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, int length, Tensor mask, float eps1, float eps2, float scale) "
       "-> Tensor");
+  // decoder_layer over L layers in turn: weights and scales layer after layer, one cache pair and norm pair per layer
+  m.def(
+      "decoder_stack(Tensor h, Tensor[] weights, Tensor[] scales, Tensor[] ln1, Tensor[] ln2, Tensor cos, "
+      "Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, int length, Tensor mask, float eps1, float eps2, "
+      "float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -109,4 +114,5 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("rms_norm", &specdec::cpu::rms_norm);
   m.impl("rotary_embedding", &specdec::cpu::rotary_embedding);
   m.impl("decoder_layer", &specdec::cpu::decoder_layer);
+  m.impl("decoder_stack", &specdec::cpu::decoder_stack);
 }

@@ -155,6 +155,7 @@ CPU_OPS = (
     "rms_norm",
     "rotary_embedding",
     "decoder_layer",
+    "decoder_stack",
 )
 
 
@@ -259,6 +260,12 @@ if HAVE_CPU:
 
     @torch.library.register_fake("specdec::decoder_layer")
     def _decoder_layer_fake(h: torch.Tensor, *args: object) -> torch.Tensor:
+        return h.new_empty(h.shape)
+
+    register("decoder_stack", "cpu", supports=_on_cpu)(ops.decoder_stack)
+
+    @torch.library.register_fake("specdec::decoder_stack")
+    def _decoder_stack_fake(h: torch.Tensor, *args: object) -> torch.Tensor:
         return h.new_empty(h.shape)
 
     # ---- sampling ----

@@ -125,3 +125,46 @@ def run_layer(case: dict, backend: str) -> tuple[torch.Tensor, torch.Tensor, tor
         c["mask"], scale=c["scale"], eps1=c["eps1"], eps2=c["eps2"], scales=c["scales"], backend=backend,
     )  # fmt: skip
     return out, c["k_cache"], c["v_cache"]
+
+
+def stack_case(shape: tuple[int, ...], dtype: torch.dtype, fused: bool, int8: bool, layers: int, seed: int) -> dict:
+    """Inputs of one decoder_stack call: ``layers`` layers (weights, norms, caches of their own; layer i's cache
+    capacity ``capacity + i``) sharing h, cos/sin, mask, length, epsilons and scale."""
+    cases = [layer_case(shape, dtype, fused, int8, seed + i) for i in range(layers)]
+    first = cases[0]
+    b, _, _, _, hkv, d, _, _, cap = shape
+    g = torch.Generator().manual_seed(seed)
+    caches = [torch.randn((2, b, hkv, cap + i, d), generator=g).to(dtype) for i in range(layers)]
+    return {
+        **{k: first[k] for k in ("h", "cos", "sin", "length", "mask", "scale", "eps1", "eps2")},
+        "weights": [c["weights"] for c in cases],
+        "scales": [c["scales"] for c in cases] if int8 else [],
+        "ln1": [c["ln1"] for c in cases],
+        "ln2": [c["ln2"] for c in cases],
+        "k_caches": [c[0] for c in caches],
+        "v_caches": [c[1] for c in caches],
+    }
+
+
+def run_stack(case: dict, backend: str, **kw: object) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """(output, k_caches, v_caches) of decoder_stack on copies of the case's caches."""
+    ks, vs = [t.clone() for t in case["k_caches"]], [t.clone() for t in case["v_caches"]]
+    out = sk.decoder_stack(
+        case["h"], case["weights"], case["ln1"], case["ln2"], case["cos"], case["sin"], ks, vs, case["length"],
+        case["mask"], scale=case["scale"], eps1=case["eps1"], eps2=case["eps2"], scales=case["scales"],
+        backend=backend, **kw,
+    )  # fmt: skip
+    return out, ks, vs
+
+
+def run_layers_in_turn(case: dict, backend: str) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """What decoder_stack computes, as one decoder_layer call per layer."""
+    ks, vs = [t.clone() for t in case["k_caches"]], [t.clone() for t in case["v_caches"]]
+    h = case["h"]
+    for i, (k, v) in enumerate(zip(ks, vs, strict=True)):
+        h = sk.decoder_layer(
+            h, case["weights"][i], case["ln1"][i], case["ln2"][i], case["cos"], case["sin"], k, v, case["length"],
+            case["mask"], scale=case["scale"], eps1=case["eps1"], eps2=case["eps2"],
+            scales=case["scales"][i] if case["scales"] else (), backend=backend,
+        )  # fmt: skip
+    return h, ks, vs

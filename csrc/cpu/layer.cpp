@@ -68,4 +68,26 @@ at::Tensor decoder_layer(const at::Tensor& h, at::TensorList weights, at::Tensor
   return at::add(out, linear(at::mul(at::silu(gate), up), nw - 1));
 }
 
+at::Tensor decoder_stack(const at::Tensor& h, at::TensorList weights, at::TensorList scales, at::TensorList ln1,
+                         at::TensorList ln2, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches,
+                         at::TensorList v_caches, int64_t length, const at::Tensor& mask, double eps1, double eps2,
+                         double scale) {
+  const size_t layers = k_caches.size();
+  TORCH_CHECK(layers > 0, "k_caches must hold one cache per layer, got none");
+  TORCH_CHECK(v_caches.size() == layers && ln1.size() == layers && ln2.size() == layers,
+              "v_caches, ln1 and ln2 must hold one tensor per layer (", layers, "), got ", v_caches.size(), ", ",
+              ln1.size(), " and ", ln2.size());
+  TORCH_CHECK(weights.size() % layers == 0, "weights must hold the same number of matrices per layer, got ",
+              weights.size(), " for ", layers, " layers");
+  const size_t per = weights.size() / layers;
+  TORCH_CHECK(scales.empty() || scales.size() == weights.size(), "scales must be empty or one per weight, got ",
+              scales.size());
+  // the layers one after another, each as decoder_layer computes it (and checks its arguments)
+  at::Tensor x = h;
+  for (size_t i = 0; i < layers; ++i)
+    x = decoder_layer(x, weights.slice(i * per, per), scales.empty() ? scales : scales.slice(i * per, per), ln1[i],
+                      ln2[i], cos, sin, k_caches[i], v_caches[i], length, mask, eps1, eps2, scale);
+  return x;
+}
+
 }  // namespace specdec::cpu

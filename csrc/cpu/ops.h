@@ -76,6 +76,12 @@ at::Tensor decoder_layer(const at::Tensor& h, at::TensorList weights, at::Tensor
                          const at::Tensor& ln2, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_cache,
                          const at::Tensor& v_cache, int64_t length, const at::Tensor& mask, double eps1, double eps2,
                          double scale);
+// decoder_layer over L layers in turn (one call for a model's stack): weights L x 7 or L x 4 matrices, layer after
+// layer; scales empty or one per weight; ln1/ln2/k_caches/v_caches one per layer; length, mask, cos/sin shared
+at::Tensor decoder_stack(const at::Tensor& h, at::TensorList weights, at::TensorList scales, at::TensorList ln1,
+                         at::TensorList ln2, const at::Tensor& cos, const at::Tensor& sin, at::TensorList k_caches,
+                         at::TensorList v_caches, int64_t length, const at::Tensor& mask, double eps1, double eps2,
+                         double scale);
 
 // beam.cpp (SpecHub drafting, K-SEQ, beam search); noise = float64 uniforms in (0, 1) of the shape of logp, or None:
 // drawn from the Philox stream of seed (cpu/common.h noise_or_philox)

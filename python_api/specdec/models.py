@@ -151,6 +151,7 @@ DECODE_OPS = (
     "rotary_embedding",
     "decode_attention",
     "decoder_layer",
+    "decoder_stack",
 )
 
 
@@ -224,6 +225,13 @@ def _lean_base_classes() -> tuple[type, ...]:
     from transformers.models.mistral.modeling_mistral import MistralModel
 
     return (LlamaModel, MistralModel)
+
+
+def _layer_hooks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` carries hooks that a call of it runs."""
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
 
 
 def _global_module_hooks() -> bool:
@@ -322,21 +330,29 @@ def fused_decoder_layer(
     return h + decode_linear(F.silu(gate) * up, mlp.down_proj.weight)
 
 
+def _weight(linear: torch.nn.Module) -> torch.Tensor:
+    """``linear.weight``, read from its parameter table where it is there: ``Module.__getattr__`` costs several
+    lookups, and a step reads hundreds of weights right after kernels that left nothing of Python in the caches."""
+    w = linear._parameters.get("weight")
+    return w if w is not None else linear.weight
+
+
 def _layer_weights(
     layer: Any, qkv: torch.Tensor | None, gate_up: torch.Tensor | None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
     """The matrices :func:`specdec_kernels.decoder_layer` takes for ``layer`` (with their int8 scales where every
     one carries an int8 pair), or None where only some do."""
-    attn, mlp = layer.self_attn, layer.mlp
+    attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
     if qkv is None or gate_up is None:
-        mats = [m.weight for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj)]
+        mats = [_weight(attn[name]) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        mats += [_weight(mlp["gate_proj"]), _weight(mlp["up_proj"])]
     else:
-        mats = [qkv, attn.o_proj.weight, gate_up]
-    mats.append(mlp.down_proj.weight)
+        mats = [qkv, _weight(attn["o_proj"]), gate_up]
+    mats.append(_weight(mlp["down_proj"]))
     packed = [getattr(w, INT8_ATTR, None) for w in mats]
-    if all(p is None for p in packed):
+    if packed.count(None) == len(packed):
         return mats, []
-    if any(p is None for p in packed):
+    if None in packed:
         return None
     pairs = [_int8_pair(w, p) for w, p in zip(mats, packed, strict=True)]  # type: ignore[arg-type]
     return [q for q, _ in pairs], [scale for _, scale in pairs]
@@ -357,10 +373,15 @@ def _native_layer(
     decode_attention): the same kernels, so the same bits. None for any other call (the op-by-op path then runs):
     no cache slot layer with cached keys yet, more rows than :data:`DECODE_ROWS`, autocast, another dtype or
     device, a mask that does not cover exactly the cache and the new keys."""
+    if not _native_ready(h, mask):
+        return None
+    return _native_call(layer, h, mask, cos, sin, cache, qkv, gate_up)  # type: ignore[arg-type]
+
+
+def _native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """The checks of :func:`_native_layer` that hold for every layer of a forward alike."""
     b, n, _ = h.shape
-    idx, layers = layer.self_attn.layer_idx, getattr(cache, "layers", None)
-    slot = layers[idx] if isinstance(layers, list) and isinstance(idx, int) and 0 <= idx < len(layers) else None
-    if (
+    return not (
         not _NATIVE_ATTENTION
         or not getattr(_skinny, "on", False)
         or h.device.type != "cpu"
@@ -370,28 +391,105 @@ def _native_layer(
         or mask is None
         or mask.dim() != 4
         or mask.dtype != h.dtype
-        or not isinstance(slot, _slot_layer_class())
         or torch.is_autocast_enabled("cpu")
         or (torch.is_grad_enabled() and h.requires_grad)
-    ):
+    )
+
+
+def _layer_args(
+    layer: Any,
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    cache: Any,
+    qkv: torch.Tensor | None,
+    gate_up: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, float, float, float, Any] | None:
+    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds: (weights, scales, ln1, ln2,
+    eps1, eps2, scale, cache slot layer), or None where the layer's call is not taken (no slot layer, mixed or other
+    weight dtypes, a mask that does not cover exactly the cache and the new keys)."""
+    b, n, _ = h.shape
+    attn = layer._modules["self_attn"]
+    idx, layers = attn.layer_idx, getattr(cache, "layers", None)
+    slot = layers[idx] if isinstance(layers, list) and isinstance(idx, int) and 0 <= idx < len(layers) else None
+    if not isinstance(slot, _slot_layer_class()):
         return None
     found = _layer_weights(layer, qkv, gate_up)
-    if found is None or (not found[1] and any(w.dtype != h.dtype for w in found[0])):
+    if found is None:
         return None
+    if not found[1]:
+        dtype = h.dtype
+        for w in found[0]:
+            if w.dtype != dtype:
+                return None
     end = slot.get_seq_length() + n
     if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != end or mask.shape[0] not in (1, b):
         return None
+    n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
+    eps1, eps2, scale = float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling)
+    return found[0], found[1], _weight(n1), _weight(n2), eps1, eps2, scale, slot
+
+
+def _native_call(
+    layer: Any,
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: Any,
+    qkv: torch.Tensor | None,
+    gate_up: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """:func:`_native_layer` once :func:`_native_ready` holds: the checks that depend on the layer, then the call."""
+    args = _layer_args(layer, h, mask, cache, qkv, gate_up)
+    if args is None:
+        return None
+    weights, scales, ln1, ln2, eps1, eps2, scale, slot = args
+    n = h.shape[1]
     room = slot.slots(n)  # may grow the buffers: asked only once the call is taken
     if room is None:
         return None
-    weights, scales = found
     k_cache, v_cache, length = room
-    attn, n1, n2 = layer.self_attn, layer.input_layernorm, layer.post_attention_layernorm
     out = _decode_op("decoder_layer", h.device)(
-        h, weights, scales, n1.weight, n2.weight, cos, sin, k_cache, v_cache, length, mask,
-        float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling),
-    )  # fmt: skip
+        h, weights, scales, ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
+    )
     slot.commit(length + n)
+    return out
+
+
+def _native_stack(
+    layers: Any, h: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any
+) -> torch.Tensor | None:
+    """Once :func:`_native_ready` holds, every layer of ``layers`` (in order) in one
+    :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
+    Python-level call per layer. None (nothing run) unless every layer would take that path, none has hooks, and
+    all share their epsilons, score scale and weight kind (float or int8)."""
+    plans = []
+    for layer in layers:
+        if _layer_hooks(layer):
+            return None
+        args = _layer_args(layer, h, mask, cache, None, None)
+        if args is None:
+            return None
+        plans.append(args)
+    if not plans:
+        return None
+    first = plans[0]
+    if any(p[4:7] != first[4:7] or bool(p[1]) != bool(first[1]) for p in plans):
+        return None
+    n = h.shape[1]
+    rooms = []
+    for p in plans:
+        room = p[7].slots(n)
+        if room is None:
+            return None
+        rooms.append(room)
+    length = rooms[0][2]
+    out = _decode_op("decoder_stack", h.device)(
+        h, [w for p in plans for w in p[0]], [s for p in plans for s in p[1]], [p[2] for p in plans],
+        [p[3] for p in plans], cos, sin, [r[0] for r in rooms], [r[1] for r in rooms], length, mask, *first[4:7],
+    )  # fmt: skip
+    for p in plans:
+        p[7].commit(length + n)
     return out
 
 
@@ -643,6 +741,7 @@ def _slot_layer_class() -> type:
         def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
             super().lazy_initialization(key_states, value_states)
             self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+            self._views: tuple[torch.Tensor, torch.Tensor] | None = None  # the keys/values commit made
 
         def _room(self, new: torch.Tensor, length: int) -> bool:
             bufs = self.buffers
@@ -688,10 +787,14 @@ def _slot_layer_class() -> type:
             """(k buffer, v buffer, length) with room for ``n`` slots after the ``length`` cached ones, for a caller
             that writes them itself and then calls :meth:`commit`; None where the layer caches nothing yet or its
             views left its buffers (:meth:`update` then starts new ones)."""
-            if not self.is_initialized or self.keys.dim() != 4:
+            if not self.is_initialized:
+                return None
+            views = self._views  # still commit's views (crops narrow them in place): in the buffers, no check
+            ours = views is not None and self.keys is views[0] and self.values is views[1]
+            if not ours and self.keys.dim() != 4:
                 return None
             length = self.get_seq_length()
-            if length == 0 or not self._room(self.keys, length):
+            if length == 0 or not (ours or self._room(self.keys, length)):
                 return None
             if self.buffers[0].shape[2] < length + n:  # type: ignore[index]
                 self._grow(self.keys, self.values, length, length + n)
@@ -701,7 +804,8 @@ def _slot_layer_class() -> type:
         def commit(self, end: int) -> None:
             """The cache holds the first ``end`` slots of its buffers."""
             kb, vb = self.buffers  # type: ignore[misc]
-            self.keys, self.values = kb[:, :, :end], vb[:, :, :end]
+            self.keys, self.values = kb.narrow(2, 0, end), vb.narrow(2, 0, end)
+            self._views = (self.keys, self.values)
 
     _SLOT_LAYER = SlotLayer
     return SlotLayer
@@ -938,7 +1042,7 @@ class HFCausalLM:
         extra: dict[str, Any] = {} if features is None else {"features": features}
         if self.feature_layers:
             extra["output_hidden_states"] = True
-        with self.routing.active():
+        with self.routing.active():  # the head's call below too: one switch per forward
             if not extra and self._lean_now(tokens):
                 hidden = self._lean_base(tokens, position_ids, mask, state.cache)
                 out = None
@@ -952,22 +1056,22 @@ class HFCausalLM:
                     **extra,
                 )
                 hidden = out.last_hidden_state
-        state.valid = torch.cat([state.valid, block_valid], dim=1)
-        self.last_hidden = hidden.detach()  # final-norm output [B, n, H], read by acceptance heads
-        self.last_features = self.last_hidden
-        if self.feature_layers:
-            assert out is not None
-            extra_feats = layer_features(self.base, out.hidden_states, self.feature_layers)
-            self.last_features = torch.cat([self.last_hidden, extra_feats.detach()], dim=-1)
-        if want is None:
-            return None
-        # NaN logits are caught where the logits are processed (one pass there instead of one more here).
-        if bool(want.all()):
-            return self.project(hidden, reduced)
-        rows = self.project(hidden[want], reduced)
-        logits = torch.zeros((*tokens.shape, rows.shape[-1]), dtype=rows.dtype, device=tokens.device)
-        logits[want] = rows
-        return logits
+            state.valid = torch.cat([state.valid, block_valid], dim=1)
+            self.last_hidden = hidden.detach()  # final-norm output [B, n, H], read by acceptance heads
+            self.last_features = self.last_hidden
+            if self.feature_layers:
+                assert out is not None
+                extra_feats = layer_features(self.base, out.hidden_states, self.feature_layers)
+                self.last_features = torch.cat([self.last_hidden, extra_feats.detach()], dim=-1)
+            if want is None:
+                return None
+            # NaN logits are caught where the logits are processed (one pass there instead of one more here).
+            if bool(want.all()):
+                return self.project(hidden, reduced)
+            rows = self.project(hidden[want], reduced)
+            logits = torch.zeros((*tokens.shape, rows.shape[-1]), dtype=rows.dtype, device=tokens.device)
+            logits[want] = rows
+            return logits
 
     def _lean_now(self, tokens: torch.Tensor) -> bool:
         """Whether this forward may run :meth:`_lean_base`: a stock stack of fused layers (``_lean``), on CPU,
@@ -985,15 +1089,27 @@ class HFCausalLM:
     def _lean_base(
         self, tokens: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache: Any
     ) -> torch.Tensor:
-        """The base model's forward for the adapter's calls, part by part: embedding, rotary table, each layer (a
-        module call: hooks fire, and inside :meth:`Routing.active` its forward is :func:`_fast_decoder_layer`, which
-        takes ``cache``), final norm. The stock forward does the same with an additive 4-D mask (taken as is) and
-        costs a fixed ~0.2 ms more per call in its wrappers, which is a good part of a small draft's step."""
+        """The base model's forward for the adapter's calls, part by part: embedding, rotary table, the layers (in
+        one :func:`specdec_kernels.decoder_stack` call where every layer takes its one-call path; else layer by
+        layer, a layer with hooks as a module call so that they fire, inside :meth:`Routing.active` its forward
+        being :func:`_fast_decoder_layer`, which takes ``cache``), final norm. The stock forward does the same with
+        an additive 4-D mask (taken as is) and costs a fixed ~0.2 ms more per call in its wrappers, which is a good
+        part of a small draft's step."""
         base = self.base
         h = base.embed_tokens(tokens)
         cos_sin = base.rotary_emb(h, position_ids=position_ids)
+        # the whole stack in one call where every layer takes its one-call path; else a layer without hooks goes
+        # straight to that path where its call takes it (the checks that hold for every layer made once): what its
+        # module call would run, without the module call's wrappers
+        direct = _native_ready(h, mask)
+        out = _native_stack(base.layers, h, mask, cos_sin[0], cos_sin[1], cache) if direct else None
+        if out is not None:
+            return base.norm(out)
         for layer in base.layers:
-            h = layer(
+            out = None
+            if direct and not _layer_hooks(layer):
+                out = _native_call(layer, h, mask, cos_sin[0], cos_sin[1], cache, None, None)
+            h = out if out is not None else layer(
                 h, attention_mask=mask, position_embeddings=cos_sin, position_ids=position_ids, use_cache=True,
                 cache=cache,
             )  # fmt: skip

@@ -3,6 +3,7 @@
 from .decode import (
     decode_attention,
     decoder_layer,
+    decoder_stack,
     quantize_int8,
     rms_norm,
     rotary_embedding,
@@ -41,6 +42,7 @@ __all__ = [
     "TreeVerdict",
     "decode_attention",
     "decoder_layer",
+    "decoder_stack",
     "emission_law",
     "filter_kv",
     "gumbel_topk",

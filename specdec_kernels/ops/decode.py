@@ -223,30 +223,37 @@ def rotary_embedding(
 
 
 def _check_layer_weights(
-    h: torch.Tensor, weights: Sequence[torch.Tensor], scales: Sequence[torch.Tensor], hkv: int, d: int
+    h: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    scales: Sequence[torch.Tensor],
+    hkv: int,
+    d: int,
+    wname: str = "weights",
+    sname: str = "scales",
 ) -> None:
-    """The projections of :func:`decoder_layer` against h [B, n, E] and a cache of Hkv heads of width D."""
+    """The projections of :func:`decoder_layer` against h [B, n, E] and a cache of Hkv heads of width D (named
+    ``wname`` and ``sname`` in errors)."""
     if not isinstance(weights, (list, tuple)) or len(weights) not in (7, 4):
         raise ValueError(
-            "weights must be a list of 7 matrices (q, k, v, o, gate, up, down) or 4 (qkv, o, gate_up, down)"
+            f"{wname} must be a list of 7 matrices (q, k, v, o, gate, up, down) or 4 (qkv, o, gate_up, down)"
         )
     names = ("q", "k", "v", "o", "gate", "up", "down") if len(weights) == 7 else ("qkv", "o", "gate_up", "down")
     for name, w in zip(names, weights, strict=True):
-        check_tensor(f"weights[{name}]", w, ndim=2)
+        check_tensor(f"{wname}[{name}]", w, ndim=2)
     if not isinstance(scales, (list, tuple)) or len(scales) not in (0, len(weights)):
-        raise ValueError(f"scales must be empty (floating weights) or hold one per weight ({len(weights)})")
+        raise ValueError(f"{sname} must be empty (floating weights) or hold one per weight ({len(weights)})")
     for name, w, s in zip(names, weights, scales or [None] * len(weights), strict=True):
         if s is None:
             if w.dtype != h.dtype:
-                raise TypeError(f"weights[{name}] must have h's dtype {h.dtype}, got {w.dtype}")
+                raise TypeError(f"{wname}[{name}] must have h's dtype {h.dtype}, got {w.dtype}")
             continue
-        check_tensor(f"scales[{name}]", s, ndim=1)
+        check_tensor(f"{sname}[{name}]", s, ndim=1)
         if w.dtype != torch.int8 or s.dtype != torch.float32:
             raise TypeError(
-                f"with scales, weights[{name}] must be int8 and its scale float32, got {w.dtype} and {s.dtype}"
+                f"with scales, {wname}[{name}] must be int8 and its scale float32, got {w.dtype} and {s.dtype}"
             )
         if s.shape[0] != w.shape[0]:
-            raise ValueError(f"scales[{name}] must be [out={w.shape[0]}], got {tuple(s.shape)}")
+            raise ValueError(f"{sname}[{name}] must be [out={w.shape[0]}], got {tuple(s.shape)}")
     e, nkv = h.shape[2], hkv * d
     shapes = dict(zip(names, (tuple(w.shape) for w in weights), strict=True))
     if len(weights) == 7:
@@ -258,12 +265,12 @@ def _check_layer_weights(
     want |= {"o": (e, nq), "down": (e, inter)}
     if nq <= 0 or nq % d or (nq // d) % hkv:
         raise ValueError(
-            f"the query projection must have a multiple of D={d} outputs, a multiple of the cache's Hkv={hkv} heads, "
-            f"got {nq}"
+            f"the query projection ({wname}[{names[0]}]) must have a multiple of D={d} outputs, a multiple of the "
+            f"cache's Hkv={hkv} heads, got {nq}"
         )
     for name, shape in want.items():
         if shapes[name] != shape or (name == "gate_up" and shapes[name][0] % 2):
-            raise ValueError(f"weights[{name}] must be {list(shape)} for h [B, n, E={e}], got {list(shapes[name])}")
+            raise ValueError(f"{wname}[{name}] must be {list(shape)} for h [B, n, E={e}], got {list(shapes[name])}")
 
 
 def decoder_layer(
@@ -308,26 +315,62 @@ def decoder_layer(
         )  # fmt: skip
     check_tensor("h", h, ndim=3)
     check_float("h", h)
-    for name, t in (("ln1", ln1), ("ln2", ln2)):
+    d = _check_layer(h, weights, scales, ln1, ln2, k_cache, v_cache, length, None)
+    b, n, _ = h.shape
+    _check_shared(h, cos, sin, mask, length, d)
+    eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
+    check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
+    return resolve("decoder_layer", backend, h.device)(
+        h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
+    )
+
+
+def _check_layer(
+    h: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    scales: Sequence[torch.Tensor],
+    ln1: torch.Tensor,
+    ln2: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    length: object,
+    layer: int | None,
+) -> int:
+    """The arguments of one layer of :func:`decoder_layer` (``layer`` None) or of :func:`decoder_stack` (layer
+    ``layer``, named ``ln1[i]``, ``k_caches[i]``, ``weights[i][q]``, ...) against h; returns the head dim D."""
+
+    def named(name: str, plural: str = "") -> str:
+        return name if layer is None else f"{plural or name}[{layer}]"
+
+    for name, t in ((named("ln1"), ln1), (named("ln2"), ln2)):
         check_tensor(name, t, ndim=1)
         if t.shape[0] != h.shape[2] or t.dtype != h.dtype:
             raise ValueError(f"{name} must be [E={h.shape[2]}] in h's dtype {h.dtype}, got {tuple(t.shape)} {t.dtype}")
-    check_tensor("k_cache", k_cache, ndim=4)
-    check_tensor("v_cache", v_cache, ndim=4)
+    kn, vn = named("k_cache", "k_caches"), named("v_cache", "v_caches")
+    check_tensor(kn, k_cache, ndim=4)
+    check_tensor(vn, v_cache, ndim=4)
     b, n, _ = h.shape
     if k_cache.shape != v_cache.shape or k_cache.shape[0] != b:
         raise ValueError(
-            f"k_cache and v_cache must be one [B={b}, Hkv, capacity, D] shape, got {tuple(k_cache.shape)} and "
+            f"{kn} and {vn} must be one [B={b}, Hkv, capacity, D] shape, got {tuple(k_cache.shape)} and "
             f"{tuple(v_cache.shape)}"
         )
     if k_cache.dtype != h.dtype or v_cache.dtype != h.dtype:
-        raise TypeError(f"k_cache and v_cache must have h's dtype {h.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
+        raise TypeError(f"{kn} and {vn} must have h's dtype {h.dtype}, got {k_cache.dtype} and {v_cache.dtype}")
     hkv, capacity, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if n == 0 or hkv == 0 or d == 0 or d % 2:
         raise ValueError(f"h must hold at least one token and the cache an even head dim D > 0, got n={n}, D={d}")
     if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= capacity - n:
         raise ValueError(f"length must be an int in [0, capacity - n = {capacity - n}], got {length!r}")
-    _check_layer_weights(h, weights, scales, hkv, d)
+    _check_layer_weights(h, weights, scales, hkv, d, named("weights"), named("scales"))
+    return d
+
+
+def _check_shared(
+    h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, length: int, d: int
+) -> None:
+    """The arguments every layer of :func:`decoder_layer` / :func:`decoder_stack` shares."""
+    b, n, _ = h.shape
     for name, t in (("cos", cos), ("sin", sin)):
         check_tensor(name, t, ndim=3)
         if t.shape[0] not in (1, b) or t.shape[1:] != (n, d) or t.dtype != h.dtype:
@@ -340,8 +383,70 @@ def decoder_layer(
         raise ValueError(
             f"mask must broadcast to [B, 1, n, length + n] = {(b, 1, n, length + n)}, got {tuple(mask.shape)}"
         )
+
+
+def decoder_stack(
+    h: torch.Tensor,
+    weights: Sequence[Sequence[torch.Tensor]],
+    ln1: Sequence[torch.Tensor],
+    ln2: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_caches: Sequence[torch.Tensor],
+    v_caches: Sequence[torch.Tensor],
+    length: int,
+    mask: torch.Tensor,
+    *,
+    scale: float,
+    eps1: float,
+    eps2: float,
+    scales: Sequence[Sequence[torch.Tensor]] = (),
+    backend: str | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
+    """L Llama decoder layers of a decode step in one call: :func:`decoder_layer` for layer 0, its output into
+    layer 1, and so on; what L calls of :func:`decoder_layer` give, bit for bit, without a Python-level call per
+    layer (a small model's step spends a good part of its time between the layers' kernels).
+
+    Shape: h [B, n, E]; ``weights[i]`` layer i's matrices as :func:`decoder_layer` takes them (7 or 4, the same
+    form for every layer), ``scales`` empty or ``scales[i]`` layer i's int8 scales (then every layer's weights are
+    int8); ``ln1[i]``/``ln2[i]`` [E], ``k_caches[i]``/``v_caches[i]`` [B, Hkv_i, capacity_i, D] written in place at
+    slots ``[length, length + n)``; cos/sin, ``mask``, ``length``, ``scale``, ``eps1``/``eps2`` shared by every
+    layer (as in a Llama model: one cache length, one mask, one rotary table, one epsilon) -> [B, n, E] in h's
+    dtype. On GPU the ``torch`` backend (the ops composed) serves it. No autograd: inference only.
+    ``validate=False`` skips the argument checks for a caller that guarantees them.
+    """
+    if not validate:
+        return resolve("decoder_stack", backend, h.device)(
+            h, [w for group in weights for w in group], [s for group in scales for s in group], list(ln1), list(ln2),
+            cos, sin, list(k_caches), list(v_caches), int(length), mask, float(eps1), float(eps2), float(scale),
+        )  # fmt: skip
+    check_tensor("h", h, ndim=3)
+    check_float("h", h)
+    if not isinstance(k_caches, (list, tuple)) or not k_caches:
+        raise ValueError("k_caches must be a non-empty list, one cache per layer")
+    layers = len(k_caches)
+    for name, seq in (("weights", weights), ("ln1", ln1), ("ln2", ln2), ("v_caches", v_caches)):
+        if not isinstance(seq, (list, tuple)) or len(seq) != layers:
+            raise ValueError(f"{name} must be a list of one entry per layer ({layers}, as k_caches)")
+    if not isinstance(scales, (list, tuple)) or len(scales) not in (0, layers):
+        raise ValueError(f"scales must be empty (floating weights) or a list of one entry per layer ({layers})")
+    heads: set[int] = set()
+    for i in range(layers):
+        group = weights[i]
+        if i and (not isinstance(group, (list, tuple)) or len(group) != len(weights[0])):
+            raise ValueError(f"weights[{i}] must be a list of {len(weights[0])} matrices, as weights[0]")
+        if scales and (not isinstance(scales[i], (list, tuple)) or len(scales[i]) != len(group)):
+            raise ValueError(f"scales[{i}] must hold one scale per matrix of weights[{i}] ({len(group)})")
+        heads.add(_check_layer(h, group, scales[i] if scales else (), ln1[i], ln2[i], k_caches[i], v_caches[i],
+                               length, i))  # fmt: skip
+    if len(heads) != 1:
+        raise ValueError(f"every layer's cache must have one head dim D (cos and sin have one), got {sorted(heads)}")
+    _check_shared(h, cos, sin, mask, length, heads.pop())
     eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
-    check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
-    return resolve("decoder_layer", backend, h.device)(
-        h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
-    )
+    check_same_device(h=h, mask=mask, cos=cos, **{f"k_caches[{i}]": t for i, t in enumerate(k_caches)},
+                      **{f"weights[{i}]": g[0] for i, g in enumerate(weights)})  # fmt: skip
+    return resolve("decoder_stack", backend, h.device)(
+        h, [w for group in weights for w in group], [s for group in scales for s in group], list(ln1), list(ln2),
+        cos, sin, list(k_caches), list(v_caches), length, mask, eps1, eps2, scale,
+    )  # fmt: skip

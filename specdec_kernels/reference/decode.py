@@ -118,6 +118,35 @@ def layer_from_ops(
     return h + linear(F.silu(gate) * up, len(weights) - 1)
 
 
+def stack_from_ops(
+    ops: Mapping[str, Callable[..., Any]],
+    h: torch.Tensor,
+    weights: list[torch.Tensor],
+    scales: list[torch.Tensor],
+    ln1: list[torch.Tensor],
+    ln2: list[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+    length: int,
+    mask: torch.Tensor,
+    eps1: float,
+    eps2: float,
+    scale: float,
+) -> torch.Tensor:
+    """decoder_stack (arguments as the op's): :func:`layer_from_ops` for each layer in turn, layer i taking the
+    i-th group of ``len(weights) / L`` matrices (and scales), the i-th norms and the i-th cache pair."""
+    per = len(weights) // len(k_caches)
+    for i, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches, strict=True)):
+        part = slice(i * per, (i + 1) * per)
+        h = layer_from_ops(
+            ops, h, weights[part], scales[part] if scales else [], ln1[i], ln2[i], cos, sin, k_cache, v_cache, length,
+            mask, eps1, eps2, scale,
+        )  # fmt: skip
+    return h
+
+
 _LAYER_OPS = {
     "skinny_linear": skinny_linear,
     "skinny_linear_int8": skinny_linear_int8,
@@ -131,3 +160,9 @@ _LAYER_OPS = {
 def decoder_layer(*args: Any) -> torch.Tensor:
     """One Llama decoder layer (:func:`layer_from_ops`) from the reference ops above."""
     return layer_from_ops(_LAYER_OPS, *args)
+
+
+@register("decoder_stack", "torch")
+def decoder_stack(*args: Any) -> torch.Tensor:
+    """A stack of Llama decoder layers (:func:`stack_from_ops`) from the reference ops above."""
+    return stack_from_ops(_LAYER_OPS, *args)

@@ -427,9 +427,9 @@ def test_fused_layers_compute_the_modules_bits_with_reference_ops(monkeypatch, f
 @pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, int8: bool) -> None:
-    """Once a layer's cache holds keys, a fused layer of a decode-sized call runs as one decoder_layer call: the
-    logits (prompt, one-token step, tree pass) are bitwise those of the same ops called one by one, and the call is
-    made (for every layer of the step and of the tree pass)."""
+    """Once the caches hold keys, a decode-sized call of a stock stack runs as one decoder_stack call; with that path
+    off, each layer as one decoder_layer call; with both off, op by op. The logits (prompt, one-token step, tree
+    pass) are bitwise the same all three ways, and each path is taken (every layer of the step and the tree pass)."""
     import specdec.models as models
 
     from specdec_kernels import native
@@ -439,21 +439,68 @@ def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, in
     model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype, layers=3)
     if int8:
         models.int8_weights(model)
-    calls: list[int] = []
-    native_layer = models._native_layer
+
+    def counting(name: str, calls: list[bool]) -> None:
+        real = getattr(models, name)
+
+        def counted(*args, **kwargs):
+            out = real(*args, **kwargs)
+            calls.append(out is not None)
+            return out
+
+        monkeypatch.setattr(models, name, counted)
+
+    stacks: list[bool] = []
+    counting("_native_stack", stacks)
+    got = _chain_and_tree_logits(HFCausalLM(model))
+    assert stacks[-2:] == [True, True] and not any(stacks[:-2])  # the prompt fills the caches: not taken
+    monkeypatch.setattr(models, "_native_stack", lambda *args, **kwargs: None)
+    layers: list[bool] = []
+    counting("_native_call", layers)
+    by_layer = _chain_and_tree_logits(HFCausalLM(model))
+    assert layers[-6:] == [True] * 6 and not any(layers[:-6])  # the step and the tree pass: 3 layers each
+    monkeypatch.setattr(models, "_native_call", lambda *args, **kwargs: None)
+    by_ops = _chain_and_tree_logits(HFCausalLM(model))
+    for a, b, c in zip(got, by_layer, by_ops, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None:
+    """The stack runs in one call only where every layer would take its one-call path alike: a hook on one layer,
+    one layer with int8 weights among float ones, or one layer with another epsilon leave it to the layers (same
+    logits as with the stack path off)."""
+    import specdec.models as models
+
+    from specdec_kernels import native
+
+    if not native.HAVE_CPU:
+        pytest.skip("the cpu extension is not built")
+    taken: list[bool] = []
+    real = models._native_stack
 
     def counted(*args, **kwargs):
-        out = native_layer(*args, **kwargs)
-        calls.append(out is not None)
+        out = real(*args, **kwargs)
+        taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(models, "_native_layer", counted)
-    got = _chain_and_tree_logits(HFCausalLM(model))
-    assert calls == [False] * 3 + [True] * 6  # the prompt fills the caches; the step and the tree pass: 3 layers each
-    monkeypatch.setattr(models, "_native_layer", lambda *args, **kwargs: None)
-    want = _chain_and_tree_logits(HFCausalLM(model))
-    for a, b in zip(got, want, strict=True):
-        assert torch.equal(a, b)
+    monkeypatch.setattr(models, "_native_stack", counted)
+    for case in ("hook", "int8", "eps"):
+        model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, layers=3)
+        layer = model.model.layers[1]
+        if case == "hook":
+            layer.register_forward_pre_hook(lambda *a: None)
+        elif case == "int8":
+            models.int8_weights(layer)
+        else:
+            layer.post_attention_layernorm.variance_epsilon *= 2
+        taken.clear()
+        got = _chain_and_tree_logits(HFCausalLM(model))
+        assert taken and not any(taken), case
+        monkeypatch.setattr(models, "_native_stack", lambda *args, **kwargs: None)
+        want = _chain_and_tree_logits(HFCausalLM(model))
+        monkeypatch.setattr(models, "_native_stack", counted)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b), case
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -472,6 +519,13 @@ def test_base_model_run_part_by_part_gives_its_forwards_bits(dtype) -> None:
     _chain_and_tree_logits(lean)
     handle.remove()
     assert seen == [1, 1, 1]
+    # a hook on one layer: that layer is called as a module (the hook fires on every forward), the others not
+    layer_seen: list[int] = []
+    handle = model.model.layers[1].register_forward_hook(lambda *a: layer_seen.append(1))
+    for a, b in zip(_chain_and_tree_logits(lean), _chain_and_tree_logits(stock), strict=True):
+        assert torch.equal(a, b)
+    handle.remove()
+    assert layer_seen == [1, 1, 1] * 2
     assert not HFCausalLM(tiny_llama(5, vocab=32, hidden=32, attn="eager"))._lean  # no fused layers
 
 
