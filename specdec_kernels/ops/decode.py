@@ -436,10 +436,10 @@ def decoder_stack(
         group = weights[i]
         if i and (not isinstance(group, (list, tuple)) or len(group) != len(weights[0])):
             raise ValueError(f"weights[{i}] must be a list of {len(weights[0])} matrices, as weights[0]")
-        if scales and (not isinstance(scales[i], (list, tuple)) or len(scales[i]) != len(group)):
-            raise ValueError(f"scales[{i}] must hold one scale per matrix of weights[{i}] ({len(group)})")
         heads.add(_check_layer(h, group, scales[i] if scales else (), ln1[i], ln2[i], k_caches[i], v_caches[i],
                                length, i))  # fmt: skip
+        if scales and len(scales[i]) != len(group):  # every layer int8, or none: the kernel takes one flat list
+            raise ValueError(f"scales[{i}] must hold one scale per matrix of weights[{i}] ({len(group)})")
     if len(heads) != 1:
         raise ValueError(f"every layer's cache must have one head dim D (cos and sin have one), got {sorted(heads)}")
     _check_shared(h, cos, sin, mask, length, heads.pop())

@@ -94,8 +94,12 @@ def test_bad_inputs(change: dict, exc: type, match: str) -> None:
 
 def test_int8_scales_per_layer() -> None:
     case = _case(int8=True)
-    with pytest.raises(ValueError, match=r"scales\[1\] must hold one scale per matrix of weights\[1\] \(7\)"):
+    with pytest.raises(ValueError, match=r"scales\[1\] must be empty \(floating weights\) or hold one per weight"):
         _call(int8=True, scales=[case["scales"][0], case["scales"][1][:3], case["scales"][2]])
+    # one float layer among int8 ones: valid alone, but the layers must agree
+    weights = [case["weights"][0], _case()["weights"][1], case["weights"][2]]
+    with pytest.raises(ValueError, match=r"scales\[1\] must hold one scale per matrix of weights\[1\] \(7\)"):
+        _call(int8=True, weights=weights, scales=[case["scales"][0], [], case["scales"][2]])
     scales = [list(g) for g in case["scales"]]
     scales[2][4] = torch.ones(71)
     with pytest.raises(ValueError, match=r"scales\[2\]\[gate\] must be \[out=72\]"):
