@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -301,7 +301,7 @@ def fused_decoder_layer(
     this call's keys are appended. ``attend(attn, q, k, v, mask)`` -> [B, n, H, D]. ``qkv`` / ``gate_up``: the
     layer's [q; k; v] and [gate; up] weights as one matrix each (a small draft model's fewer, larger calls), else
     each projection is its own call (a target keeps no second copy of its weights)."""
-    out = _native_layer(layer, h, mask, cos, sin, cache, qkv, gate_up)
+    out = _native_call(layer, h, mask, cos, sin, cache, qkv, gate_up) if _native_ready(h, mask) else None
     if out is not None:
         return out
     attn, mlp = layer.self_attn, layer.mlp
@@ -358,28 +358,8 @@ def _layer_weights(
     return [q for q, _ in pairs], [scale for _, scale in pairs]
 
 
-def _native_layer(
-    layer: Any,
-    h: torch.Tensor,
-    mask: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    cache: Any,
-    qkv: torch.Tensor | None,
-    gate_up: torch.Tensor | None,
-) -> torch.Tensor | None:
-    """:func:`fused_decoder_layer` in one :func:`specdec_kernels.decoder_layer` call, for the calls where the op-by-op
-    path would run the cpu kernels throughout (every projection through skinny_linear, attention through
-    decode_attention): the same kernels, so the same bits. None for any other call (the op-by-op path then runs):
-    no cache slot layer with cached keys yet, more rows than :data:`DECODE_ROWS`, autocast, another dtype or
-    device, a mask that does not cover exactly the cache and the new keys."""
-    if not _native_ready(h, mask):
-        return None
-    return _native_call(layer, h, mask, cos, sin, cache, qkv, gate_up)  # type: ignore[arg-type]
-
-
 def _native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """The checks of :func:`_native_layer` that hold for every layer of a forward alike."""
+    """The checks of the one-call path (:func:`_native_call`) that hold for every layer of a forward alike."""
     b, n, _ = h.shape
     return not (
         not _NATIVE_ATTENTION
@@ -396,6 +376,19 @@ def _native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
     )
 
 
+class _LayerArgs(NamedTuple):
+    """A layer's arguments of the one-call path, and the cache slot layer it writes."""
+
+    weights: list[torch.Tensor]
+    scales: list[torch.Tensor]
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    eps1: float
+    eps2: float
+    scale: float
+    slot: Any
+
+
 def _layer_args(
     layer: Any,
     h: torch.Tensor,
@@ -403,10 +396,10 @@ def _layer_args(
     cache: Any,
     qkv: torch.Tensor | None,
     gate_up: torch.Tensor | None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor, float, float, float, Any] | None:
-    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds: (weights, scales, ln1, ln2,
-    eps1, eps2, scale, cache slot layer), or None where the layer's call is not taken (no slot layer, mixed or other
-    weight dtypes, a mask that does not cover exactly the cache and the new keys)."""
+) -> _LayerArgs | None:
+    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds, or None where the layer's call
+    is not taken (no slot layer, mixed or other weight dtypes, a mask that does not cover exactly the cache and the
+    new keys)."""
     b, n, _ = h.shape
     attn = layer._modules["self_attn"]
     idx, layers = attn.layer_idx, getattr(cache, "layers", None)
@@ -426,7 +419,7 @@ def _layer_args(
         return None
     n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
     eps1, eps2, scale = float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling)
-    return found[0], found[1], _weight(n1), _weight(n2), eps1, eps2, scale, slot
+    return _LayerArgs(found[0], found[1], _weight(n1), _weight(n2), eps1, eps2, scale, slot)
 
 
 def _native_call(
@@ -439,7 +432,11 @@ def _native_call(
     qkv: torch.Tensor | None,
     gate_up: torch.Tensor | None,
 ) -> torch.Tensor | None:
-    """:func:`_native_layer` once :func:`_native_ready` holds: the checks that depend on the layer, then the call."""
+    """:func:`fused_decoder_layer` in one :func:`specdec_kernels.decoder_layer` call once :func:`_native_ready`
+    holds, for the calls where the op-by-op path would run the cpu kernels throughout (every projection through
+    skinny_linear, attention through decode_attention): the same kernels, so the same bits. None for any other call
+    (the op-by-op path then runs): no cache slot layer with cached keys yet, mixed or other weight dtypes, a mask
+    that does not cover exactly the cache and the new keys."""
     args = _layer_args(layer, h, mask, cache, qkv, gate_up)
     if args is None:
         return None
@@ -474,22 +471,23 @@ def _native_stack(
     if not plans:
         return None
     first = plans[0]
-    if any(p[4:7] != first[4:7] or bool(p[1]) != bool(first[1]) for p in plans):
+    shared = (first.eps1, first.eps2, first.scale)
+    if any((p.eps1, p.eps2, p.scale) != shared or bool(p.scales) != bool(first.scales) for p in plans):
         return None
     n = h.shape[1]
     rooms = []
     for p in plans:
-        room = p[7].slots(n)
+        room = p.slot.slots(n)
         if room is None:
             return None
         rooms.append(room)
     length = rooms[0][2]
     out = _decode_op("decoder_stack", h.device)(
-        h, [w for p in plans for w in p[0]], [s for p in plans for s in p[1]], [p[2] for p in plans],
-        [p[3] for p in plans], cos, sin, [r[0] for r in rooms], [r[1] for r in rooms], length, mask, *first[4:7],
+        h, [w for p in plans for w in p.weights], [s for p in plans for s in p.scales], [p.ln1 for p in plans],
+        [p.ln2 for p in plans], cos, sin, [r[0] for r in rooms], [r[1] for r in rooms], length, mask, *shared,
     )  # fmt: skip
     for p in plans:
-        p[7].commit(length + n)
+        p.slot.commit(length + n)
     return out
 
 

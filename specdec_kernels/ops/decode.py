@@ -308,21 +308,17 @@ def decoder_layer(
     one call per layer instead of ~15 Python-level calls. On GPU the ``torch`` backend (the ops composed) serves it.
     No autograd: inference only. ``validate=False`` skips the argument checks for a caller that guarantees them.
     """
-    if not validate:
-        return resolve("decoder_layer", backend, h.device)(
-            h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, int(length), mask, float(eps1),
-            float(eps2), float(scale),
-        )  # fmt: skip
-    check_tensor("h", h, ndim=3)
-    check_float("h", h)
-    d = _check_layer(h, weights, scales, ln1, ln2, k_cache, v_cache, length, None)
-    b, n, _ = h.shape
-    _check_shared(h, cos, sin, mask, length, d)
-    eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
-    check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
+    if validate:  # before the call's arguments are built: a bad argument gets its named error
+        check_tensor("h", h, ndim=3)
+        check_float("h", h)
+        d = _check_layer(h, weights, scales, ln1, ln2, k_cache, v_cache, length, None)
+        _check_shared(h, cos, sin, mask, length, d)
+        eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
+        check_same_device(h=h, k_cache=k_cache, v_cache=v_cache, mask=mask, cos=cos, ln1=ln1, weight=weights[0])
     return resolve("decoder_layer", backend, h.device)(
-        h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
-    )
+        h, list(weights), list(scales), ln1, ln2, cos, sin, k_cache, v_cache, int(length), mask, float(eps1),
+        float(eps2), float(scale),
+    )  # fmt: skip
 
 
 def _check_layer(
@@ -416,37 +412,35 @@ def decoder_stack(
     dtype. On GPU the ``torch`` backend (the ops composed) serves it. No autograd: inference only.
     ``validate=False`` skips the argument checks for a caller that guarantees them.
     """
-    if not validate:
-        return resolve("decoder_stack", backend, h.device)(
-            h, [w for group in weights for w in group], [s for group in scales for s in group], list(ln1), list(ln2),
-            cos, sin, list(k_caches), list(v_caches), int(length), mask, float(eps1), float(eps2), float(scale),
-        )  # fmt: skip
-    check_tensor("h", h, ndim=3)
-    check_float("h", h)
-    if not isinstance(k_caches, (list, tuple)) or not k_caches:
-        raise ValueError("k_caches must be a non-empty list, one cache per layer")
-    layers = len(k_caches)
-    for name, seq in (("weights", weights), ("ln1", ln1), ("ln2", ln2), ("v_caches", v_caches)):
-        if not isinstance(seq, (list, tuple)) or len(seq) != layers:
-            raise ValueError(f"{name} must be a list of one entry per layer ({layers}, as k_caches)")
-    if not isinstance(scales, (list, tuple)) or len(scales) not in (0, layers):
-        raise ValueError(f"scales must be empty (floating weights) or a list of one entry per layer ({layers})")
-    heads: set[int] = set()
-    for i in range(layers):
-        group = weights[i]
-        if i and (not isinstance(group, (list, tuple)) or len(group) != len(weights[0])):
-            raise ValueError(f"weights[{i}] must be a list of {len(weights[0])} matrices, as weights[0]")
-        heads.add(_check_layer(h, group, scales[i] if scales else (), ln1[i], ln2[i], k_caches[i], v_caches[i],
-                               length, i))  # fmt: skip
-        if scales and len(scales[i]) != len(group):  # every layer int8, or none: the kernel takes one flat list
-            raise ValueError(f"scales[{i}] must hold one scale per matrix of weights[{i}] ({len(group)})")
-    if len(heads) != 1:
-        raise ValueError(f"every layer's cache must have one head dim D (cos and sin have one), got {sorted(heads)}")
-    _check_shared(h, cos, sin, mask, length, heads.pop())
-    eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
-    check_same_device(h=h, mask=mask, cos=cos, **{f"k_caches[{i}]": t for i, t in enumerate(k_caches)},
-                      **{f"weights[{i}]": g[0] for i, g in enumerate(weights)})  # fmt: skip
+    if validate:  # before the call's arguments are built: a bad argument gets its named error
+        check_tensor("h", h, ndim=3)
+        check_float("h", h)
+        if not isinstance(k_caches, (list, tuple)) or not k_caches:
+            raise ValueError("k_caches must be a non-empty list, one cache per layer")
+        layers = len(k_caches)
+        for name, seq in (("weights", weights), ("ln1", ln1), ("ln2", ln2), ("v_caches", v_caches)):
+            if not isinstance(seq, (list, tuple)) or len(seq) != layers:
+                raise ValueError(f"{name} must be a list of one entry per layer ({layers}, as k_caches)")
+        if not isinstance(scales, (list, tuple)) or len(scales) not in (0, layers):
+            raise ValueError(f"scales must be empty (floating weights) or a list of one entry per layer ({layers})")
+        heads: set[int] = set()
+        for i in range(layers):
+            group = weights[i]
+            if i and (not isinstance(group, (list, tuple)) or len(group) != len(weights[0])):
+                raise ValueError(f"weights[{i}] must be a list of {len(weights[0])} matrices, as weights[0]")
+            heads.add(_check_layer(h, group, scales[i] if scales else (), ln1[i], ln2[i], k_caches[i], v_caches[i],
+                                   length, i))  # fmt: skip
+            if scales and len(scales[i]) != len(group):  # every layer int8, or none: the kernel takes one flat list
+                raise ValueError(f"scales[{i}] must hold one scale per matrix of weights[{i}] ({len(group)})")
+        if len(heads) != 1:
+            raise ValueError(
+                f"every layer's cache must have one head dim D (cos and sin have one), got {sorted(heads)}"
+            )
+        _check_shared(h, cos, sin, mask, length, heads.pop())
+        eps1, eps2, scale = _check_eps(eps1, "eps1"), _check_eps(eps2, "eps2"), _check_number("scale", scale)
+        check_same_device(h=h, mask=mask, cos=cos, **{f"k_caches[{i}]": t for i, t in enumerate(k_caches)},
+                          **{f"weights[{i}]": g[0] for i, g in enumerate(weights)})  # fmt: skip
     return resolve("decoder_stack", backend, h.device)(
         h, [w for group in weights for w in group], [s for group in scales for s in group], list(ln1), list(ln2),
-        cos, sin, list(k_caches), list(v_caches), length, mask, eps1, eps2, scale,
+        cos, sin, list(k_caches), list(v_caches), int(length), mask, float(eps1), float(eps2), float(scale),
     )  # fmt: skip
