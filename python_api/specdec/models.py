@@ -453,41 +453,97 @@ def _native_call(
     return out
 
 
+class _StackPlan(NamedTuple):
+    """What :func:`_native_stack` passes to :func:`specdec_kernels.decoder_stack` for a model's layers apart from the
+    cache buffers: every layer's matrices and int8 scales (flat, in layer order), norms, shared epsilons and score
+    scale, the float weights' dtype (None: int8) and each layer's cache index."""
+
+    weights: list[torch.Tensor]
+    scales: list[torch.Tensor]
+    ln1: list[torch.Tensor]
+    ln2: list[torch.Tensor]
+    shared: tuple[float, float, float]
+    dtype: torch.dtype | None
+    index: list[int]
+
+
+def _stack_plan(layers: Any) -> _StackPlan | None:
+    """The layers' part of a :func:`specdec_kernels.decoder_stack` call, or None unless every layer is a Llama layer
+    of one weight kind (float of one dtype, or int8) whose epsilons and score scale all share."""
+    weights: list[torch.Tensor] = []
+    scales: list[torch.Tensor] = []
+    ln1: list[torch.Tensor] = []
+    ln2: list[torch.Tensor] = []
+    index: list[int] = []
+    kinds = set()
+    shared = set()
+    for layer in layers:
+        attn = layer._modules["self_attn"]
+        found = _layer_weights(layer, None, None)
+        if found is None or not isinstance(attn.layer_idx, int):
+            return None
+        mats, sc = found
+        kinds.add(None if sc else mats[0].dtype)
+        if not sc and any(w.dtype != mats[0].dtype for w in mats):
+            return None
+        n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
+        shared.add((float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling)))
+        weights += mats
+        scales += sc
+        ln1.append(_weight(n1))
+        ln2.append(_weight(n2))
+        index.append(attn.layer_idx)
+    if not index or len(kinds) != 1 or len(shared) != 1:
+        return None
+    return _StackPlan(weights, scales, ln1, ln2, shared.pop(), kinds.pop(), index)
+
+
 def _native_stack(
-    layers: Any, h: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any
+    layers: Any,
+    h: torch.Tensor,
+    mask: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: Any,
+    plan: _StackPlan | None = None,
 ) -> torch.Tensor | None:
     """Once :func:`_native_ready` holds, every layer of ``layers`` (in order) in one
     :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
     Python-level call per layer. None (nothing run) unless every layer would take that path, none has hooks, and
-    all share their epsilons, score scale and weight kind (float or int8)."""
-    plans = []
+    all share their epsilons, score scale and weight kind (float or int8). ``plan``: :func:`_stack_plan` of
+    ``layers`` made earlier (the adapter makes it once per cache), else made here."""
     for layer in layers:
         if _layer_hooks(layer):
             return None
-        args = _layer_args(layer, h, mask, cache, None, None)
-        if args is None:
-            return None
-        plans.append(args)
-    if not plans:
+    plan = plan or _stack_plan(layers)
+    if plan is None or (plan.dtype is not None and plan.dtype != h.dtype):
         return None
-    first = plans[0]
-    shared = (first.eps1, first.eps2, first.scale)
-    if any((p.eps1, p.eps2, p.scale) != shared or bool(p.scales) != bool(first.scales) for p in plans):
+    slot_class = _slot_layer_class()
+    found = getattr(cache, "layers", None)
+    if not isinstance(found, list):
         return None
-    n = h.shape[1]
-    rooms = []
-    for p in plans:
-        room = p.slot.slots(n)
-        if room is None:
+    b, n, _ = h.shape
+    slots = []
+    for i in plan.index:
+        slot = found[i] if 0 <= i < len(found) else None
+        if not isinstance(slot, slot_class):
             return None
-        rooms.append(room)
-    length = rooms[0][2]
+        slots.append(slot)
+    end = slots[0].get_seq_length() + n
+    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != end or mask.shape[0] not in (1, b):
+        return None
+    k_caches, v_caches = [], []
+    for slot in slots:
+        room = slot.slots(n)
+        if room is None or room[2] != end - n:
+            return None
+        k_caches.append(room[0])
+        v_caches.append(room[1])
     out = _decode_op("decoder_stack", h.device)(
-        h, [w for p in plans for w in p.weights], [s for p in plans for s in p.scales], [p.ln1 for p in plans],
-        [p.ln2 for p in plans], cos, sin, [r[0] for r in rooms], [r[1] for r in rooms], length, mask, *shared,
-    )  # fmt: skip
-    for p in plans:
-        p.slot.commit(length + n)
+        h, plan.weights, plan.scales, plan.ln1, plan.ln2, cos, sin, k_caches, v_caches, end - n, mask, *plan.shared
+    )
+    for slot in slots:
+        slot.commit(end)
     return out
 
 
@@ -989,11 +1045,15 @@ class HFCausalLM:
             and len(layers) == int(getattr(config, "num_hidden_layers", -1))
             and {id(m) for m in layers} == {id(m) for m in self.routing.layers}
         )
+        # a feature draft's base (specdec.train.FeatureDecoder) can run a forward without its module call
+        self._lean_features = callable(getattr(self.base, "lean_call", None))
         self.head = head
+        self._head_routed = any(m is head for m in self.routing.linears)
         self.vocab_size = int(head.weight.shape[0])
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
+        self._plan: tuple[_StackPlan | None] | None = None  # the stack path's layer arguments (new_state)
         self.last_hidden: torch.Tensor | None = None  # hidden state of the latest forward (see _run)
         # Feature drafts read [final hidden ; inputs of these layers] (set by the decoder): ``last_features``.
         self.feature_layers: tuple[int, ...] = ()
@@ -1013,7 +1073,9 @@ class HFCausalLM:
                 self.support, self._support_order = torch.sort(ids)
 
     def new_state(self, batch: int) -> KVState:
-        """An empty cache for ``batch`` rows."""
+        """An empty cache for ``batch`` rows. The layers' part of the one-call stack path (:func:`_stack_plan`) is
+        read again from the model at its first forward on the new cache."""
+        self._plan = None
         return KVState(
             cache=new_cache(),
             valid=torch.zeros((batch, 0), dtype=torch.bool, device=self.device),
@@ -1040,8 +1102,14 @@ class HFCausalLM:
         extra: dict[str, Any] = {} if features is None else {"features": features}
         if self.feature_layers:
             extra["output_hidden_states"] = True
-        with self.routing.active():  # the head's call below too: one switch per forward
-            if not extra and self._lean_now(tokens):
+        lean = not self.feature_layers and self._lean_now(tokens, features is not None)
+        # the lean forwards call the decode ops themselves (and the routing where a module call needs it): they
+        # need the ops resolved, not the linears swapped; the stock forward runs with the routing on throughout
+        with skinny_linears() if lean else self.routing.active():
+            if lean and features is not None:
+                hidden = self.base.lean_call(tokens, features, mask, position_ids, state.cache)
+                out = None
+            elif lean:
                 hidden = self._lean_base(tokens, position_ids, mask, state.cache)
                 out = None
             else:
@@ -1071,12 +1139,13 @@ class HFCausalLM:
             logits[want] = rows
             return logits
 
-    def _lean_now(self, tokens: torch.Tensor) -> bool:
-        """Whether this forward may run :meth:`_lean_base`: a stock stack of fused layers (``_lean``), on CPU,
+    def _lean_now(self, tokens: torch.Tensor, features: bool = False) -> bool:
+        """Whether this forward may skip the base model's module call: :meth:`_lean_base` for a stock stack of fused
+        layers (``_lean``), or the base's own ``lean_call`` for a feature draft's forward (``features``); on CPU,
         without autograd, and no hook that must see the base model called."""
         base = self.base
         return (
-            self._lean
+            (self._lean_features if features else self._lean)
             and self.window is None
             and tokens.device.type == "cpu"
             and not torch.is_grad_enabled()
@@ -1100,17 +1169,23 @@ class HFCausalLM:
         # straight to that path where its call takes it (the checks that hold for every layer made once): what its
         # module call would run, without the module call's wrappers
         direct = _native_ready(h, mask)
-        out = _native_stack(base.layers, h, mask, cos_sin[0], cos_sin[1], cache) if direct else None
+        out = None
+        if direct:
+            if self._plan is None:
+                self._plan = (_stack_plan(base.layers),)
+            plan = self._plan[0]
+            out = None if plan is None else _native_stack(base.layers, h, mask, cos_sin[0], cos_sin[1], cache, plan)
         if out is not None:
             return base.norm(out)
-        for layer in base.layers:
-            out = None
-            if direct and not _layer_hooks(layer):
-                out = _native_call(layer, h, mask, cos_sin[0], cos_sin[1], cache, None, None)
-            h = out if out is not None else layer(
-                h, attention_mask=mask, position_embeddings=cos_sin, position_ids=position_ids, use_cache=True,
-                cache=cache,
-            )  # fmt: skip
+        with self.routing.active():  # a layer's module call runs its fused forward and the routed linears
+            for layer in base.layers:
+                out = None
+                if direct and not _layer_hooks(layer):
+                    out = _native_call(layer, h, mask, cos_sin[0], cos_sin[1], cache, None, None)
+                h = out if out is not None else layer(
+                    h, attention_mask=mask, position_embeddings=cos_sin, position_ids=position_ids, use_cache=True,
+                    cache=cache,
+                )  # fmt: skip
         return base.norm(h)
 
     def _layer_masks(self, mask: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -1124,6 +1199,13 @@ class HFCausalLM:
         """Output head. Shape: hidden [..., H] -> logits [..., V], or [..., S] over ``support`` when ``reduced``
         (only for a head with a support, see ``support``; called through the module so that forward hooks see it)."""
         if not reduced:
+            head = self.head
+            if (
+                self._head_routed
+                and getattr(_skinny, "on", False)
+                and not ("forward" in head.__dict__ or _layer_hooks(head) or _global_module_hooks())
+            ):  # what its routed module call runs, without the call
+                return self._softcap(decode_linear(hidden, _weight(head)))
             with self.routing.active():
                 return self._softcap(self.head(hidden))
         if self.support is None:

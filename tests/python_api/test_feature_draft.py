@@ -267,6 +267,58 @@ def test_lean_forward_equals_the_hf_stack(dtype, tol):
         torch.testing.assert_close(a, c, atol=tol, rtol=tol)
 
 
+def test_adapter_runs_the_feature_draft_without_its_module_call():
+    """The adapter's forwards of a feature draft call FeatureDecoder.lean_call directly: the logits of a chain and a
+    level are bitwise those of the module call, and a hook on the draft's decoder makes the adapter call the
+    module (the hook fires)."""
+    from specdec.models import HFCausalLM
+
+    target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
+    torch.manual_seed(0)
+    cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=16)
+    draft = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.arange(0, 32, 2)).eval()
+    for p in draft.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    calls: list[int] = []
+    real = type(draft.decoder).lean_call
+
+    def counted(self, *args):
+        calls.append(1)
+        return real(self, *args)
+
+    feats = torch.randn(1, 6, 32)
+    tokens, parent = torch.tensor([[3, 5, 7]]), torch.tensor([[-1, 0, 0]])
+    valid, depth = torch.ones((1, 3), dtype=torch.bool), torch.tensor([[0, 1, 1]])
+
+    def run(lm: HFCausalLM) -> list[torch.Tensor]:
+        with torch.no_grad():
+            st = lm.new_state(1)
+            out = [lm.forward_chain(st, [[4, 9, 2, 6]], last_logits=True, features=feats[:, :4], reduced=True)]
+            base = st.length
+            out.append(lm.forward_level(st, tokens, parent, valid, depth, 1, 3, base, features=feats[:, 4:6]))
+        return out
+
+    import unittest.mock as mock
+
+    with mock.patch.object(type(draft.decoder), "lean_call", counted):
+        lm = HFCausalLM(draft, name="draft")
+        assert lm._lean_features
+        direct = run(lm)
+        assert len(calls) == 2
+        lm._lean_features = False
+        called = run(lm)
+        assert len(calls) == 4  # the module call takes its own lean path inside
+        seen: list[int] = []
+        handle = draft.decoder.register_forward_pre_hook(lambda *a: seen.append(1))
+        lm._lean_features = True
+        hooked = run(lm)
+        handle.remove()
+    assert seen == [1, 1]
+    for a, b, c in zip(direct, called, hooked, strict=True):
+        assert torch.isfinite(a[a > float("-inf")]).all()
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
 def test_lean_fused_weights_follow_weight_edits():
     """The lean path's cached [q; k; v] and [gate; up] matrices are rebuilt after an in-place edit or a dtype move."""
     from specdec.train.feature_draft import _fused

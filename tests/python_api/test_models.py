@@ -468,7 +468,8 @@ def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, in
 def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None:
     """The stack runs in one call only where every layer would take its one-call path alike: a hook on one layer,
     one layer with int8 weights among float ones, or one layer with another epsilon leave it to the layers (same
-    logits as with the stack path off)."""
+    logits as with the stack path off). The layers' part of the call is read once per cache, so a change to the
+    model between generate calls is seen at the next one."""
     import specdec.models as models
 
     from specdec_kernels import native
@@ -494,13 +495,53 @@ def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None
         else:
             layer.post_attention_layernorm.variance_epsilon *= 2
         taken.clear()
-        got = _chain_and_tree_logits(HFCausalLM(model))
-        assert taken and not any(taken), case
+        lm = HFCausalLM(model)
+        got = _chain_and_tree_logits(lm)
+        assert not any(taken), case
+        # a hook is looked for on every forward; mixed weight kinds or epsilons leave no stack plan to try
+        assert bool(taken) if case == "hook" else lm._plan == (None,), case
         monkeypatch.setattr(models, "_native_stack", lambda *args, **kwargs: None)
         want = _chain_and_tree_logits(HFCausalLM(model))
         monkeypatch.setattr(models, "_native_stack", counted)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), case
+
+
+def test_stack_plan_is_read_again_for_each_cache() -> None:
+    """The stack path's layer arguments are read from the model once per cache: weights made int8 between two
+    generate calls are used from the next cache on (the logits of a fresh adapter), and differ from the float ones."""
+    import specdec.models as models
+
+    from specdec_kernels import native
+
+    if not native.HAVE_CPU:
+        pytest.skip("the cpu extension is not built")
+    model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, layers=3)
+    lm = HFCausalLM(model)
+    before = _chain_and_tree_logits(lm)
+    assert lm._plan is not None and lm._plan[0] is not None and lm._plan[0].dtype == torch.float32
+    models.int8_weights(model)
+    after = _chain_and_tree_logits(lm)
+    assert lm._plan[0] is not None and lm._plan[0].dtype is None  # int8
+    for b, c in zip(after, _chain_and_tree_logits(HFCausalLM(model)), strict=True):
+        assert torch.equal(b, c)
+    assert not torch.equal(before[1], after[1])
+
+
+def test_output_head_runs_its_module_call_only_where_it_must() -> None:
+    """The output head of a stock forward runs as its routed linear without the module call, the same bits as the
+    call; a hook on the head makes the adapter call the module (the hook fires on every forward)."""
+    model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, layers=2)
+    lm = HFCausalLM(model)
+    assert lm._head_routed
+    direct = _chain_and_tree_logits(lm)
+    seen: list[int] = []
+    handle = model.lm_head.register_forward_hook(lambda *a: seen.append(1))
+    called = _chain_and_tree_logits(lm)
+    handle.remove()
+    assert seen == [1, 1, 1]
+    for a, b in zip(direct, called, strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)

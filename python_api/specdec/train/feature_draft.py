@@ -91,12 +91,7 @@ class FeatureDecoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor | None = None, **kwargs: Any) -> Any:
         if features is None:
             raise ValueError("the feature draft needs features= (the target's hidden states paired with input_ids)")
-        if features.shape[:-1] != input_ids.shape:
-            raise ValueError(
-                f"features must have shape {tuple(input_ids.shape)} + [E] to pair with input_ids, "
-                f"got {tuple(features.shape)}"
-            )
-        h = self.pair(features, input_ids)
+        _check_pair(features, input_ids)
         mask = kwargs.get("attention_mask")
         if "past_key_values" in kwargs:  # the driver's and the trainers' name; the Llama stack takes cache=
             kwargs[cache_argument(self.llama)] = kwargs.pop("past_key_values")
@@ -105,13 +100,23 @@ class FeatureDecoder(nn.Module):
         lean = not (self.training or torch.is_grad_enabled() or kwargs.get("output_hidden_states"))
         lean = lean and not kwargs.get("output_attentions")
         if lean and cache is not None and positions is not None and mask is not None and _additive_4d(mask):
-            # The driver's calls (an explicit additive mask, positions and a cache) skip HF's model wrapper and
-            # module plumbing (~15 % of a draft step) and run the decode-step ops skinny_linear and decode_attention.
-            # Same math, see lean_layer.
             from transformers.modeling_outputs import BaseModelOutputWithPast
 
-            return BaseModelOutputWithPast(last_hidden_state=self.lean_forward(h, mask, positions, cache))
-        return self.llama(inputs_embeds=h, **kwargs)
+            hidden = self.lean_call(input_ids, features, mask, positions, cache)
+            return BaseModelOutputWithPast(last_hidden_state=hidden)
+        return self.llama(inputs_embeds=self.pair(features, input_ids), **kwargs)
+
+    def lean_call(
+        self, input_ids: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        """The final-norm output [B, n, E] of a decode-step forward: pair embedding, then :meth:`lean_forward` (the
+        decode-step ops skinny_linear and decode_attention, skipping HF's model wrapper and module plumbing; same
+        math, see lean_layer). ``mask``: additive [B, 1, n, S] over the cache after this call's keys are appended;
+        ``specdec.models.HFCausalLM`` calls this directly for its decode-step forwards."""
+        _check_pair(features, input_ids)
+        if not _additive_4d(mask):
+            raise ValueError(f"mask must be an additive 4-D float mask, got shape {tuple(mask.shape)} {mask.dtype}")
+        return self.lean_forward(self.pair(features, input_ids), mask, positions, cache)
 
     def lean_forward(self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended)."""
@@ -138,6 +143,12 @@ def _rope(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.
         hit = (key, cos[0], sin[0])
         rotary._specdec_table = hit
     return hit[1][positions], hit[2][positions]
+
+
+def _check_pair(features: torch.Tensor, input_ids: torch.Tensor) -> None:
+    if features.shape[:-1] != input_ids.shape:
+        want = tuple(input_ids.shape)
+        raise ValueError(f"features must have shape {want} + [E] to pair with input_ids, got {tuple(features.shape)}")
 
 
 def _additive_4d(mask: torch.Tensor) -> bool:
