@@ -239,6 +239,25 @@ def _global_module_hooks() -> bool:
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
+def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary(h, positions)`` of a HF rotary-embedding module: cos/sin [B, n, D] of ``positions``, as rows of a
+    table cached on the module (one gather instead of ~10 ops). The table is the module's own output on arange(L),
+    so every entry has the bits the module computes for that position. Other RoPE types (dynamic ones update
+    inv_freq per call) and a module with hooks go through the module call."""
+    if getattr(rotary, "rope_type", None) != "default" or _layer_hooks(rotary):
+        return rotary(h, positions)
+    need = int(positions.max()) + 1 if positions.numel() else 1
+    inv = rotary.inv_freq
+    key = (inv.data_ptr(), inv._version, h.dtype, h.device)
+    hit = getattr(rotary, "_specdec_table", None)
+    if hit is None or hit[0] != key or hit[1].shape[0] < need:
+        size = max(1024, 1 << (need - 1).bit_length())
+        cos, sin = rotary(h, torch.arange(size, device=h.device)[None])
+        hit = (key, cos[0], sin[0])
+        rotary._specdec_table = hit
+    return hit[1][positions], hit[2][positions]
+
+
 def _fast_decoder_layer(
     layer: Any,
     hidden_states: torch.Tensor,
@@ -1164,7 +1183,7 @@ class HFCausalLM:
         part of a small draft's step."""
         base = self.base
         h = base.embed_tokens(tokens)
-        cos_sin = base.rotary_emb(h, position_ids=position_ids)
+        cos_sin = rotary_rows(base.rotary_emb, position_ids, h)
         # the whole stack in one call where every layer takes its one-call path; else a layer without hooks goes
         # straight to that path where its call takes it (the checks that hold for every layer made once): what its
         # module call would run, without the module call's wrappers

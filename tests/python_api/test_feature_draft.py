@@ -343,7 +343,7 @@ def test_lean_fused_weights_follow_weight_edits():
 def test_lean_rope_table_has_the_modules_bits():
     """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
     that position (the table grows past its first 1024 rows and follows a dtype change)."""
-    from specdec.train.feature_draft import _rope
+    from specdec.models import rotary_rows as _rope
 
     target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
     cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)

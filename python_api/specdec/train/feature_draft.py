@@ -28,7 +28,7 @@ from torch import nn
 
 from specdec_kernels import decode_attention, rms_norm
 
-from ..models import cache_argument, concat_weights, decode_linear, fused_decoder_layer
+from ..models import cache_argument, concat_weights, decode_linear, fused_decoder_layer, rotary_rows
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
@@ -120,29 +120,11 @@ class FeatureDecoder(nn.Module):
 
     def lean_forward(self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended)."""
-        cos, sin = _rope(self.llama.rotary_emb, positions, h)
+        cos, sin = rotary_rows(self.llama.rotary_emb, positions, h)
         for layer in self.llama.layers:
             h = lean_layer(layer, h, mask, cos, sin, cache)
         norm = self.llama.norm
         return rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
-
-
-def _rope(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B, n, D] of ``positions``: rows of a table cached on ``rotary`` (one gather instead of ~10 ops);
-    the table is HF's own formula on arange(L), so every entry has the bits HF computes for that position. Other
-    RoPE types (dynamic ones update inv_freq per call) go through the module."""
-    if getattr(rotary, "rope_type", None) != "default":
-        return rotary(h, positions)
-    need = int(positions.max()) + 1 if positions.numel() else 1
-    inv = rotary.inv_freq
-    key = (inv.data_ptr(), inv._version, h.dtype, h.device)
-    hit = getattr(rotary, "_specdec_table", None)
-    if hit is None or hit[0] != key or hit[1].shape[0] < need:
-        size = max(1024, 1 << (need - 1).bit_length())
-        cos, sin = rotary(h, torch.arange(size, device=h.device)[None])
-        hit = (key, cos[0], sin[0])
-        rotary._specdec_table = hit
-    return hit[1][positions], hit[2][positions]
 
 
 def _check_pair(features: torch.Tensor, input_ids: torch.Tensor) -> None:
