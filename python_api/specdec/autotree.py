@@ -104,7 +104,7 @@ class CostCurve:
 
 #: the adapter's forward path (which layers run fused, how the cache grows); changing what a pass costs changes this,
 #: so that curves measured on another path are not reused
-FORWARD_PATH = "decoder-stack-op/slot-cache"
+FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache"
 
 
 def curve_key(model: torch.nn.Module, threads: int) -> str:
