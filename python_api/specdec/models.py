@@ -248,7 +248,8 @@ def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[
         return rotary(h, positions)
     need = int(positions.max()) + 1 if positions.numel() else 1
     inv = rotary.inv_freq
-    key = (inv.data_ptr(), inv._version, h.dtype, h.device)
+    # an inference tensor (a model built under torch.inference_mode) has no version counter
+    key = (inv.data_ptr(), None if inv.is_inference() else inv._version, h.dtype, h.device)
     hit = getattr(rotary, "_specdec_table", None)
     if hit is None or hit[0] != key or hit[1].shape[0] < need:
         size = max(1024, 1 << (need - 1).bit_length())

@@ -340,6 +340,24 @@ def test_lean_fused_weights_follow_weight_edits():
     assert _fused(layer)[0].dtype == torch.bfloat16
 
 
+def test_rotary_rows_of_a_module_built_in_inference_mode():
+    """A model built under torch.inference_mode has inference buffers (no version counter): the rotary rows are
+    still gathered from the table, with the module's bits."""
+    from specdec.models import rotary_rows
+
+    with torch.inference_mode():
+        target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
+    rotary = target.model.rotary_emb
+    assert rotary.inv_freq.is_inference()
+    h = torch.zeros(1, 3, 32)
+    pos = torch.tensor([[4, 5, 900]])
+    with torch.no_grad():
+        got, want = rotary_rows(rotary, pos, h), rotary(h, pos)
+    assert getattr(rotary, "_specdec_table", None) is not None
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_lean_rope_table_has_the_modules_bits():
     """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
     that position (the table grows past its first 1024 rows and follows a dtype change)."""
