@@ -138,7 +138,7 @@ def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
             weight = torch.nn.Parameter((q.float() * scale[:, None]).to(old.dtype), requires_grad=old.requires_grad)
             setattr(module, name, weight)
             # an inference tensor has no version counter (and cannot be edited outside inference mode)
-            version = None if weight.is_inference() else weight._version
+            version = tensor_version(weight)
             setattr(weight, INT8_ATTR, (q, scale, version))  # quantize_int8 leaves both on the weight's device
     return model
 
@@ -239,6 +239,12 @@ def _global_module_hooks() -> bool:
     return bool(_torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks)
 
 
+def tensor_version(t: torch.Tensor) -> int | None:
+    """``t._version`` (bumped by every in-place edit), or None for an inference tensor (a model built under
+    torch.inference_mode), which has no version counter."""
+    return None if t.is_inference() else t._version
+
+
 def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotary(h, positions)`` of a HF rotary-embedding module: cos/sin [B, n, D] of ``positions``, as rows of a
     table cached on the module (one gather instead of ~10 ops). The table is the module's own output on arange(L),
@@ -248,8 +254,7 @@ def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[
         return rotary(h, positions)
     need = int(positions.max()) + 1 if positions.numel() else 1
     inv = rotary.inv_freq
-    # an inference tensor (a model built under torch.inference_mode) has no version counter
-    key = (inv.data_ptr(), None if inv.is_inference() else inv._version, h.dtype, h.device)
+    key = (inv.data_ptr(), tensor_version(inv), h.dtype, h.device)
     hit = getattr(rotary, "_specdec_table", None)
     if hit is None or hit[0] != key or hit[1].shape[0] < need:
         size = max(1024, 1 << (need - 1).bit_length())

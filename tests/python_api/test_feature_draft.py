@@ -358,6 +358,24 @@ def test_rotary_rows_of_a_module_built_in_inference_mode():
         assert torch.equal(a, b)
 
 
+def test_feature_draft_built_in_inference_mode_drafts():
+    """A feature draft (and target) built under torch.inference_mode has inference weights without a version
+    counter: the lean path's fused matrices are still made and cached, and a greedy generate runs and equals the
+    target's greedy tokens."""
+    from specdec.train.feature_draft import _fused
+
+    with torch.inference_mode():
+        target = tiny_llama(0, vocab=32, hidden=64)
+        draft = feature_draft(target, list(range(0, 32, 2)) + [1, 3, 5], seed=4)
+    layer = draft.decoder.llama.layers[0]
+    assert layer.self_attn.q_proj.weight.is_inference()
+    assert _fused(layer)[0] is _fused(layer)[0]  # cached
+    prompts = [[3, 5, 7, 1], [9, 2]]
+    ids, mask = left_pad(prompts)
+    out = specdec.generate(target, draft, ids, attention_mask=mask, method="sd", max_new_tokens=12, do_sample=False)
+    assert_target_greedy(target, prompts, out.new_tokens, 12)
+
+
 def test_lean_rope_table_has_the_modules_bits():
     """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
     that position (the table grows past its first 1024 rows and follows a dtype change)."""

@@ -28,7 +28,14 @@ from torch import nn
 
 from specdec_kernels import decode_attention, rms_norm
 
-from ..models import cache_argument, concat_weights, decode_linear, fused_decoder_layer, rotary_rows
+from ..models import (
+    cache_argument,
+    concat_weights,
+    decode_linear,
+    fused_decoder_layer,
+    rotary_rows,
+    tensor_version,
+)
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
 
 FEATURE_DRAFT = "smollm2-eagle"
@@ -142,7 +149,7 @@ def _fused(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
     Cached on the layer and rebuilt whenever a source weight is replaced or edited in place (``_version``)."""
     attn, mlp = layer.self_attn, layer.mlp
     src = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, mlp.gate_proj.weight, mlp.up_proj.weight)
-    key = tuple((w.data_ptr(), w._version, w.dtype) for w in src)
+    key = tuple((w.data_ptr(), tensor_version(w), w.dtype) for w in src)
     hit = getattr(layer, "_specdec_fused", None)
     if hit is None or hit[0] != key:
         with torch.no_grad():
