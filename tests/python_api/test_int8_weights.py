@@ -108,13 +108,14 @@ def test_int8_draft_keeps_the_target_law(method, kw):
     assert_first_two_law(target, out.new_tokens)
 
 
-@pytest.mark.parametrize("method", ["sd", "rsd_c", "spechub"])
-def test_int8_plain_draft_greedy_equals_target_greedy(method):
+# fixed shapes: branching="auto" may rightly find that no tree pays for a model this small on a given machine
+@pytest.mark.parametrize(("method", "kw"), [("sd", {}), ("rsd_c", {"branching": (2, 2, 1)}), ("spechub", {})])
+def test_int8_plain_draft_greedy_equals_target_greedy(method, kw):
     target = tiny_llama(0, vocab=32, hidden=64)
     draft = specdec.int8_weights(noisy_copy(target, seed=1, scale=0.3))
     g = torch.Generator().manual_seed(0)
     prompts = [[int(t) for t in torch.randint(0, 32, (int(n),), generator=g)] for n in (3, 1, 6, 4)]
     ids, mask = left_pad(prompts)
-    out = specdec.generate(target, draft, ids, attention_mask=mask, method=method, max_new_tokens=10, seed=0)
+    out = specdec.generate(target, draft, ids, attention_mask=mask, method=method, max_new_tokens=10, seed=0, **kw)
     assert out.stats is not None and out.stats.block_efficiency > 1.0
     assert_target_greedy(target, prompts, out.new_tokens, 10)
