@@ -401,17 +401,38 @@ def _native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
     )
 
 
-class _LayerArgs(NamedTuple):
-    """A layer's arguments of the one-call path, and the cache slot layer it writes."""
+class _LayerStatic(NamedTuple):
+    """A layer's arguments of the one-call ops apart from the activations and the cache: its matrices (with their
+    int8 scales where every one carries an int8 pair), norms, epsilons and score scale (``shared``), and the float
+    matrices' one dtype (None: int8)."""
 
     weights: list[torch.Tensor]
     scales: list[torch.Tensor]
     ln1: torch.Tensor
     ln2: torch.Tensor
-    eps1: float
-    eps2: float
-    scale: float
-    slot: Any
+    shared: tuple[float, float, float]
+    dtype: torch.dtype | None
+
+
+def _layer_static(layer: Any, qkv: torch.Tensor | None, gate_up: torch.Tensor | None) -> _LayerStatic | None:
+    """:class:`_LayerStatic` of ``layer``, or None where only some matrices carry int8 pairs or the float ones
+    differ in dtype."""
+    found = _layer_weights(layer, qkv, gate_up)
+    if found is None:
+        return None
+    mats, scales = found
+    dtype = None if scales else mats[0].dtype
+    if dtype is not None and any(w.dtype != dtype for w in mats):
+        return None
+    attn = layer._modules["self_attn"]
+    n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
+    shared = (float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling))
+    return _LayerStatic(mats, scales, _weight(n1), _weight(n2), shared, dtype)
+
+
+def _mask_covers(mask: torch.Tensor, b: int, n: int, end: int) -> bool:
+    """Whether ``mask`` is the [1 or b, 1, n, end] mask of n new keys after ``end - n`` cached ones."""
+    return mask.shape[1] == 1 and mask.shape[2] == n and mask.shape[3] == end and mask.shape[0] in (1, b)
 
 
 def _layer_args(
@@ -421,30 +442,21 @@ def _layer_args(
     cache: Any,
     qkv: torch.Tensor | None,
     gate_up: torch.Tensor | None,
-) -> _LayerArgs | None:
-    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds, or None where the layer's call
-    is not taken (no slot layer, mixed or other weight dtypes, a mask that does not cover exactly the cache and the
-    new keys)."""
+) -> tuple[_LayerStatic, Any] | None:
+    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds, and the cache slot layer it
+    writes; None where the layer's call is not taken (no slot layer, mixed weight kinds, float weights of another
+    dtype than ``h``, a mask that does not cover exactly the cache and the new keys)."""
     b, n, _ = h.shape
-    attn = layer._modules["self_attn"]
-    idx, layers = attn.layer_idx, getattr(cache, "layers", None)
+    idx, layers = layer._modules["self_attn"].layer_idx, getattr(cache, "layers", None)
     slot = layers[idx] if isinstance(layers, list) and isinstance(idx, int) and 0 <= idx < len(layers) else None
     if not isinstance(slot, _slot_layer_class()):
         return None
-    found = _layer_weights(layer, qkv, gate_up)
-    if found is None:
+    static = _layer_static(layer, qkv, gate_up)
+    if static is None or (static.dtype is not None and static.dtype != h.dtype):
         return None
-    if not found[1]:
-        dtype = h.dtype
-        for w in found[0]:
-            if w.dtype != dtype:
-                return None
-    end = slot.get_seq_length() + n
-    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != end or mask.shape[0] not in (1, b):
+    if not _mask_covers(mask, b, n, slot.get_seq_length() + n):
         return None
-    n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
-    eps1, eps2, scale = float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling)
-    return _LayerArgs(found[0], found[1], _weight(n1), _weight(n2), eps1, eps2, scale, slot)
+    return static, slot
 
 
 def _native_call(
@@ -465,14 +477,25 @@ def _native_call(
     args = _layer_args(layer, h, mask, cache, qkv, gate_up)
     if args is None:
         return None
-    weights, scales, ln1, ln2, eps1, eps2, scale, slot = args
+    static, slot = args
     n = h.shape[1]
     room = slot.slots(n)  # may grow the buffers: asked only once the call is taken
     if room is None:
         return None
     k_cache, v_cache, length = room
     out = _decode_op("decoder_layer", h.device)(
-        h, weights, scales, ln1, ln2, cos, sin, k_cache, v_cache, length, mask, eps1, eps2, scale
+        h,
+        static.weights,
+        static.scales,
+        static.ln1,
+        static.ln2,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        length,
+        mask,
+        *static.shared,
     )
     slot.commit(length + n)
     return out
@@ -495,32 +518,22 @@ class _StackPlan(NamedTuple):
 def _stack_plan(layers: Any) -> _StackPlan | None:
     """The layers' part of a :func:`specdec_kernels.decoder_stack` call, or None unless every layer is a Llama layer
     of one weight kind (float of one dtype, or int8) whose epsilons and score scale all share."""
-    weights: list[torch.Tensor] = []
-    scales: list[torch.Tensor] = []
-    ln1: list[torch.Tensor] = []
-    ln2: list[torch.Tensor] = []
-    index: list[int] = []
-    kinds = set()
-    shared = set()
-    for layer in layers:
-        attn = layer._modules["self_attn"]
-        found = _layer_weights(layer, None, None)
-        if found is None or not isinstance(attn.layer_idx, int):
-            return None
-        mats, sc = found
-        kinds.add(None if sc else mats[0].dtype)
-        if not sc and any(w.dtype != mats[0].dtype for w in mats):
-            return None
-        n1, n2 = layer._modules["input_layernorm"], layer._modules["post_attention_layernorm"]
-        shared.add((float(n1.variance_epsilon), float(n2.variance_epsilon), float(attn.scaling)))
-        weights += mats
-        scales += sc
-        ln1.append(_weight(n1))
-        ln2.append(_weight(n2))
-        index.append(attn.layer_idx)
-    if not index or len(kinds) != 1 or len(shared) != 1:
+    found = [_layer_static(layer, None, None) for layer in layers]
+    statics = [st for st in found if st is not None]
+    index = [layer._modules["self_attn"].layer_idx for layer in layers]
+    if not statics or len(statics) != len(found) or not all(isinstance(i, int) for i in index):
         return None
-    return _StackPlan(weights, scales, ln1, ln2, shared.pop(), kinds.pop(), index)
+    if len({st.dtype for st in statics}) != 1 or len({st.shared for st in statics}) != 1:
+        return None
+    return _StackPlan(
+        [w for st in statics for w in st.weights],
+        [sc for st in statics for sc in st.scales],
+        [st.ln1 for st in statics],
+        [st.ln2 for st in statics],
+        statics[0].shared,
+        statics[0].dtype,
+        index,
+    )
 
 
 def _native_stack(
@@ -530,17 +543,16 @@ def _native_stack(
     cos: torch.Tensor,
     sin: torch.Tensor,
     cache: Any,
-    plan: _StackPlan | None = None,
+    plan: _StackPlan | None,
 ) -> torch.Tensor | None:
     """Once :func:`_native_ready` holds, every layer of ``layers`` (in order) in one
     :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
     Python-level call per layer. None (nothing run) unless every layer would take that path, none has hooks, and
     all share their epsilons, score scale and weight kind (float or int8). ``plan``: :func:`_stack_plan` of
-    ``layers`` made earlier (the adapter makes it once per cache), else made here."""
+    ``layers`` (the adapter makes it once per cache)."""
     for layer in layers:
         if _layer_hooks(layer):
             return None
-    plan = plan or _stack_plan(layers)
     if plan is None or (plan.dtype is not None and plan.dtype != h.dtype):
         return None
     slot_class = _slot_layer_class()
@@ -555,7 +567,7 @@ def _native_stack(
             return None
         slots.append(slot)
     end = slots[0].get_seq_length() + n
-    if mask.shape[1] != 1 or mask.shape[2] != n or mask.shape[3] != end or mask.shape[0] not in (1, b):
+    if not _mask_covers(mask, b, n, end):
         return None
     k_caches, v_caches = [], []
     for slot in slots:

@@ -279,12 +279,17 @@ def test_adapter_runs_the_feature_draft_without_its_module_call():
     draft = FeatureDraft(cfg, target.config, target.get_input_embeddings().weight, torch.arange(0, 32, 2)).eval()
     for p in draft.parameters():
         torch.nn.init.normal_(p, 0.0, 0.3)
-    calls: list[int] = []
-    real = type(draft.decoder).lean_call
+    calls: list[str] = []
+    cls = type(draft.decoder)
+    real_call, real_forward = cls.lean_call, cls.lean_forward
 
-    def counted(self, *args):
-        calls.append(1)
-        return real(self, *args)
+    def counted_call(self, *args):
+        calls.append("call")
+        return real_call(self, *args)
+
+    def counted_forward(self, *args):
+        calls.append("forward")
+        return real_forward(self, *args)
 
     feats = torch.randn(1, 6, 32)
     tokens, parent = torch.tensor([[3, 5, 7]]), torch.tensor([[-1, 0, 0]])
@@ -300,14 +305,14 @@ def test_adapter_runs_the_feature_draft_without_its_module_call():
 
     import unittest.mock as mock
 
-    with mock.patch.object(type(draft.decoder), "lean_call", counted):
+    with mock.patch.object(cls, "lean_call", counted_call), mock.patch.object(cls, "lean_forward", counted_forward):
         lm = HFCausalLM(draft, name="draft")
         assert lm._lean_features
         direct = run(lm)
-        assert len(calls) == 2
+        assert calls == ["call", "forward"] * 2
         lm._lean_features = False
         called = run(lm)
-        assert len(calls) == 4  # the module call takes its own lean path inside
+        assert calls[4:] == ["forward"] * 2  # the module call takes its own lean path inside
         seen: list[int] = []
         handle = draft.decoder.register_forward_pre_hook(lambda *a: seen.append(1))
         lm._lean_features = True

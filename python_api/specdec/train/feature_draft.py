@@ -109,7 +109,7 @@ class FeatureDecoder(nn.Module):
         if lean and cache is not None and positions is not None and mask is not None and _additive_4d(mask):
             from transformers.modeling_outputs import BaseModelOutputWithPast
 
-            hidden = self.lean_call(input_ids, features, mask, positions, cache)
+            hidden = self.lean_forward(self.pair(features, input_ids), mask, positions, cache)  # checked above
             return BaseModelOutputWithPast(last_hidden_state=hidden)
         return self.llama(inputs_embeds=self.pair(features, input_ids), **kwargs)
 
