@@ -1,4 +1,4 @@
-"""Trees chosen for the machine (``branching="auto"``): pick each round's draft-tree shape from this machine's cost
+"""Trees chosen for the machine (``branching="auto"``): pick the rounds' draft-tree shape from this machine's cost
 curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 2024, arXiv:2402.12374).
 
 * :class:`CostCurve`: seconds of a target forward over n new rows (a verification pass of n tree nodes, summed
@@ -12,7 +12,8 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
 * :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
   root) and no draft at all, the one that maximises expected tokens per second:
   E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = sum_{k < b} g[j][k];
-  cost = target(B * nodes) + sum_levels draft(B * rows of the level).
+  cost = target(B * nodes) + sum_levels draft(B * rows of the level), where target() is the measured pass plus
+  what the rounds showed a round's verification side costs beyond it (a + b * nodes, fitted as they run).
 
 The choice reads only past rounds and the machine's costs, never the current round's draws, so every round is an
 ordinary fixed tree verified exactly: the output law stays the target's.
@@ -43,6 +44,11 @@ PRIOR_WEIGHT = 4.0
 #: prior chance that a track node (a hybrid draft's chain below the tree) is drafted and accepted once the node above
 #: it was accepted (pseudo-counts PRIOR_WEIGHT)
 TRACK_PRIOR = 0.5
+#: weight of the previous rounds against a new one in the fit of a round's cost beyond its measured pass (recent
+#: rounds weigh more: the cost grows with the context)
+PASS_DECAY = 0.97
+#: rounds observed before that fit is used
+PASS_MIN_ROUNDS = 4
 #: row counts a cost curve is measured at (linear interpolation between them; beyond the last, the cost per row of
 #: the last): up to a batch of 8 trees of 16 nodes each
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -74,11 +80,36 @@ class CostCurve:
     target: dict[int, float]
     draft: dict[int, float] = field(default_factory=dict)
     _draft_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+    #: decayed sums (count, rows, excess, rows^2, rows * excess) of the rounds seen by observe_pass
+    _pass: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
 
-    def target_cost(self, rows: float) -> float:
+    def measured_pass(self, rows: float) -> float:
         # beyond the measured rows a pass costs in proportion to them: a flat last stretch of the curve must not
         # make a pass far larger than any measured look free
         return _interp(self.target, rows, proportional=True)
+
+    def target_cost(self, rows: float) -> float:
+        """A round's verification side over ``rows`` tree nodes: the measured pass, plus what the rounds showed it
+        costs beyond that (:meth:`observe_pass`)."""
+        return self.measured_pass(rows) + self.pass_excess(rows)
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        """A round's verification side as it ran (target pass over a tree at the current context, verification,
+        commit) over ``rows`` nodes. Its excess over the measured pass, which the calibration's chain passes at a
+        short context leave out, is fitted as a + b * rows."""
+        excess = seconds - self.measured_pass(rows)
+        for i, v in enumerate((1.0, float(rows), excess, float(rows * rows), rows * excess)):
+            self._pass[i] = PASS_DECAY * self._pass[i] + v
+
+    def pass_excess(self, rows: float) -> float:
+        """The fitted excess at ``rows``, at least 0 (the fit only adds to the measured curve); 0 until
+        PASS_MIN_ROUNDS rounds were seen. Rounds of one size only: their mean excess."""
+        n, sx, sy, sxx, sxy = self._pass
+        if n < PASS_MIN_ROUNDS - 0.5:  # n: the decayed count (PASS_MIN_ROUNDS rounds make about 0.1 less)
+            return 0.0
+        spread = n * sxx - sx * sx
+        slope = (n * sxy - sx * sy) / spread if spread > 1e-6 * n * n else 0.0
+        return max((sy - slope * sx) / n + slope * rows, 0.0)
 
     def draft_cost(self, rows: float) -> float:
         seen = {r: s / c for r, (s, c) in self._draft_seen.items() if c}

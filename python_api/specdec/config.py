@@ -44,7 +44,7 @@ class MethodConfig:
     parents: tuple[int, ...] | None = None
     beam_width: int | None = None
     num_chains: int | None = None
-    #: branching="auto": the tree's shape is chosen each round (the spec's auto_builder, specdec.autotree)
+    #: branching="auto": the tree's shape is chosen from the past rounds (the spec's auto_builder, specdec.autotree)
     auto: bool = False
 
     @property
@@ -87,7 +87,7 @@ def make_method(
     """Validate ``method`` and its tree parameters; fill the method's defaults.
 
     Parameters: ``draft_length`` (chain length L, or the hard cap of an adaptive chain), ``branching`` (children
-    per level, or ``"auto"`` where the method's spec has an ``auto_builder``: a shape chosen each round),
+    per level, or ``"auto"`` where the method's spec has an ``auto_builder``: a shape chosen from the past rounds),
     ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K).
     Which of them a method takes, their defaults and any extra rule (spechub: binary trees) are in the method's
     module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).

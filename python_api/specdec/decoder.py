@@ -408,6 +408,7 @@ class SpeculativeDecoder:
                 else:
                     # A deeper tree than the largest remaining budget could never be used.
                     tree = builder.build(drafter, roots, rows, sampling, generator, room - 1)
+            t_pass = time.perf_counter()
             with stats.timer("target"):
                 q_logits = target.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
                 stats.target_calls += 1
@@ -430,6 +431,8 @@ class SpeculativeDecoder:
                     # the root and the accepted nodes: the newly committed positions but the last
                     drafter.after_target(target, idx, n_acc + 1)
                     drafter.accept(tree, acc_nodes, n_acc)
+                if builder is not None:
+                    builder.observe_pass(tree.size * len(rows), time.perf_counter() - t_pass)
                 if any(finished):
                     keep = torch.tensor([i for i, f in enumerate(finished) if not f], dtype=torch.long, device=dev)
                     active = [r for r, f in zip(active, finished, strict=True) if not f]

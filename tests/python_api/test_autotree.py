@@ -74,6 +74,50 @@ def test_draft_cost_follows_what_the_rounds_observe() -> None:
     assert c.draft_cost(1) == pytest.approx(0.006)
 
 
+def test_pass_cost_beyond_the_measured_curve_is_fitted_from_the_rounds() -> None:
+    """Rounds whose verification side costs a + b * nodes more than the measured pass: the fit finds a and b, and
+    target_cost adds them; it adds nothing before a few rounds, and never subtracts (a curve above the rounds)."""
+    c = CostCurve(target={1: 0.02, 64: 0.02})
+    c.observe_pass(3, 0.03)
+    assert c.target_cost(3) == pytest.approx(0.02)  # one round: not used yet
+    c = CostCurve(target={1: 0.02, 64: 0.02})
+    for _ in range(10):
+        for rows in (1, 3, 5, 9):
+            c.observe_pass(rows, 0.02 + 0.002 + 0.001 * rows)
+    for rows in (1, 4, 8, 16):
+        assert c.pass_excess(rows) == pytest.approx(0.002 + 0.001 * rows, rel=1e-6)
+        assert c.target_cost(rows) == pytest.approx(0.022 + 0.001 * rows, rel=1e-6)
+    below = CostCurve(target={1: 1.0, 64: 1.0})
+    for _ in range(10):
+        for rows in (1, 5):
+            below.observe_pass(rows, 0.01 * rows)
+    assert below.pass_excess(5) == 0.0 and below.target_cost(5) == 1.0
+
+
+def test_observed_pass_costs_steer_the_choice_to_smaller_trees() -> None:
+    """A flat measured curve makes a wide tree look free; rounds that show each node costing a tenth of a pass
+    more move the choice to fewer nodes."""
+    good = AcceptanceModel()
+    for _ in range(300):  # the first child accepted half the time, the second a fifth, at every depth
+        for ranks, n in (([0, 0], 2), ([1], 1), ([], 0), ([0], 1)):
+            good.observe((2, 2), ranks, n, 2)
+    flat = CostCurve(target={1: 1.0, 64: 1.0}, draft={1: 0.01, 64: 0.01})
+    wide, _, _ = choose(flat, good, batch=1, max_nodes=16, max_depth=6)
+    for _ in range(20):
+        for rows in (1, 3, 7):
+            flat.observe_pass(rows, 1.0 + 0.1 * rows)
+    small, _, _ = choose(flat, good, batch=1, max_nodes=16, max_depth=6)
+    assert 1 + sum(_level_sizes(small)) < 1 + sum(_level_sizes(wide)), (small, wide)
+
+
+def _level_sizes(shape: tuple[int, ...]) -> list[int]:
+    sizes, size = [], 1
+    for b in shape:
+        size *= b
+        sizes.append(size)
+    return sizes
+
+
 def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     calls = []
@@ -152,3 +196,30 @@ def test_track_chain_acceptance_and_its_choice() -> None:
     assert track > 0
     _, track, _ = choose(STEEP, model, batch=8, max_nodes=16, max_depth=6, track=4)
     assert track == 0
+
+
+def test_shape_is_chosen_in_the_first_rounds_then_every_few_and_on_a_new_batch(tmp_path, monkeypatch) -> None:
+    """A choice weighs every shape: the builder makes one in each of its first AUTO_REFRESH rounds, then every
+    AUTO_REFRESH-th round and whenever the batch size changes; the rounds between draft the last choice."""
+    from specdec.decoders import auto
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    target = tiny_llama(0, vocab=32, hidden=32)
+    draft = tiny_llama(1, vocab=32, hidden=32)
+    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})  # every round drafts
+    made: list[int] = []
+    real = auto.choose
+    monkeypatch.setattr(
+        auto, "choose", lambda curve, model, batch, *a: (made.append(batch), real(curve, model, batch, *a))[1]
+    )
+    batches: list[int] = []  # the batch size of every round
+    for batch in (1, 1, 2):  # identical rows: a batch's rows finish together
+        prompts = torch.tensor([[t % 32 for t in range(20)]] * batch)
+        out = decoder.generate(prompts, max_new_tokens=30, do_sample=False)
+        batches += [batch] * out.stats.target_calls
+    assert decoder.builder._rounds == len(batches) > 3 * auto.AUTO_REFRESH
+    expected = [
+        b for r, b in enumerate(batches) if r < auto.AUTO_REFRESH or r % auto.AUTO_REFRESH == 0 or b != batches[r - 1]
+    ]
+    assert made == expected and made[-1] == 2

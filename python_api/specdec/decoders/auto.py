@@ -22,12 +22,16 @@ if TYPE_CHECKING:
 
 #: cached tokens behind the calibration passes (a typical early decoding position)
 CALIBRATION_CONTEXT = 128
+#: rounds between two choices of the shape once the first AUTO_REFRESH rounds have each chosen (a choice weighs
+#: every shape and chain length: about a millisecond, a few percent of a round on a small model)
+AUTO_REFRESH = 8
 
 
 class AutoTreeBuilder(TreeBuilder):
-    """Each round, the constant-branching RSD-C tree (siblings without replacement, recursive rejection sampling
-    without replacement) with the most expected tokens per second under this machine's cost curve and the
-    acceptance counted so far (:func:`specdec.autotree.choose`); the shape depends on past rounds only."""
+    """The constant-branching RSD-C tree (siblings without replacement, recursive rejection sampling without
+    replacement) with the most expected tokens per second under this machine's cost curve and the costs and
+    acceptance counted so far (:func:`specdec.autotree.choose`, chosen again every AUTO_REFRESH rounds after the
+    first AUTO_REFRESH); the shape depends on past rounds only."""
 
     draw = "swor"
 
@@ -42,6 +46,8 @@ class AutoTreeBuilder(TreeBuilder):
         self.shapes_used: dict[tuple[int, ...], int] = {}
         self._builders: dict[tuple[tuple[int, ...], int], SWORTreeBuilder] = {}
         self._first_round = True
+        self._rounds = 0  # rounds built by this builder (over all calls)
+        self._choice: tuple[tuple[int, int], tuple[int, ...], int] | None = None  # (batch, longest), shape, track
 
     def calibrate(self, target: models.HFCausalLM) -> None:
         """The target's pass cost by rows: from the cache, or measured once (about a second per row count)."""
@@ -104,7 +110,17 @@ class AutoTreeBuilder(TreeBuilder):
             raise RuntimeError("branching='auto' needs the target's cost curve (set by SpeculativeDecoder)")
         batch = int(roots.shape[0])
         longest = min(drafter.track_levels, self.max_nodes - 2)  # room for a one-node tree and the root
-        self.shape, track, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest)
+        key = (batch, longest)
+        if (
+            self._choice is None
+            or self._choice[0] != key
+            or self._rounds < AUTO_REFRESH
+            or self._rounds % AUTO_REFRESH == 0
+        ):
+            shape, track, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest)
+            self._choice = (key, shape, track)
+        self._rounds += 1
+        _, self.shape, track = self._choice
         # chain levels this round can draft (a round near the end of generation is cut short by max_depth); the
         # chain's nodes exist only where Max-Gram proposes that far, and rounds without them count as misses
         self.track = max(0, min(track, max_depth - len(self.shape)))
@@ -125,6 +141,10 @@ class AutoTreeBuilder(TreeBuilder):
             rows = sum(hi - lo for lo, hi in tree.levels[:steps]) * batch / steps
             self.curve.observe_draft(max(1, round(rows)), (time.perf_counter() - t0) / steps)
         return tree
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        if self.curve is not None:
+            self.curve.observe_pass(rows, seconds)
 
     def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:
         depth = min(len(tree.levels) - 1, len(self.shape))  # a track chain below the shape is not counted

@@ -65,6 +65,10 @@ class TreeBuilder(ABC):
     def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:  # noqa: B027
         """A verified round: the accepted ranks [B, depth] and counts [B] (auto trees count acceptance)."""
 
+    def observe_pass(self, rows: int, seconds: float) -> None:  # noqa: B027 (optional hook)
+        """A round's verification side (target pass, verification, commit) took ``seconds`` over ``rows`` tree
+        nodes summed over the batch (auto trees fit their cost)."""
+
     @abstractmethod
     def expand(
         self,
