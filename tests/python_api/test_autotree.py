@@ -155,14 +155,20 @@ def test_target_cost_beyond_the_curve_grows_with_the_rows() -> None:
     assert curve.target_cost(96) == pytest.approx(2.0)
 
 
-def test_first_round_of_a_call_does_not_set_the_draft_cost(tmp_path, monkeypatch) -> None:
-    """The first round's draft step also reads the prompt into the draft: it is left out of the draft-cost means,
-    every later drafting round is counted."""
+def drafting_auto_decoder(tmp_path, monkeypatch) -> specdec.SpeculativeDecoder:
+    """rsd_c with auto trees on a tiny pair, its cost curve flat so that every round drafts."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     target = tiny_llama(0, vocab=32, hidden=32)
     draft = tiny_llama(1, vocab=32, hidden=32)
     decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
-    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})  # every round drafts
+    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})
+    return decoder
+
+
+def test_first_round_of_a_call_does_not_set_the_draft_cost(tmp_path, monkeypatch) -> None:
+    """The first round's draft step also reads the prompt into the draft: it is left out of the draft-cost means,
+    every later drafting round is counted."""
+    decoder = drafting_auto_decoder(tmp_path, monkeypatch)
     seen: list[int] = []
     observe = CostCurve.observe_draft
     monkeypatch.setattr(CostCurve, "observe_draft", lambda self, r, s: (seen.append(r), observe(self, r, s)))
@@ -203,11 +209,7 @@ def test_shape_is_chosen_in_the_first_rounds_then_every_few_and_on_a_new_batch(t
     AUTO_REFRESH-th round and whenever the batch size changes; the rounds between draft the last choice."""
     from specdec.decoders import auto
 
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    target = tiny_llama(0, vocab=32, hidden=32)
-    draft = tiny_llama(1, vocab=32, hidden=32)
-    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
-    decoder.builder.curve = CostCurve(target={1: 1.0, 32: 1.0}, draft={1: 0.01})  # every round drafts
+    decoder = drafting_auto_decoder(tmp_path, monkeypatch)
     made: list[int] = []
     real = auto.choose
     monkeypatch.setattr(
