@@ -543,7 +543,7 @@ def _native_stack(
     cos: torch.Tensor,
     sin: torch.Tensor,
     cache: Any,
-    plan: _StackPlan | None,
+    plan: _StackPlan,
 ) -> torch.Tensor | None:
     """Once :func:`_native_ready` holds, every layer of ``layers`` (in order) in one
     :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
@@ -553,7 +553,7 @@ def _native_stack(
     for layer in layers:
         if _layer_hooks(layer):
             return None
-    if plan is None or (plan.dtype is not None and plan.dtype != h.dtype):
+    if plan.dtype is not None and plan.dtype != h.dtype:
         return None
     slot_class = _slot_layer_class()
     found = getattr(cache, "layers", None)
