@@ -5,13 +5,14 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
   over the batch) and of a draft step over r rows, measured once per (model, dtype, CPU variant, threads) and cached
   as JSON under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``) ``/costs``. The draft step is re-estimated from
   the rounds as they run (a running mean per row count), since drafters differ in what one step does.
-* :class:`AcceptanceModel`: g[d][k] = P(the child of sibling rank k is accepted | a node at depth d - 1 was reached
-  and has more than k children), counted from the verifier's accepted ranks with a few prior pseudo-counts. For
-  sampling without replacement (RSD-C) the chance of acceptance at rank k does not depend on how many further
-  siblings exist, so one count serves every branching.
+* :class:`AcceptanceModel`: g[d][k] = P(the child of sibling rank k is accepted | a node at depth d - 1 was reached,
+  has more than k children, and its children of ranks below k were rejected), counted from the verifier's accepted
+  ranks with a few prior pseudo-counts. Recursive rejection tries the siblings in rank order, so the chance that
+  rank k is tried and accepted does not depend on how many further siblings exist, and one count serves every
+  branching.
 * :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
   root) and no draft at all, the one that maximises expected tokens per second:
-  E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = sum_{k < b} g[j][k];
+  E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = 1 - prod_{k < b} (1 - g[j][k]);
   cost = target(B * nodes) + sum_levels draft(B * rows of the level), where target() is the measured pass plus
   what the rounds showed a round's verification side costs beyond it (a + b * nodes, fitted as they run).
 
@@ -37,9 +38,9 @@ AUTO_MAX_DEPTH = 6
 MAX_DEPTH_BUCKETS = 4
 #: widest sibling rank with its own counts (and the widest level auto trees use)
 MAX_WIDTH = 4
-#: prior acceptance by rank (pseudo-counts PRIOR_WEIGHT each): a first draft accepted about half the time, later
-#: ranks each less likely
-PRIOR = (0.5, 0.15, 0.07, 0.04)
+#: prior acceptance by rank once the ranks before it were rejected (pseudo-counts PRIOR_WEIGHT each): a first draft
+#: accepted about half the time, later ranks less likely (together: a level of 2 siblings accepted 65 % of the time)
+PRIOR = (0.5, 0.3, 0.2, 0.15)
 PRIOR_WEIGHT = 4.0
 #: prior chance that a track node (a hybrid draft's chain below the tree) is drafted and accepted once the node above
 #: it was accepted (pseudo-counts PRIOR_WEIGHT)
@@ -207,8 +208,13 @@ class AcceptanceModel:
         return (self.hits[d][rank] + PRIOR[rank] * PRIOR_WEIGHT) / (self.trials[d][rank] + PRIOR_WEIGHT)
 
     def accept(self, depth: int, width: int) -> float:
-        """A_depth(width): the chance that one of ``width`` siblings at ``depth`` is accepted."""
-        return min(sum(self.g(depth, k) for k in range(min(width, MAX_WIDTH))), 0.99)
+        """A_depth(width): the chance that one of ``width`` siblings at ``depth`` is accepted. Each g(depth, k) is
+        conditional on the ranks before k having been rejected, so the level misses with the product of the
+        siblings' chances to miss."""
+        miss = 1.0
+        for k in range(min(width, MAX_WIDTH)):
+            miss *= 1.0 - self.g(depth, k)
+        return min(1.0 - miss, 0.99)
 
     def observe(self, branching: tuple[int, ...], ranks: list[int], n_accepted: int, depth: int) -> None:
         """One row's round: ``ranks`` (draft-order rank of each accepted child, 0-based) of a tree of constant

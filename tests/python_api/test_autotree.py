@@ -42,6 +42,31 @@ def test_acceptance_counts_ranks_by_depth() -> None:
     assert m.accept(1, 1) < 0.1 < 0.9 < m.accept(1, 2)
 
 
+@pytest.mark.parametrize("width", [2, 3])
+def test_level_acceptance_matches_the_rounds(width: int) -> None:
+    """Rounds as recursive rejection runs them: rank 0 tried first, rank k only once ranks < k were rejected, each
+    accepted with its own chance given that. A(width) must be the share of rounds whose level accepted a child (a sum
+    of the per-rank chances would overstate it: 0.5 + 0.4 against 0.7 at width 2)."""
+    chance = (0.5, 0.4, 0.3)
+    gen = torch.Generator().manual_seed(0)
+    m = AcceptanceModel()
+    rounds, hits = 4000, 0
+    for _ in range(rounds):
+        u = torch.rand(width, generator=gen).tolist()
+        rank = next((k for k in range(width) if u[k] < chance[k]), None)
+        if rank is None:
+            m.observe((width,), [], 0, 1)
+        else:
+            m.observe((width,), [rank], 1, 1)
+            hits += 1
+    share = hits / rounds
+    assert m.accept(1, width) == pytest.approx(share, abs=0.03)  # 3 sd of a share over 4000 rounds: 0.022
+    exact = 1.0
+    for k in range(width):
+        exact *= 1 - chance[k]
+    assert share == pytest.approx(1 - exact, abs=0.03)
+
+
 def test_expected_tokens_is_one_plus_the_reach_of_each_level() -> None:
     m = AcceptanceModel()
     a1, a2 = m.accept(1, 2), m.accept(2, 1)
