@@ -301,9 +301,33 @@ def choose(
     best: tuple[int, ...] = ()
     best_track = 0
     best_rate = 1.0 / curve.target_cost(batch)
-    for t in range(track + 1):
-        for shape in shapes(max_nodes - t, max_depth):
-            rate = model.expected_tokens(shape, t) / round_cost(curve, shape, batch, t)
+    # E and the draft cost of a shape extend those of its prefix, so the shapes are grown as in shapes() with both
+    # carried along (what expected_tokens and round_cost compute, without recomputing every prefix). chain[t]: the
+    # track's gain per unit of first-child reach, sum_{k <= t} prod_{i <= k} h_i.
+    chain, reach_k = [0.0], 1.0
+    for k in range(1, track + 1):
+        reach_k *= model.h(k)
+        chain.append(chain[-1] + reach_k)
+
+    def grow(
+        shape: tuple[int, ...], nodes: int, size: int, tokens: float, reach: float, first: float, draft: float
+    ) -> None:
+        nonlocal best, best_track, best_rate
+        for t in range(track + 1) if shape else ():
+            if nodes + t > max_nodes:
+                break
+            rate = (tokens + first * chain[t]) / (draft + curve.target_cost(batch * (nodes + t)))
             if rate > best_rate:
                 best, best_track, best_rate = shape, t, rate
+        if len(shape) == max_depth:
+            return
+        level = len(shape) + 1
+        step = draft + curve.draft_cost(batch * size)
+        first_next = first * model.g(level, 0)
+        for b in range(1, (shape[-1] if shape else MAX_WIDTH) + 1):
+            if nodes + size * b <= max_nodes:
+                r = reach * model.accept(level, b)
+                grow((*shape, b), nodes + size * b, size * b, tokens + r, r, first_next, step)
+
+    grow((), 1, 1, 1.0, 1.0, 1.0, 0.0)
     return best, best_track, best_rate

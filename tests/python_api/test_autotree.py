@@ -229,6 +229,28 @@ def test_track_chain_acceptance_and_its_choice() -> None:
     assert track == 0
 
 
+@pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_choice_is_the_best_of_every_shape_and_track(curve: CostCurve, batch: int) -> None:
+    """choose grows the shapes with their expected tokens and costs carried along; its pick must be the best rate
+    over every shape of shapes() and every track length, each scored by expected_tokens / round_cost."""
+    model = AcceptanceModel()
+    gen = torch.Generator().manual_seed(batch)
+    for _ in range(60):  # mixed acceptance by depth and rank, and a chain accepted about half the time
+        n = int(torch.randint(0, 4, (), generator=gen))
+        ranks = torch.randint(0, 3, (n,), generator=gen).tolist()
+        model.observe((3, 2, 2), ranks, n, 3)
+        model.observe_track([0, 0, 0], 3 + int(torch.randint(0, 3, (), generator=gen)), 3, 2)
+    best, track, rate = choose(curve, model, batch=batch, max_nodes=16, max_depth=6, track=3)
+    scored = [(1 / curve.target_cost(batch), (), 0)]
+    for t in range(4):
+        for s in shapes(16 - t, 6):
+            scored.append((model.expected_tokens(s, t) / round_cost(curve, s, batch, t), s, t))
+    top = max(r for r, _, _ in scored)
+    assert rate == pytest.approx(top)
+    assert model.expected_tokens(best, track) / round_cost(curve, best, batch, track) == pytest.approx(top)
+
+
 def test_shape_is_chosen_in_the_first_rounds_then_every_few_and_on_a_new_batch(tmp_path, monkeypatch) -> None:
     """A choice weighs every shape: the builder makes one in each of its first AUTO_REFRESH rounds, then every
     AUTO_REFRESH-th round and whenever the batch size changes; the rounds between draft the last choice."""
