@@ -12,15 +12,18 @@ One round for the active rows:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
+import operator
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +34,7 @@ from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, HiddenStateDrafter, as_drafter
-from .generation import check_config, sampling_from_hf, split_criteria
+from .generation import check_config, check_processors, sampling_from_hf, split_criteria
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree, LawBuffer
@@ -58,20 +61,31 @@ def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden:
     return as_drafter(draft, target, hidden=hidden)
 
 
-def _eos_list(eos: int | Sequence[int] | torch.Tensor | None, vocab: int) -> list[int]:
+def _token_id(value: Any) -> int | None:
+    """``value`` as a token id where it is an integer (a Python or numpy int, a 0-d integer tensor), else None."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _eos_list(eos: Any, vocab: int) -> list[int]:
     if eos is None:
         return []
-    if isinstance(eos, torch.Tensor):
-        ids = eos.flatten().tolist()
-    elif isinstance(eos, int) and not isinstance(eos, bool):
-        ids = [eos]
-    elif isinstance(eos, Sequence) and not isinstance(eos, (str, bytes)):
-        ids = list(eos)
+    if isinstance(eos, torch.Tensor) and eos.dim() > 0:
+        items = list(eos.flatten())
+    elif isinstance(eos, (Sequence, np.ndarray)) and not isinstance(eos, (str, bytes)):
+        items = list(eos)
     else:
-        raise ValueError(f"eos_token_id must be an int or a list of ints, got {eos!r}")
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
-            raise ValueError(f"eos_token_id must hold token ids in [0, {vocab}), got {eos!r}")
+        items = [eos]
+    ids = []
+    for item in items:
+        i = _token_id(item)
+        if i is None or not 0 <= i < vocab:
+            raise ValueError(f"eos_token_id must be a token id or a list of token ids in [0, {vocab}), got {eos!r}")
+        ids.append(i)
     return ids
 
 
@@ -111,6 +125,11 @@ def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[list[int]]
         row = ids[b][mask[b]].tolist()
         if not row:
             raise ValueError(f"attention_mask row {b} selects no token (empty prompt); every row needs >= 1 token")
+        if not bool(mask[b, -1]):
+            raise ValueError(
+                f"attention_mask row {b} ends with padding (right padding): generation continues from each row's "
+                "last position, so pad on the left (tokenizer.padding_side = 'left')"
+            )
         prompts.append(row)
     flat = [t for p in prompts for t in p]
     if min(flat) < 0 or max(flat) >= vocab:
@@ -218,13 +237,25 @@ class SpeculativeDecoder:
         _prompts(input_ids, attention_mask, self.target.vocab_size)  # clear errors before transformers sees them
         from transformers import StoppingCriteriaList, StopStringCriteria
 
+        procs = kwargs.get("logits_processor")
+        if procs:
+            names = ", ".join(type(p).__name__ for p in procs)
+            raise ValueError(
+                f"logits_processor=[{names}] is not supported by speculative generation: the driver cannot know the "
+                "law it gives each draft node (set the generation settings instead)"
+            )
         criteria = list(stopping_criteria or [])
+        # transformers drops the tokenizer before it calls a custom_generate callable, so it cannot build the
+        # stop-string criterion itself: the criterion is built here, and transformers sees no stop strings (those of
+        # the model's own generation_config are hidden for the call)
         stops = kwargs.pop("stop_strings", None)
         if generation_config is not None and getattr(generation_config, "stop_strings", None) is not None:
             generation_config = copy.deepcopy(generation_config)
-            stops, generation_config.stop_strings = generation_config.stop_strings, None
+            stops = stops if stops is not None else generation_config.stop_strings
+            generation_config.stop_strings = None
+        model_stops = getattr(model.generation_config, "stop_strings", None)
+        stops = stops if stops is not None else model_stops
         if stops is not None:
-            # transformers would need the tokenizer inside its generate, which does not hand it on
             if tokenizer is None:
                 raise ValueError("stop_strings needs tokenizer= (the target's tokenizer)")
             criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stops))
@@ -234,14 +265,15 @@ class SpeculativeDecoder:
         run = functools.partial(
             self._generate_prepared, seed=seed, generator=generator, streamer=streamer, put_prompt=True, as_dict=True
         )
-        return model.generate(
-            input_ids,
-            attention_mask=attention_mask,
-            generation_config=generation_config,
-            stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
-            custom_generate=run,
-            **kwargs,
-        )
+        with _hidden_stop_strings(model.generation_config if model_stops is not None else None):
+            return model.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                stopping_criteria=StoppingCriteriaList(criteria) if criteria else None,
+                custom_generate=run,
+                **kwargs,
+            )
 
     def custom_generate(
         self,
@@ -253,11 +285,14 @@ class SpeculativeDecoder:
         *,
         seed: int | None = None,
         generator: torch.Generator | None = None,
+        tokenizer: Any = None,
         **model_kwargs: Any,
     ) -> Any:
         """transformers' ``custom_generate`` hook: ``target.generate(**inputs, custom_generate=decoder.custom_generate,
         ...)`` runs this decoder with the settings, processors and stopping criteria transformers prepared.
-        Returns the sequences [B, P + T], or a :class:`GenerationOutput` with ``return_dict_in_generate=True``."""
+        Returns the sequences [B, P + T], or a :class:`GenerationOutput` with ``return_dict_in_generate=True``.
+        ``tokenizer``: named so that transformers keeps it for this callable and builds ``stop_strings``' criterion
+        with it (not read here)."""
         call = _generate_call()
         if call.get("assistant_model") is not None:
             raise ValueError(
@@ -289,10 +324,12 @@ class SpeculativeDecoder:
         streamer: Any,
         put_prompt: bool = False,
         as_dict: bool = False,
+        tokenizer: Any = None,
         **model_kwargs: Any,
     ) -> Any:
         """One run with what transformers' generate prepared. ``put_prompt``: the streamer has not seen the prompt
-        (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput."""
+        (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput;
+        ``tokenizer``: named so that transformers keeps it and builds ``stop_strings``' criterion (not read here)."""
         if model is not self.target.model:
             raise ValueError("custom_generate: the model generate was called on is not this decoder's target")
         gc = generation_config
@@ -307,17 +344,17 @@ class SpeculativeDecoder:
             raise ValueError(f"generate argument {key}= is not supported by speculative generation")
         vocab = self.target.vocab_size
         eos = _eos_list(gc.eos_token_id, vocab)
-        sampling = sampling_from_hf(gc, logits_processor, eos)
         width = int(input_ids.shape[1])
+        check_processors(logits_processor, gc, eos, width, model_kwargs.get("attention_mask"))
+        sampling = sampling_from_hf(gc, eos)
         max_new = int(gc.max_length) - width
         if max_new < 1:
             raise ValueError(f"max_length={gc.max_length} leaves no room after the prompt ({width} tokens)")
-        pad = gc.pad_token_id
-        if pad is None:
-            pad = eos[0] if eos else 0
-        if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < vocab:
+        pad = (eos[0] if eos else 0) if gc.pad_token_id is None else _token_id(gc.pad_token_id)
+        if pad is None or not 0 <= pad < vocab:
             raise ValueError(
-                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got {pad!r}"
+                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got "
+                f"{gc.pad_token_id!r}"
             )
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer= needs batch size 1, got {input_ids.shape[0]} rows")
@@ -334,7 +371,7 @@ class SpeculativeDecoder:
         mask = model_kwargs.get("attention_mask")
         prompts = _prompts(input_ids, mask, vocab)
         rows = input_ids.cpu().tolist()
-        out = _Outputs(rows, split_criteria(stopping_criteria), streamer, hold=not eos)
+        out = _Outputs(rows, split_criteria(stopping_criteria, gc, eos), streamer, hold=not eos)
         if streamer is not None and put_prompt:
             streamer.put(input_ids.cpu())
         if sampling.needs_context:
@@ -348,10 +385,11 @@ class SpeculativeDecoder:
         out.end()
         self.last_stats = stats
         longest = max(len(t) for t in new_tokens)
-        tail = torch.full((input_ids.shape[0], longest), pad, dtype=input_ids.dtype, device=input_ids.device)
+        # int64 whatever the input's integer dtype, as transformers' generate returns
+        tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
         for b, toks in enumerate(new_tokens):
-            tail[b, : len(toks)] = torch.tensor(toks, dtype=input_ids.dtype)
-        result = GenerationOutput(torch.cat([input_ids, tail], dim=1), new_tokens, stats)
+            tail[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        result = GenerationOutput(torch.cat([input_ids.long(), tail], dim=1), new_tokens, stats)
         return result if as_dict or gc.return_dict_in_generate else result.sequences
 
     def _run(
@@ -611,6 +649,19 @@ class _Outputs:
             self.streamer.end()
 
 
+@contextlib.contextmanager
+def _hidden_stop_strings(config: Any) -> Iterator[None]:
+    """``config.stop_strings`` set to None while the block runs (nothing when ``config`` is None)."""
+    if config is None:
+        yield
+        return
+    stops, config.stop_strings = config.stop_strings, None
+    try:
+        yield
+    finally:
+        config.stop_strings = stops
+
+
 def _generate_call() -> dict[str, Any]:
     """``assistant_model`` and ``streamer`` of the transformers ``generate`` call that runs a custom_generate
     callable: transformers hands such a callable neither (it sends the streamer the prompt only), so they are read
@@ -683,6 +734,7 @@ def custom_generate(
     threshold: float | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    tokenizer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
     """transformers' ``custom_generate`` hook: change one line of an existing ``generate`` call,
@@ -692,7 +744,8 @@ def custom_generate(
     ``threshold``, ``seed``/``generator`` are passed like any generate argument. Returns what ``generate``
     returns: the sequences, or (``return_dict_in_generate=True``) a :class:`GenerationOutput` with the
     speculative statistics. A decoder built once (:class:`SpeculativeDecoder`) offers the same hook as
-    ``decoder.custom_generate`` without rebuilding per call."""
+    ``decoder.custom_generate`` without rebuilding per call. ``tokenizer``: named so that transformers keeps it for
+    this callable and builds ``stop_strings``' criterion with it (not read here)."""
     assistant = _generate_call().get("assistant_model")
     if assistant is not None and draft is not None:
         raise ValueError("pass the draft as assistant_model= or draft=, not both")

@@ -10,8 +10,11 @@ law the driver reproduces.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from .config import SamplingConfig
 
@@ -95,11 +98,61 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
         )
 
 
-def sampling_from_hf(generation_config: Any, logits_processor: Any, eos: Sequence[int]) -> SamplingConfig:
-    """The :class:`SamplingConfig` of a resolved GenerationConfig whose EOS ids are ``eos`` (the loop's, parsed
-    once), after checking that transformers' processor list holds only processors it reproduces (a user's
-    ``logits_processor`` or ``prefix_allowed_tokens_fn`` is refused: the driver cannot know the law it produces at
-    each draft node)."""
+def _ids(value: Any) -> set[int]:
+    """Token ids of an int, a list or a tensor, as a set."""
+    if isinstance(value, torch.Tensor):
+        return set(value.flatten().tolist())
+    return {int(v) for v in value} if isinstance(value, Sequence) else {int(value)}
+
+
+def _same(got: Any, want: Any, ids: bool) -> bool:
+    if got is None or want is None:
+        return got is None and want is None
+    if ids:
+        return _ids(got) == _ids(want)
+    if isinstance(got, torch.Tensor) or isinstance(want, torch.Tensor):
+        return isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) and torch.equal(got.cpu(), want.cpu())
+    return got == want
+
+
+def _expected(
+    name: str, gc: Any, eos: Sequence[int], width: int, mask: torch.Tensor | None
+) -> dict[str, tuple[str, Any]]:
+    """What transformers builds a known processor with from ``gc``: attribute -> (the setting it comes from, value).
+    ``mask``: the attention mask of the call (the repetition penalty skips each row's leading padding)."""
+    padding = None if mask is None else (mask != 0).int().argmax(dim=1)
+    keep = {"min_tokens_to_keep": ("min_tokens_to_keep", 1), "filter_value": ("filter_value", -math.inf)}
+    table: dict[str, dict[str, tuple[str, Any]]] = {
+        "TemperatureLogitsWarper": {"temperature": ("temperature", gc.temperature)},
+        "TopKLogitsWarper": {"top_k": ("top_k", gc.top_k), **keep},
+        "TopPLogitsWarper": {"top_p": ("top_p", gc.top_p), **keep},
+        "MinPLogitsWarper": {"min_p": ("min_p", gc.min_p), **keep},
+        "RepetitionPenaltyLogitsProcessor": {
+            "penalty": ("repetition_penalty", gc.repetition_penalty),
+            "prompt_ignore_length": ("the attention mask's leading padding", padding),
+        },
+        "MinLengthLogitsProcessor": {
+            "min_length": ("min_length", gc.min_length),
+            "eos_token_id": ("eos_token_id", eos),
+        },
+        "MinNewTokensLengthLogitsProcessor": {
+            "min_new_tokens": ("min_new_tokens", gc.min_new_tokens),
+            "prompt_length_to_skip": ("the prompt's length", width),
+            "eos_token_id": ("eos_token_id", eos),
+        },
+    }
+    return table[name]
+
+
+def check_processors(
+    logits_processor: Any, generation_config: Any, eos: Sequence[int], width: int, mask: torch.Tensor | None
+) -> None:
+    """Refuse a processor list that is not the one transformers builds from the settings: a processor the driver
+    does not reproduce (from ``logits_processor=``, ``prefix_allowed_tokens_fn=`` or a setting without a speculative
+    law), or one of a known class built with other values than the settings' (a user's ``logits_processor=`` takes
+    the place of transformers' own, and the driver reads the settings). ``width``: the prompt's length; ``mask``:
+    the call's attention mask."""
+    seen: set[str] = set()
     for proc in logits_processor or ():
         name = type(proc).__name__
         if name not in KNOWN_PROCESSORS:
@@ -107,11 +160,32 @@ def sampling_from_hf(generation_config: Any, logits_processor: Any, eos: Sequenc
                 f"logits processor {name} is not supported by speculative generation (it comes from "
                 "logits_processor=, prefix_allowed_tokens_fn= or a generation setting without a speculative law)"
             )
+        if name in seen:
+            raise ValueError(f"logits processor {name} appears twice; a logits_processor= list is not supported")
+        seen.add(name)
+        for attr, (setting, want) in _expected(name, generation_config, eos, width, mask).items():
+            got = getattr(proc, attr, None)
+            if not _same(got, want, attr == "eos_token_id"):
+                raise ValueError(
+                    f"logits processor {name} has {attr}={got!r} where the generation settings give {setting}="
+                    f"{want!r}: a logits_processor= list is not supported by speculative generation (set the "
+                    "generation setting instead)"
+                )
+
+
+def sampling_from_hf(generation_config: Any, eos: Sequence[int]) -> SamplingConfig:
+    """The :class:`SamplingConfig` of a resolved GenerationConfig whose EOS ids are ``eos`` (the loop's, parsed
+    once). ``top_p=0`` keeps the most probable token alone, as transformers' top-p warper does (its
+    ``min_tokens_to_keep`` of 1): the law of ``top_k=1``."""
     gc = generation_config
+    top_p = float(gc.top_p if gc.top_p is not None else 1.0)
+    top_k = int(gc.top_k or 0)
+    if top_p == 0.0:
+        top_p, top_k = 1.0, 1
     return SamplingConfig(
         temperature=float(gc.temperature if gc.temperature is not None else 1.0),
-        top_k=int(gc.top_k or 0),
-        top_p=float(gc.top_p if gc.top_p is not None else 1.0),
+        top_k=top_k,
+        top_p=top_p,
         do_sample=bool(gc.do_sample),
         min_p=float(gc.min_p or 0.0),
         repetition_penalty=float(gc.repetition_penalty if gc.repetition_penalty is not None else 1.0),
@@ -120,7 +194,24 @@ def sampling_from_hf(generation_config: Any, logits_processor: Any, eos: Sequenc
     )
 
 
-def split_criteria(stopping_criteria: Any) -> list[Any]:
-    """The stopping criteria the loop must call after each token: all but max length and EOS, which it applies
-    itself from the generation config."""
-    return [c for c in stopping_criteria or () if type(c).__name__ not in NATIVE_CRITERIA]
+def split_criteria(stopping_criteria: Any, generation_config: Any, eos: Sequence[int]) -> list[Any]:
+    """The stopping criteria the loop must call after each token: all but transformers' max-length and EOS
+    criteria, which the loop applies itself from the generation config. One of those two classes built with other
+    values (a user's ``stopping_criteria=`` takes the place of transformers' own) is refused: set ``max_length`` or
+    ``eos_token_id`` instead."""
+    out = []
+    for c in stopping_criteria or ():
+        name = type(c).__name__
+        if name == "MaxLengthCriteria" and getattr(c, "max_length", None) != generation_config.max_length:
+            raise ValueError(
+                f"stopping criterion MaxLengthCriteria(max_length={c.max_length!r}) differs from the generation "
+                f"settings' max_length={generation_config.max_length!r}: set max_length= or max_new_tokens= instead"
+            )
+        if name == "EosTokenCriteria" and _ids(getattr(c, "eos_token_id", [])) != set(eos):
+            raise ValueError(
+                f"stopping criterion EosTokenCriteria(eos_token_id={sorted(_ids(c.eos_token_id))}) differs from the "
+                f"generation settings' eos_token_id={list(eos)}: set eos_token_id= instead"
+            )
+        if name not in NATIVE_CRITERIA:
+            out.append(c)
+    return out

@@ -96,6 +96,12 @@ def settings(target) -> dict[str, dict]:
         "repetition_penalty": {"max_new_tokens": N_NEW, "repetition_penalty": 1.8},
         "penalty below 1": {"max_new_tokens": N_NEW, "repetition_penalty": 0.7},
         "sampling knobs ignored when greedy": {"max_new_tokens": N_NEW, "temperature": 0.5, "top_k": 3, "min_p": 0.2},
+        "top_p=0 when greedy": {"max_new_tokens": N_NEW, "top_p": 0.0},
+        "numpy and tensor ids": {
+            "max_new_tokens": N_NEW,
+            "eos_token_id": [np.int64(e0), np.int64(e1)],
+            "pad_token_id": torch.tensor(V - 1),
+        },
         "model defaults (20 new tokens)": {},
     }
 
@@ -178,6 +184,18 @@ def test_stop_strings_with_a_tokenizer(pair) -> None:
     assert torch.equal(ours.sequences, ref)
     with pytest.raises(ValueError, match="stop_strings needs tokenizer="):
         specdec.generate(target, draft, ids, method="sd", attention_mask=mask, stop_strings=[stop])
+    # from the model's own generation_config (left as it was after the call)
+    model = copy.deepcopy(target)
+    model.generation_config.stop_strings = [stop]
+    ours = specdec.generate(model, draft, ids, method="rsd_c", attention_mask=mask, do_sample=False,
+                            max_new_tokens=N_NEW, tokenizer=tok, pad_token_id=V - 1)  # fmt: skip
+    assert torch.equal(ours.sequences, ref) and model.generation_config.stop_strings == [stop]
+    # the hook: transformers drops tokenizer= for a custom_generate callable, the criterion goes in as such
+    crit = transformers.StoppingCriteriaList([transformers.StopStringCriteria(tokenizer=tok, stop_strings=[stop])])
+    hooked = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=N_NEW, stopping_criteria=crit,
+                             pad_token_id=V - 1, custom_generate=specdec.custom_generate, assistant_model=draft,
+                             method="sd")  # fmt: skip
+    assert torch.equal(hooked, ref)
 
 
 class Collect(transformers.generation.streamers.BaseStreamer):
@@ -236,6 +254,15 @@ def test_return_dict_in_generate_carries_the_speculative_stats(pair) -> None:
         ({"output_logits": True}, "output_logits=True is not supported"),
         ({"prefix_allowed_tokens_fn": lambda b, ids: [1, 2]}, "PrefixConstrainedLogitsProcessor is not supported"),
         ({"logits_processor": [transformers.SuppressTokensLogitsProcessor([3])]}, "SuppressTokensLogitsProcessor"),
+        # a user's processor of a class transformers builds takes the place of transformers' own
+        (
+            {"logits_processor": [transformers.RepetitionPenaltyLogitsProcessor(3.0)]},
+            "RepetitionPenaltyLogitsProcessor",
+        ),
+        ({"do_sample": True, "logits_processor": [transformers.TopKLogitsWarper(1)]}, "TopKLogitsWarper"),
+        ({"eos_token_id": 5, "logits_processor": [transformers.MinLengthLogitsProcessor(12, 5)]}, "MinLength"),
+        ({"stopping_criteria": [transformers.EosTokenCriteria(5)]}, "EosTokenCriteria.*eos_token_id="),
+        ({"max_new_tokens": 8, "stopping_criteria": [transformers.MaxLengthCriteria(9)]}, "MaxLengthCriteria.*max_len"),
     ],
 )
 def test_unimplemented_settings_are_refused_by_name(pair, kwargs, match) -> None:
@@ -246,6 +273,64 @@ def test_unimplemented_settings_are_refused_by_name(pair, kwargs, match) -> None
     with pytest.raises(ValueError, match=match):
         target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft,
                         method="sd", **kwargs)  # fmt: skip
+
+
+def test_processors_built_with_the_settings_values_pass(pair) -> None:
+    """With the hook, a processor of a known class built with exactly the settings' values (and the mask's padding
+    for the repetition penalty) gives the law the settings give: accepted, and the output is model.generate's."""
+    target, draft = pair
+    ids, mask = batch()
+    padding = (mask != 0).int().argmax(dim=1)
+    procs = [transformers.RepetitionPenaltyLogitsProcessor(1.8, prompt_ignore_length=padding)]
+    kw = dict(do_sample=False, max_new_tokens=N_NEW, repetition_penalty=1.8)
+    ref = target.generate(ids, attention_mask=mask, **kw)
+    got = target.generate(ids, attention_mask=mask, logits_processor=procs, custom_generate=specdec.custom_generate,
+                          assistant_model=draft, method="sd", **kw)  # fmt: skip
+    assert torch.equal(got, ref)
+    with pytest.raises(ValueError, match="prompt_ignore_length"):  # the same penalty on the padding too
+        unmasked = [transformers.RepetitionPenaltyLogitsProcessor(1.8)]
+        target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft,
+                        logits_processor=unmasked, method="sd", **kw)  # fmt: skip
+
+
+def test_top_p_zero_samples_the_most_probable_token(pair) -> None:
+    """top_p=0 keeps the most probable token alone, as transformers' top-p warper does: sampling equals greedy."""
+    target, draft = pair
+    ids, mask = batch()
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=N_NEW)
+    for seed in range(3):
+        out = specdec.generate(target, draft, ids, method="rsd_c", attention_mask=mask, do_sample=True, top_p=0.0,
+                               max_new_tokens=N_NEW, seed=seed)  # fmt: skip
+        assert torch.equal(out.sequences, ref)
+
+
+def test_integer_inputs_give_int64_sequences(pair) -> None:
+    target, draft = pair
+    ids, mask = batch()
+    ref = target.generate(ids.int(), attention_mask=mask, do_sample=False, max_new_tokens=N_NEW)
+    for got in (
+        specdec.generate(target, draft, ids.int(), method="sd", attention_mask=mask, max_new_tokens=N_NEW).sequences,
+        target.generate(
+            ids.int(),
+            attention_mask=mask,
+            max_new_tokens=N_NEW,
+            custom_generate=specdec.custom_generate,
+            assistant_model=draft,
+            method="sd",
+        ),  # fmt: skip
+    ):
+        assert got.dtype == torch.int64 == ref.dtype and torch.equal(got, ref)
+
+
+def test_right_padding_is_refused(pair) -> None:
+    target, draft = pair
+    ids = torch.tensor([[5, 9, 13], [7, 3, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(ValueError, match="attention_mask row 1 ends with padding"):
+        specdec.generate(target, draft, ids, method="sd", attention_mask=mask, max_new_tokens=4)
+    with pytest.raises(ValueError, match="attention_mask row 1 ends with padding"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, custom_generate=specdec.custom_generate,
+                        assistant_model=draft, method="sd")  # fmt: skip
 
 
 def test_draft_is_given_once(pair) -> None:
