@@ -285,14 +285,11 @@ class SpeculativeDecoder:
         *,
         seed: int | None = None,
         generator: torch.Generator | None = None,
-        tokenizer: Any = None,
         **model_kwargs: Any,
     ) -> Any:
         """transformers' ``custom_generate`` hook: ``target.generate(**inputs, custom_generate=decoder.custom_generate,
         ...)`` runs this decoder with the settings, processors and stopping criteria transformers prepared.
-        Returns the sequences [B, P + T], or a :class:`GenerationOutput` with ``return_dict_in_generate=True``.
-        ``tokenizer``: named so that transformers keeps it for this callable and builds ``stop_strings``' criterion
-        with it (not read here)."""
+        Returns the sequences [B, P + T], or a :class:`GenerationOutput` with ``return_dict_in_generate=True``."""
         call = _generate_call()
         if call.get("assistant_model") is not None:
             raise ValueError(
@@ -324,12 +321,10 @@ class SpeculativeDecoder:
         streamer: Any,
         put_prompt: bool = False,
         as_dict: bool = False,
-        tokenizer: Any = None,
         **model_kwargs: Any,
     ) -> Any:
         """One run with what transformers' generate prepared. ``put_prompt``: the streamer has not seen the prompt
-        (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput;
-        ``tokenizer``: named so that transformers keeps it and builds ``stop_strings``' criterion (not read here)."""
+        (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput."""
         if model is not self.target.model:
             raise ValueError("custom_generate: the model generate was called on is not this decoder's target")
         gc = generation_config
@@ -734,7 +729,6 @@ def custom_generate(
     threshold: float | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
-    tokenizer: Any = None,
     **model_kwargs: Any,
 ) -> Any:
     """transformers' ``custom_generate`` hook: change one line of an existing ``generate`` call,
@@ -744,8 +738,8 @@ def custom_generate(
     ``threshold``, ``seed``/``generator`` are passed like any generate argument. Returns what ``generate``
     returns: the sequences, or (``return_dict_in_generate=True``) a :class:`GenerationOutput` with the
     speculative statistics. A decoder built once (:class:`SpeculativeDecoder`) offers the same hook as
-    ``decoder.custom_generate`` without rebuilding per call. ``tokenizer``: named so that transformers keeps it for
-    this callable and builds ``stop_strings``' criterion with it (not read here)."""
+    ``decoder.custom_generate`` without rebuilding per call. transformers hands such a callable no tokenizer, so
+    ``stop_strings`` go in as ``stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]``."""
     assistant = _generate_call().get("assistant_model")
     if assistant is not None and draft is not None:
         raise ValueError("pass the draft as assistant_model= or draft=, not both")
