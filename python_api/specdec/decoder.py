@@ -16,14 +16,12 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import operator
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -34,7 +32,7 @@ from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
 from .drafting import Drafter, HiddenStateDrafter, as_drafter
-from .generation import check_config, check_processors, sampling_from_hf, split_criteria
+from .generation import check_config, check_processors, sampling_from_hf, split_criteria, token_id, token_ids
 from .metrics import GenerationStats
 from .models import HFCausalLM
 from .tree import DraftTree, LawBuffer
@@ -61,32 +59,14 @@ def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden:
     return as_drafter(draft, target, hidden=hidden)
 
 
-def _token_id(value: Any) -> int | None:
-    """``value`` as a token id where it is an integer (a Python or numpy int, a 0-d integer tensor), else None."""
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
-
-
 def _eos_list(eos: Any, vocab: int) -> list[int]:
     if eos is None:
         return []
-    if isinstance(eos, torch.Tensor) and eos.dim() > 0:
-        items = list(eos.flatten())
-    elif isinstance(eos, (Sequence, np.ndarray)) and not isinstance(eos, (str, bytes)):
-        items = list(eos)
-    else:
-        items = [eos]
-    ids = []
-    for item in items:
-        i = _token_id(item)
-        if i is None or not 0 <= i < vocab:
-            raise ValueError(f"eos_token_id must be a token id or a list of token ids in [0, {vocab}), got {eos!r}")
-        ids.append(i)
-    return ids
+    ids = token_ids(eos)
+    out = [i for i in ids if i is not None and 0 <= i < vocab]
+    if len(out) != len(ids):
+        raise ValueError(f"eos_token_id must be a token id or a list of token ids in [0, {vocab}), got {eos!r}")
+    return out
 
 
 def _prompts(input_ids: Any, attention_mask: Any, vocab: int) -> list[list[int]]:
@@ -345,7 +325,7 @@ class SpeculativeDecoder:
         max_new = int(gc.max_length) - width
         if max_new < 1:
             raise ValueError(f"max_length={gc.max_length} leaves no room after the prompt ({width} tokens)")
-        pad = (eos[0] if eos else 0) if gc.pad_token_id is None else _token_id(gc.pad_token_id)
+        pad = (eos[0] if eos else 0) if gc.pad_token_id is None else token_id(gc.pad_token_id)
         if pad is None or not 0 <= pad < vocab:
             raise ValueError(
                 f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got "

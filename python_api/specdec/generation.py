@@ -11,9 +11,11 @@ law the driver reproduces.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .config import SamplingConfig
@@ -98,11 +100,29 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
         )
 
 
-def _ids(value: Any) -> set[int]:
-    """Token ids of an int, a list or a tensor, as a set."""
-    if isinstance(value, torch.Tensor):
-        return set(value.flatten().tolist())
-    return {int(v) for v in value} if isinstance(value, Sequence) else {int(value)}
+def token_id(value: Any) -> int | None:
+    """``value`` as a token id where it is an integer (a Python or numpy int, a 0-d integer tensor), else None."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def token_ids(value: Any) -> list[int | None]:
+    """The items of a token id, a list of them or a tensor, each as :func:`token_id` reads it."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        items = list(value.flatten())
+    elif isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, (str, bytes)):
+        items = list(value)
+    else:
+        items = [value]
+    return [token_id(i) for i in items]
+
+
+def _ids(value: Any) -> set[int | None]:
+    return set(token_ids(value))
 
 
 def _same(got: Any, want: Any, ids: bool) -> bool:
