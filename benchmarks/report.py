@@ -611,7 +611,7 @@ def block_draft_e2e(results: Path) -> str:
     rows = read_csv(results, "bench_draft_e2e")
     good = [r for r in rows if not implausible(r, "speedup", "block_efficiency")]
     if not good:
-        return "No plausible run recorded in `benchmarks/results/bench_draft_e2e.csv` (pending re-measurement).\n"
+        return "No plausible run recorded in `benchmarks/results/bench_draft_e2e.csv`.\n"
     lines = [[r["method"], num(r["tok_per_s"]), f"{num(r['speedup'])}x", num(r["block_efficiency"])] for r in good]
     prov = provenance(good, machine="machine", torch="torch")
     return table(["method", "tok/s", "vs AR", "block eff."], lines) + "\n\n" + prov + "\n"

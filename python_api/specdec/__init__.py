@@ -4,7 +4,7 @@ Quick start::
 
     import specdec
     out = specdec.generate(target, draft, input_ids, method="rsd_c", branching=(2, 2), max_new_tokens=64,
-                           temperature=0.8, seed=0)
+                           do_sample=True, temperature=0.8, seed=0)
     out.sequences, out.stats.block_efficiency
 
 Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, ``csd``,

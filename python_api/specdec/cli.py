@@ -521,13 +521,21 @@ def append_csv(path: str, rows: list[dict[str, Any]]) -> None:
             writer.writerow([r[k] for k in CSV_KEYS])
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: ...)" only to options whose help does not already name their default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        return text if "default" in text.lower() else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
         help="AR vs the speculative decoders on SmolLM2-135M-Instruct",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelp,
     )
     demo.add_argument(
         "--model",

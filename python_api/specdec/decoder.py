@@ -31,6 +31,7 @@ from .config import MethodConfig, RunContext, SamplingConfig, make_method
 from .decoders import make_builder
 from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
+from .decoders.cascade import check_cascade
 from .drafting import Drafter, HiddenStateDrafter, as_drafter
 from .generation import check_config, check_processors, sampling_from_hf, split_criteria, token_id, token_ids
 from .metrics import GenerationStats
@@ -54,6 +55,8 @@ class GenerationOutput:
 def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden: bool = False) -> Drafter | None:
     if not config.spec.drafts:
         return None
+    if config.spec.cascade:
+        check_cascade(draft)  # here, not at the first round: "ngram" or a model would pass as_drafter
     if draft is None:
         raise ValueError(f"draft is required for method {config.method!r}: pass a draft model, a Drafter or 'ngram'")
     return as_drafter(draft, target, hidden=hidden)

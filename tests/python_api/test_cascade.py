@@ -289,6 +289,9 @@ def test_csd_needs_a_cascade_and_a_cascade_needs_csd(greedy_setup) -> None:
         TypeError, match="method 'csd' drafts with a cascade: pass draft=specdec.cascade.CascadeDrafter"
     ):
         specdec.generate(target, big, torch.tensor([[1, 2]]), method="csd", max_new_tokens=4, do_sample=False)
+    for draft in ("ngram", None, big):  # refused when the decoder is built, before any generate call
+        with pytest.raises(TypeError, match="method 'csd' drafts with a cascade"):
+            specdec.SpeculativeDecoder(target, draft, method="csd")
     casc = CascadeDrafter([big], bigram=np.zeros(GREEDY_VOCAB, dtype=np.int64))
     with pytest.raises(TypeError, match="a CascadeDrafter drafts whole reviewed blocks, for method 'csd'"):
         specdec.generate(target, casc, torch.tensor([[1, 2]]), method="sd", max_new_tokens=4, do_sample=False)

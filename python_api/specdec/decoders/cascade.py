@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from ..config import SamplingConfig
 
 
+def check_cascade(draft: object) -> None:
+    """TypeError unless ``draft`` is a :class:`CascadeDrafter` (method ``csd`` drafts with nothing else)."""
+    if not isinstance(draft, CascadeDrafter):
+        got = getattr(draft, "name", None) or type(draft).__name__
+        raise TypeError(
+            "method 'csd' drafts with a cascade: pass draft=specdec.cascade.CascadeDrafter([draft models, largest "
+            f"first], bigram=...) or specdec.train.load_cascade('smollm2-cascade', target), got {got!r}"
+        )
+
+
 class CascadeBuilder(TreeBuilder):
     """A chain whose tokens and laws come from the cascade in one call (no level-by-level drafting)."""
 
@@ -50,11 +60,7 @@ class CascadeBuilder(TreeBuilder):
     ) -> DraftTree:
         """One round: the cascade's block, at most min(max_depth, draft_length) tokens per row, as a chain tree
         whose node j carries the law of token j + 1. Shape: roots [B] -> a DraftTree of depth <= that length."""
-        if not isinstance(drafter, CascadeDrafter):
-            raise TypeError(
-                f"method 'csd' drafts with a cascade: pass draft=specdec.cascade.CascadeDrafter([draft models, largest "
-                f"first], bigram=...) or specdec.train.load_cascade('smollm2-cascade', target), got {drafter.name!r}"
-            )
+        check_cascade(drafter)
         tree = DraftTree.from_roots(roots)
         depth = min(max_depth, self.depth)
         if depth < 1:

@@ -1,9 +1,12 @@
-"""``python -m specdec.train {data,distill,eval,head,ship,all}``: the draft-training pipeline, one stage each.
+"""``python -m specdec.train STAGE``: the draft-training pipeline, one stage each. Plain draft and its acceptance
+head: ``data``, ``evalset``, ``distill``, ``eval``, ``head``, ``ship`` (``all`` runs them in order); feature draft:
+``feature-data``, ``evalset``, ``feature-distill``, ``feature-eval``, ``feature-ship``, ``feature-head``
+(``feature-all``); Max-Gram's bigram table: ``bigram``.
 
-Every stage reads and writes ``--workdir`` (default ``~/.cache/specdec/train``), resumes from what is there, and
-records its configuration, data hash, steps and metrics in ``<workdir>/manifest.json``. The data stages
-(``data``, ``feature-data``, ``evalset``) read ``gsm8k_train.jsonl`` and ``vicuna_bench_questions.jsonl`` from the
-folder named by ``$SPECDEC_DATA_DIR``.
+Every stage reads and writes ``--workdir`` (default ``$SPECDEC_TRAIN_DIR`` or ``~/.cache/specdec/train``), resumes
+from what is there, and records its configuration, data hash, steps and metrics in ``<workdir>/manifest.json``. The
+data stages (``data``, ``feature-data``, ``evalset``) read ``gsm8k_train.jsonl`` and ``vicuna_bench_questions.jsonl``
+from the folder named by ``$SPECDEC_DATA_DIR``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ def _target(dtype: str = "bf16"):  # noqa: ANN202
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
-    ap.add_argument("stage", choices=(*STAGES, *FEATURE_STAGES, "feature-all", *EXTRA_STAGES))
+    ap.add_argument("stage", choices=list(dict.fromkeys((*STAGES, *FEATURE_STAGES, "feature-all", *EXTRA_STAGES))))
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
