@@ -129,7 +129,8 @@ class SpeculativeDecoder:
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
-    ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default 0.7) make the draft
+    ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default: the head's own
+    ``threshold`` attribute, which :func:`specdec.train.load_head` sets to the tuned h; else 0.7) make the draft
     depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
     growing the tree once the best path's predicted rejection risk exceeds h). ``last_stats`` holds the statistics
     of the latest call.
@@ -183,6 +184,8 @@ class SpeculativeDecoder:
                     f"head= reads hidden states of width {reads}, but the draft's are {width}: an acceptance head "
                     "only works with the draft it was trained on"
                 )
+            if threshold is None:
+                threshold = getattr(head, "threshold", None)
             self.builder.stop_rule = AdaptiveStop(head, DEFAULT_THRESHOLD if threshold is None else threshold)
         self.last_stats: GenerationStats | None = None
 
@@ -657,11 +660,12 @@ class SpecDecPPDecoder(SpeculativeDecoder):
 
     ``draft``: HF draft model (same vocabulary as the target). ``head``: acceptance head (e.g.
     :func:`specdec.train.load_head`) or any callable hidden [..., H] -> Phat. ``threshold``: h (stop once the
-    predicted probability of at least one rejection exceeds h; default 0.7). ``max_draft_length``: hard cap (20).
+    predicted probability of at least one rejection exceeds h; default: the head's own ``threshold``, else 0.7).
+    ``max_draft_length``: hard cap (20).
     """
 
     def __init__(
-        self, target: Any, draft: Any, head: Any, *, threshold: float = DEFAULT_THRESHOLD, max_draft_length: int = 20
+        self, target: Any, draft: Any, head: Any, *, threshold: float | None = None, max_draft_length: int = 20
     ) -> None:
         super().__init__(
             target, draft, method="specdec_pp", draft_length=max_draft_length, head=head, threshold=threshold

@@ -91,3 +91,27 @@ def test_bad_head_inputs():
         specdec.SpeculativeDecoder(target, draft, method="sd", head=3)
     with pytest.raises(ValueError, match="does not take branching"):
         specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=head, branching=(2,))
+
+
+def test_a_head_brings_its_own_threshold():
+    """Without threshold=, the decoder stops at the head's own h (``head.threshold``, which load_head sets to the
+    shipped h), else at DEFAULT_THRESHOLD; an explicit threshold= wins, and a bad h on the head is refused."""
+    from specdec.decoders.adaptive import DEFAULT_THRESHOLD
+    from specdec.train import load_head
+
+    target = tiny_llama(0, vocab=VOCAB, hidden=32)
+    draft = reduced_draft(target, [0, 1, 2], seed=1)
+    head = random_head(32, 0)
+    dec = specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=head)
+    assert dec.builder.stop_rule.threshold == DEFAULT_THRESHOLD
+    head.threshold = 0.35
+    for method in ("specdec_pp", "rsd_c"):
+        assert specdec.SpeculativeDecoder(target, draft, method=method, head=head).builder.stop_rule.threshold == 0.35
+    assert specdec.SpecDecPPDecoder(target, draft, head).builder.stop_rule.threshold == 0.35
+    dec = specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=head, threshold=0.9)
+    assert dec.builder.stop_rule.threshold == 0.9
+    head.threshold = 1.5
+    with pytest.raises(ValueError, match=r"threshold must lie in \[0, 1\]"):
+        specdec.SpeculativeDecoder(target, draft, method="specdec_pp", head=head)
+    shipped, h = load_head("smollm2-eagle-head")
+    assert shipped.threshold == h and 0.0 < h < 1.0

@@ -189,7 +189,8 @@ def save_head(head: AcceptanceHead, path: Path, cfg: HeadConfig) -> Path:
 
 
 def load_head(name_or_path: str | Path = "smollm2-distill-head") -> tuple[AcceptanceHead, float]:
-    """Load an acceptance head (shipped asset name or path) in fp32; returns (head, default threshold h)."""
+    """Load an acceptance head (shipped asset name or path) in fp32; returns (head, default threshold h). The head
+    also carries h as ``head.threshold``, which the decoders use when no ``threshold=`` is given."""
     from safetensors import safe_open
 
     from .store import resolve_asset
@@ -200,7 +201,8 @@ def load_head(name_or_path: str | Path = "smollm2-distill-head") -> tuple[Accept
         tensors = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118
     head = AcceptanceHead(meta["hidden_size"], meta["depth"], tie_blocks=meta["tie_blocks"])
     head.load_state_dict(tensors)
-    return head.eval(), float(meta["threshold"])
+    head.threshold = float(meta["threshold"])
+    return head.eval(), head.threshold
 
 
 def run_head(
