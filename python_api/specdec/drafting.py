@@ -435,16 +435,15 @@ class NGramDrafter(Drafter):
 class HybridDrafter(Drafter):
     """A neural drafter whose law at every node on the Max-Gram track puts mass ``weight`` on Max-Gram's proposal.
 
-    The track is the path of the tree that spells Max-Gram's proposal after the committed sequence: up to
-    ``max_tokens`` tokens after the earliest occurrence of the longest suffix that occurred before
-    (:func:`longest_match`), when that suffix is at least ``min_match`` tokens long. At a node on the track the
-    draft law is the mixture
-    ``weight * point mass on the proposal's next token + (1 - weight) * the neural law without that token``
-    (on raw logits, before temperature and truncation; ``weight >= 0.5`` makes the token the top-1 as well, so
-    greedy trees take it as the first child). Off the track the law is the neural draft's. Below the tree's own
-    depth (:meth:`set_tree_depth`; auto trees add ``track_levels`` such levels) only the track continues, as a
-    point mass, without running the neural draft: code and other text that repeats itself get long drafts at no
-    draft cost.
+    The track is every path of the tree that spells Max-Gram's proposal after the committed sequence (more than one
+    where i.i.d. draws repeat a token, as SpecTr's chains and SpecInfer's siblings do): up to ``max_tokens`` tokens
+    after the earliest occurrence of the longest suffix that occurred before (:func:`longest_match`), when that suffix
+    is at least ``min_match`` tokens long. At a node on the track the draft law is the mixture ``weight * point mass on
+    the proposal's next token + (1 - weight) * the neural law without that token`` (on raw logits, before temperature
+    and truncation; ``weight >= 0.5`` makes the token the top-1 as well, so greedy trees take it as the first child).
+    Off the track the law is the neural draft's. Below the tree's own depth (:meth:`set_tree_depth`; auto trees add
+    ``track_levels`` such levels) only the track continues, as a point mass, without running the neural draft: code and
+    other text that repeats itself get long drafts at no draft cost.
 
     The law at each node is a deterministic function of the committed tokens and the path to it, so every
     verifier stays exact with it (docs/methods.md, Drafts).
@@ -476,7 +475,9 @@ class HybridDrafter(Drafter):
         self._log_odds = math.log(self.weight / (1.0 - self.weight))
         self._tree_depth: int | None = None
         self._proposals: list[list[int]] = []
-        self._track: list[int | None] = []  # per row: the track's node at the newest level (None: off the track)
+        # per row: the nodes of the newest level whose path spells the proposal so far (several where i.i.d. draws
+        # repeat a token: each of them gets the mixture law, so that a node's law is a function of its path)
+        self._track: list[list[int]] = []
 
     @property
     def calls(self) -> int:  # type: ignore[override]  # the neural forwards; track-only levels cost no forward
@@ -489,7 +490,7 @@ class HybridDrafter(Drafter):
         self.neural.start(prompts)
         self._tree_depth = None
         self._proposals = [[] for _ in prompts]
-        self._track = [None for _ in prompts]
+        self._track = [[] for _ in prompts]
 
     def after_target(self, target: HFCausalLM, positions: torch.Tensor | None, count: torch.Tensor) -> None:
         self.neural.after_target(target, positions, count)
@@ -497,7 +498,7 @@ class HybridDrafter(Drafter):
     def propose_root(self, committed: list[list[int]]) -> DraftLogits:
         found = [longest_match(c, self.max_tokens) for c in committed]
         self._proposals = [prop if m >= self.min_match else [] for m, prop in found]
-        self._track = [0 if p else None for p in self._proposals]
+        self._track = [[0] if p else [] for p in self._proposals]
         out = self.neural.propose_root(committed)
         return self._mix(out, [[(0, p[0])] if p else [] for p in self._proposals])
 
@@ -510,15 +511,15 @@ class HybridDrafter(Drafter):
         )
         picks: list[list[tuple[int, int]]] = []
         for b, prop in enumerate(self._proposals):
-            at, self._track[b] = self._track[b], None
+            at, track = self._track[b], []
             row: list[tuple[int, int]] = []
-            if at is not None and depth <= len(prop):
+            if at and depth <= len(prop):
                 for j in range(hi - lo):
-                    if valid[b][j] and parents[b][j] == at and tokens[b][j] == prop[depth - 1]:
-                        self._track[b] = lo + j
+                    if valid[b][j] and parents[b][j] in at and tokens[b][j] == prop[depth - 1]:
+                        track.append(lo + j)
                         if depth < len(prop):
                             row.append((j, prop[depth]))
-                        break
+            self._track[b] = track
             picks.append(row)
         if self._tree_depth is None or depth < self._tree_depth:
             return self._mix(self.neural.propose_level(tree, lo, hi), picks)

@@ -8,11 +8,12 @@ their first-child path.
 Law test (the main pair of test_law.py: target seed 0, draft seed 1 with its lm_head x2, vocabulary 8, T = 1.7):
 prompts that repeat a token, so that Max-Gram proposes at the root and along the first drafted levels; rsd_c auto
 trees pinned to one shape each ((2,): the first token from the mixture, the second from the track alone below the
-tree; (1, 1): both from the mixture), and sd (L = 2) and spechub (2, 2) on their static trees; weight 0.6 so that
-both the track token and the other tokens carry mass. The joint law of the first two tokens is compared with the
-exact law by law_check: chi-square p >= 1e-4 and TV <= 0.08 (N = 5000 per prompt: noise ~0.04). False-alarm rate
-1e-4 per check, 8 checks. Negative control: the same run with
-the verifier handed the neural law instead of the mixture the children were drawn from must reach p < 1e-4.
+tree; (1, 1): both from the mixture), and sd (L = 2), spechub (2, 2), SpecTr (3 chains of 2) and SpecInfer (3, 1) on
+their static trees; weight 0.6 so that both the track token and the other tokens carry mass. The joint law of the
+first two tokens is compared with the exact law by law_check: chi-square p >= 1e-4 and TV <= 0.08 (N = 5000 per
+prompt: noise ~0.04). False-alarm rate 1e-4 per check, 13 checks (with the SpecTr test at the end). Negative
+control: the same run with the verifier handed the neural law instead of the mixture the children were drawn from
+must reach p < 1e-4.
 """
 
 from __future__ import annotations
@@ -95,6 +96,25 @@ def test_track_node_law_is_the_mixture() -> None:
     others = [t for t in range(VOCAB) if t != 1]
     torch.testing.assert_close(probs[0, others] / 0.3, rest[others] / rest[others].sum())
     torch.testing.assert_close(probs[1], rest)  # off the track: the neural law
+
+
+def test_every_node_that_spells_the_proposal_gets_the_mixture() -> None:
+    """I.i.d. draws (SpecTr's chains, SpecInfer's siblings) can repeat the proposed token: each copy is on the track,
+    two levels down too, so that a node's law depends on its path only (K-SEQ verifies pooled copies with one law)."""
+    neural = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0, -2.0, 0.3, 0.1])
+    hybrid = HybridDrafter(FixedDrafter(neural), weight=0.7)
+    committed = [[3, 1, 5, 2, 3]]  # proposes 1, 5, 2
+    hybrid.start(committed)
+    hybrid.propose_root(committed)
+    tree = DraftTree.from_roots(torch.tensor([3]))
+    tree.append_level(torch.tensor([[1, 4, 1]]), torch.tensor([[0, 0, 0]]), torch.tensor([[True, True, True]]))
+    level1 = torch.softmax(hybrid.propose_level(tree, 1, 4).logits[0].double(), -1)
+    off = torch.softmax(neural.double(), -1)[5].item()  # node 2 (token 4) is off the track
+    assert level1[:, 5].tolist() == pytest.approx([0.7, off, 0.7])
+    tree.append_level(torch.tensor([[5, 5, 6]]), torch.tensor([[1, 3, 3]]), torch.tensor([[True, True, True]]))
+    level2 = torch.softmax(hybrid.propose_level(tree, 4, 7).logits[0].double(), -1)
+    assert level2[0, 2].item() == pytest.approx(0.7) and level2[1, 2].item() == pytest.approx(0.7)
+    torch.testing.assert_close(level2[2], torch.softmax(neural.double(), -1))  # 6 left the track
 
 
 def test_reduced_head_grows_its_columns_for_the_proposal() -> None:
@@ -209,7 +229,14 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: st
 
 @pytest.mark.parametrize(
     ("shape", "method", "kw"),
-    [((2,), "rsd_c", {}), ((1, 1), "rsd_c", {}), (None, "sd", {"draft_length": 2}), (None, "spechub", {})],
+    [
+        ((2,), "rsd_c", {}),
+        ((1, 1), "rsd_c", {}),
+        (None, "sd", {"draft_length": 2}),
+        (None, "spechub", {}),
+        (None, "spectr", {"num_chains": 3, "draft_length": 2}),
+        (None, "rrs", {"branching": (3, 1)}),
+    ],
 )
 def test_hybrid_draft_keeps_the_target_law(models, shape, method, kw, monkeypatch) -> None:
     checks = hybrid_run(models, shape, monkeypatch, method=method, **kw)
@@ -240,3 +267,30 @@ def test_hybrid_draft_greedy_equals_target_greedy(method, kw) -> None:
     out = decoder.generate(ids, mask, max_new_tokens=20, do_sample=False)
     assert_target_greedy(target, prompts, out.new_tokens, 20)
     assert out.stats.block_efficiency > 1.0
+
+
+@torch.no_grad()
+def test_spectr_with_the_hybrid_draft_keeps_the_target_law() -> None:
+    """SpecTr's chains are i.i.d., so several of them can spell the track; K-SEQ verifies the copies of one prefix
+    with one law, which holds only if every copy was drafted from the mixture. Vocabulary 4 and a prompt whose
+    proposal is [2, 0], where the first token's copies are frequent; 3 new tokens, so that a second round drafts
+    after a first one that accepted; joint law of the first two tokens by law_check (chi-square p >= 1e-4,
+    TV <= 0.03, N = 20000: noise ~0.012). A drafter that mixes the law at the first copy only (the others drafting
+    from the neural law) reaches p < 1e-4 here."""
+    vocab, prompt, temperature, n = 4, [1, 2, 0, 1, 2, 0, 1], 1.3, 20000
+    target = tiny_llama(0, vocab=vocab, hidden=32, std=0.3)
+    neural = sharpened(tiny_llama(1, vocab=vocab, hidden=32, std=0.3), 2.0)
+    hybrid = HybridDrafter(ModelDrafter(neural), weight=0.6, track_levels=2)
+    assert longest_match(prompt, hybrid.max_tokens)[1][:2] == [2, 0]
+    decoder = specdec.SpeculativeDecoder(target, hybrid, method="spectr", num_chains=3, draft_length=2)
+    out = decoder.generate(torch.tensor([prompt] * n), max_new_tokens=3, do_sample=True, temperature=temperature,
+                           top_k=0, seed=1)  # fmt: skip
+    tokens = np.array([t[:2] for t in out.new_tokens])
+    counts = np.zeros((vocab, vocab))
+    np.add.at(counts, (tokens[:, 0], tokens[:, 1]), 1)
+    sampling = SamplingConfig(temperature=temperature)
+    first = sampling.process(target(torch.tensor([prompt])).logits[0, -1]).double().exp()
+    second = sampling.process(target(torch.tensor([prompt + [y] for y in range(vocab)])).logits[:, -1]).double().exp()
+    law = (first[:, None] * second).numpy()
+    check = law_check(counts, law / law.sum(), max_tv=0.03)
+    assert check.ok, str(check)
