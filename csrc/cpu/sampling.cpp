@@ -106,7 +106,7 @@ inline float load_elem<c10::BFloat16>(const c10::BFloat16* x, int64_t v) {
 
 // The value checks of the public op (ops._checks.check_logp), made here in the first pass over the input instead
 // of in a separate widening copy and reduction: a row holding NaN, holding +inf, or with every entry -inf.
-enum RowStatus : uint8_t { kRowOk = 0, kRowNaN = 1, kRowPosInf = 2, kRowAllNegInf = 3 };
+enum RowStatus : uint8_t { kRowOk = 0, kRowNaN = 1, kRowPosInf = 2, kRowAllNegInf = 3, kRowOverflow = 4 };
 
 inline uint8_t row_status(float raw_max, int nan) {
   if (nan) return kRowNaN;
@@ -146,7 +146,9 @@ uint8_t scale_row(const T* x, int64_t vocab, float temperature, float* out, floa
     mx = w > mx ? w : mx;
   }
   *scaled_max = mx / temperature;
-  return row_status(mx, nan);
+  const uint8_t status = row_status(mx, nan);
+  // a finite maximum that the division takes to +inf would make the row's softmax NaN
+  return status == kRowOk && *scaled_max == INFINITY ? kRowOverflow : status;
 }
 
 // Greedy rows, or temperature + top-k (+ the final log-softmax when there is no top-p step). A row that fails
@@ -195,6 +197,9 @@ void raise_bad_rows(const std::vector<uint8_t>& status) {
   TORCH_CHECK_VALUE(worst != kRowPosInf, "logits contains +inf; only -inf (masked token) is allowed");
   TORCH_CHECK_VALUE(worst != kRowAllNegInf,
                     "logits has a row where every entry is -inf (no token can be sampled)");
+  TORCH_CHECK_VALUE(worst != kRowOverflow,
+                    "logits / temperature overflows float32 to +inf: logits this large cannot be scaled by this "
+                    "temperature");
 }
 
 }  // namespace

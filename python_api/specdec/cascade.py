@@ -360,7 +360,8 @@ class CascadeDrafter(Drafter):
     ) -> Block:
         """The block reviewed by level ``first - 1`` (the target for 0), for ``rows``: drafters ``first..`` (Max-Gram
         is drafter len(levels)) fill it in turn up to their quotas from row ``first`` of the step matrix.
-        ``seqs[b]``: row b's sequence before the block; ``cap``: no quota above this (the target's block)."""
+        ``seqs[b]``: row b's sequence before the block; ``cap``: no quota above this (the target's block, and every
+        block below it: a longer one could not be used, and a large Max-Gram quota would otherwise run long)."""
         mag = len(self.levels)
         tokens: list[list[int]] = [[] for _ in seqs]
         laws: list[list[tuple[int, torch.Tensor | None]]] = [[] for _ in seqs]
@@ -371,7 +372,7 @@ class CascadeDrafter(Drafter):
             todo = [b for b in rows if len(tokens[b]) < limit]
             while todo:
                 cur = [s + t if t else s for s, t in zip(seqs, tokens, strict=True)]
-                sub = self._propose(j, cur, todo, rnd, need_laws)
+                sub = self._propose(j, cur, todo, rnd, need_laws, cap)
                 grew = []
                 for b in todo:
                     if sub.tokens[b]:
@@ -383,9 +384,11 @@ class CascadeDrafter(Drafter):
                 todo = [b for b in grew if len(tokens[b]) < limit]
         return Block(tokens, laws if need_laws else None)
 
-    def _propose(self, j: int, seqs: list[list[int]], rows: list[int], rnd: _Round, need_laws: bool) -> Block:
+    def _propose(
+        self, j: int, seqs: list[list[int]], rows: list[int], rnd: _Round, need_laws: bool, cap: int | None
+    ) -> Block:
         """The output of the sub-cascade headed by drafter ``j`` after each of ``rows``' sequences: Max-Gram's
-        proposal, or the block of the drafters below ``j`` reviewed by ``j``."""
+        proposal, or the block of the drafters below ``j`` (at most ``cap`` tokens) reviewed by ``j``."""
         if j == len(self.levels):
             self.mag_calls += 1
             tokens: list[list[int]] = [[] for _ in seqs]
@@ -396,7 +399,7 @@ class CascadeDrafter(Drafter):
         greedy = rnd.sampling.greedy
         # the laws of the block below feed this review's test: always in sampling mode, and in greedy mode when
         # the review is lenient (the authors' greedy rule reads them)
-        below = self._build(j + 1, seqs, rows, rnd, need_laws=not greedy or level.leniency > 1.0, cap=None)
+        below = self._build(j + 1, seqs, rows, rnd, need_laws=not greedy or level.leniency > 1.0, cap=cap)
         return self._review(level, seqs, rows, below, rnd, need_laws)
 
     def _review(

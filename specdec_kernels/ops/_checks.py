@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .._rng import SEED_LIMIT, check_seed
@@ -48,8 +49,11 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"all tensors must be on one device, got {devs}")
 
 
-def check_logp(name: str, t: torch.Tensor, rows: torch.Tensor | None = None, *, values: bool = True) -> None:
-    """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row.
+def check_logp(
+    name: str, t: torch.Tensor, rows: torch.Tensor | None = None, *, values: bool = True
+) -> torch.Tensor | None:
+    """Log-probabilities/logits: no NaN, no +inf, at least one finite entry per row. Returns the checked rows'
+    maxima (None when the values were not checked).
 
     ``rows`` (bool, the leading shape of ``t``): check only these rows (padding rows are never read by the ops).
     One pass over ``t``: the row maximum is NaN if the row holds a NaN, +inf if it holds +inf (and no NaN), and
@@ -60,12 +64,12 @@ def check_logp(name: str, t: torch.Tensor, rows: torch.Tensor | None = None, *, 
     if t.shape[-1] == 0:
         raise ValueError(f"{name} must have a non-empty vocabulary (last) dimension, got shape {tuple(t.shape)}")
     if not values or not t.numel():
-        return
+        return None
     top = t.amax(dim=-1)
     if rows is not None:
         top = top[rows]
     if math.isfinite(float(top.sum(dtype=torch.float64))):  # the common case: one reduction, the diagnosis below
-        return  # only on failure (a float64 sum of maxima is finite iff every maximum is)
+        return top  # only on failure (a float64 sum of maxima is finite iff every maximum is)
     if torch.isnan(top).any():
         raise ValueError(f"{name} contains NaN; NaN logits are rejected, fix the model output upstream")
     if torch.isposinf(top).any():
@@ -169,12 +173,19 @@ def check_method(method: object) -> str:
 def eos_tensor(eos_token_id: int | Sequence[int] | torch.Tensor | None, vocab: int) -> torch.Tensor | None:
     if eos_token_id is None:
         return None
-    if isinstance(eos_token_id, int):
-        ids = [eos_token_id]
-    elif isinstance(eos_token_id, torch.Tensor):
-        ids = [int(x) for x in eos_token_id.flatten().tolist()]
+    if isinstance(eos_token_id, torch.Tensor):
+        if eos_token_id.is_floating_point() or eos_token_id.is_complex() or eos_token_id.dtype == torch.bool:
+            raise ValueError(f"eos_token_id must hold integer token ids, got a {eos_token_id.dtype} tensor")
+        raw: list = eos_token_id.flatten().tolist()
+    elif isinstance(eos_token_id, (int, np.integer)):
+        raw = [eos_token_id]
+    elif isinstance(eos_token_id, (list, tuple)):
+        raw = list(eos_token_id)
     else:
-        ids = [int(x) for x in eos_token_id]
+        raise ValueError(f"eos_token_id must be a token id, a list of them or an integer tensor, got {eos_token_id!r}")
+    if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in raw):
+        raise ValueError(f"eos_token_id must hold integer token ids, got {eos_token_id!r}")
+    ids = [int(i) for i in raw]
     for i in ids:
         if not 0 <= i < vocab:
             raise ValueError(f"eos_token_id must be token ids in [0, {vocab}), got {i}")

@@ -69,7 +69,7 @@ def process_logits(
     if not kernel_checks and logits.dtype in (torch.float16, torch.bfloat16):
         # exact, and where every backend starts anyway; the check below then reduces fp32 (faster than reducing bf16)
         logits = logits.float()
-    check_logp("logits", logits, values=not kernel_checks)
+    top = check_logp("logits", logits, values=not kernel_checks)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature):
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if temperature < 0:
@@ -80,6 +80,13 @@ def process_logits(
         raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {top_p!r}")
     if not isinstance(log, bool):
         raise TypeError(f"log must be a bool, got {type(log).__name__}")
+    # every backend divides the fp32 logits by T: a finite maximum taken to +inf would make its row's softmax NaN
+    # (the cpu kernel makes this check in its own pass)
+    if top is not None and top.numel() and not is_greedy(temperature):
+        if bool(torch.isinf(top.max().float() / float(temperature))):
+            raise ValueError(
+                "logits / temperature overflows float32 to +inf: logits this large cannot be scaled by this temperature"
+            )
     return impl(logits, float(temperature), int(top_k), float(top_p), log)
 
 
@@ -170,8 +177,9 @@ def sbs_step(
         if beam_valid.numel() and not bool(beam_valid.any(dim=-1).all()):
             raise ValueError("beam_valid must mark at least one valid beam entry per row")
         check_logp("logp (valid beam entries)", logp, rows=beam_valid)
-        if bool(torch.isnan(sigma[beam_valid]).any() | torch.isnan(gamma[beam_valid]).any()):
-            raise ValueError("sigma and gamma must not be NaN for valid beam entries")
+        live = torch.cat([sigma[beam_valid], gamma[beam_valid]])
+        if bool((torch.isnan(live) | torch.isposinf(live)).any()):
+            raise ValueError("sigma and gamma must not be NaN or +inf for valid beam entries")
     if isinstance(w_out, bool) or not isinstance(w_out, int) or not 1 <= w_out <= w_in * vocab:
         raise ValueError(f"w_out must be an int in [1, Win*V={w_in * vocab}], got {w_out!r}")
     plan = NoisePlan(generator, seed)

@@ -137,6 +137,8 @@ def verify_node(
         check_tensor("hub", hub, ndim=1)
         check_int("hub", hub)
         check_shape("hub", hub, (batch,))
+        if batch and (int(hub.min()) < 0 or int(hub.max()) >= vocab):
+            raise ValueError(f"hub must hold token ids in [0, V={vocab}), got {hub.tolist()}")
         two = cand_valid.all(dim=-1)
         has_hub = (cand == hub[:, None]).any(dim=-1)
         if bool((two & ~has_hub).any()):
@@ -215,12 +217,12 @@ def verify_chain(
     leniency = check_leniency(leniency)
     lenient_greedy = greedy and leniency > 1.0
     in_use = torch.arange(length, device=draft.device)[None, :] < lens[:, None]
-    q_use = torch.cat([torch.ones_like(in_use[:, :1]), in_use], dim=1)  # q rows 0..len[b]
+    q_use = torch.cat([torch.ones((batch, 1), dtype=torch.bool, device=draft.device), in_use], dim=1)  # rows 0..len
     if validate:
         _check_tokens("draft", draft, in_use, vocab)
     if greedy and not lenient_greedy:
-        if validate and bool(torch.isnan(q).any()):
-            raise ValueError("q contains NaN; NaN logits are rejected, fix the model output upstream")
+        if validate:  # logits: no NaN, no +inf, and a finite entry in every row an argmax is taken of
+            check_logp("q (rows in use)", q, rows=q_use)
     else:
         if p is None:
             need = "p is required with greedy=True and leniency > 1" if greedy else "p is required unless greedy=True"
@@ -473,6 +475,9 @@ def _check_tree_values(
         check_tensor("hub", hub, ndim=2)
         check_int("hub", hub)
         check_shape("hub", hub, (batch, n))
+        at_nodes = hub[valid]
+        if at_nodes.numel() and (int(at_nodes.min()) < 0 or int(at_nodes.max()) >= vocab):
+            raise ValueError(f"hub must hold token ids in [0, V={vocab}) at every valid node, got {hub.tolist()}")
         _check_hub_pairs(tokens, par, child, counts, hub)
     if method == "rrsw":
         sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])

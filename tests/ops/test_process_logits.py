@@ -297,6 +297,19 @@ def test_bad_values(backend, dtype, setting, log, kind, msg):
         process_logits(z, *setting, log=log, backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("log", [True, False])
+def test_logits_that_overflow_at_the_temperature_are_refused(backend, dtype, log):
+    """Finite logits whose maximum / T overflows fp32 would give NaN rows: refused; T >= 1 and greedy are fine."""
+    z = torch.tensor([[3e38, 1e38, 0.0], [1.0, 2.0, 3.0]]).to(dtype)
+    with pytest.raises(ValueError, match=r"logits / temperature overflows float32"):
+        process_logits(z, 0.5, log=log, backend=backend)
+    for temperature in (1.0, 0.0):
+        out = process_logits(z, temperature, log=log, backend=backend)
+        assert not torch.isnan(out).any()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 5. Reproducibility
 

@@ -279,6 +279,8 @@ BAD = [
     (dict(logp=torch.tensor([[[NEG_INF] * 3, [0.0, 0.0, 0.0]]])), ValueError, "every entry is -inf"),
     (dict(sigma=torch.tensor([[float("nan"), 0.0]])), ValueError, "sigma and gamma must not be NaN"),
     (dict(gamma=torch.tensor([[0.0, float("nan")]])), ValueError, "sigma and gamma must not be NaN"),
+    (dict(gamma=torch.tensor([[float("inf"), 0.0]])), ValueError, r"sigma and gamma must not be NaN or \+inf"),
+    (dict(sigma=torch.tensor([[0.0, float("inf")]])), ValueError, r"sigma and gamma must not be NaN or \+inf"),
     (dict(w_out=0), ValueError, r"w_out must be an int in \[1, Win\*V=6\], got 0"),
     (dict(w_out=7), ValueError, r"w_out must be an int in \[1, Win\*V=6\]"),
     (dict(w_out=2.0), ValueError, r"w_out must be an int in \[1, Win\*V=6\]"),

@@ -286,8 +286,14 @@ BAD = [
     (
         lambda: good() | {"p": None, "greedy": True, "q": torch.full((2, 4, 5), float("nan"))},
         ValueError,
-        "q contains NaN",
+        r"q \(rows in use\) contains NaN",
     ),
+    (
+        lambda: good() | {"p": None, "greedy": True, "q": torch.full((2, 4, 5), float("-inf"))},
+        ValueError,
+        r"q \(rows in use\) has a row where every entry is -inf",
+    ),
+    (change(eos_token_id=2.7), ValueError, "eos_token_id must be a token id, a list of them or an integer tensor"),
     (change(leniency=0.9), ValueError, r"leniency must be a finite number >= 1 \(1 = exact review\), got 0.9"),
     (change(leniency=float("nan")), ValueError, "leniency must be a finite number >= 1"),
     (change(leniency=None), TypeError, "leniency must be a number >= 1, got NoneType"),
@@ -305,6 +311,17 @@ def test_bad_inputs(make, exc, match) -> None:
     args = make()
     with pytest.raises(exc, match=match):
         verify_chain(args.pop("draft"), args.pop("p"), args.pop("q"), **args)
+
+
+def test_empty_chains_and_numpy_eos_ids() -> None:
+    """A chain of length 0 verifies to the target's own token (sampling and greedy); numpy ints are token ids."""
+    q = torch.softmax(torch.randn((2, 1, 5), generator=torch.Generator().manual_seed(0)), -1)
+    draft = torch.zeros((2, 0), dtype=torch.long)
+    for greedy in (False, True):
+        out = verify_chain(draft, torch.zeros((2, 0, 5)), q, greedy=greedy, seed=0)
+        assert out.n_accepted.tolist() == [0, 0] and all(0 <= t < 5 for t in out.next_token.tolist())
+    out = verify_chain(draft, None, q, greedy=True, eos_token_id=np.int64(3))
+    assert out.next_token.tolist() == q[:, 0].argmax(-1).tolist()
 
 
 OTHER_BACKENDS = [b for b in available_backends("verify_chain") if b != "torch"]

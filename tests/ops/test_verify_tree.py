@@ -412,6 +412,11 @@ BAD = [
         ValueError,
         "one child must be the node's hub token",
     ),
+    (
+        edit(method="spechub", hub=torch.tensor([[1, 99, -5, 0]])),
+        ValueError,
+        r"hub must hold token ids in \[0, V=4\) at every valid node",
+    ),
     (edit(hub=torch.zeros((1, 4), dtype=torch.long)), ValueError, "hub= is only used by method 'spechub'"),
     (set_item("tokens", (0, 2), 1, method="rrsw"), ValueError, "method 'rrsw' needs distinct siblings"),
     (
@@ -430,6 +435,9 @@ BAD = [
         r"final_noise must have shape \(1, 4\)",
     ),
     (edit(eos_token_id=[1, 4]), ValueError, r"eos_token_id must be token ids in \[0, 4\)"),
+    (edit(eos_token_id=2.7), ValueError, "eos_token_id must be a token id, a list of them or an integer tensor"),
+    (edit(eos_token_id=[1, 2.0]), ValueError, "eos_token_id must hold integer token ids"),
+    (edit(eos_token_id=torch.tensor([1.0])), ValueError, "eos_token_id must hold integer token ids"),
     (edit(seed=1, generator=torch.Generator()), ValueError, "pass either generator= or seed=, not both"),
     (
         edit(p_rows=None, greedy=True, q_rows=torch.full((1, 4, 4), float("nan"))),

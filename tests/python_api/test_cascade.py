@@ -191,6 +191,18 @@ def test_cascade_of_the_target_accepts_everything(greedy_setup) -> None:
     assert sampled.stats.acceptance_rate > 0.97, sampled.stats.as_dict()
 
 
+def test_large_step_limits_are_bounded_by_the_round(greedy_setup) -> None:
+    """Quotas far above the tokens a round can use (here 10**9 for the drafter and for Max-Gram with a bigram
+    table, which always proposes) are capped by the target's block at every level: the run makes a handful of
+    Max-Gram calls and keeps the target's greedy tokens."""
+    target, big, _, prompts, refs, bigram = greedy_setup
+    casc = CascadeDrafter([big], bigram=bigram, steps=[[10**9, 0], [0, 10**9]])
+    ids = torch.tensor([prompts[2]])
+    out = specdec.generate(target, casc, ids, method="csd", max_new_tokens=6, do_sample=False)
+    assert out.new_tokens[0] == refs[2][:6]
+    assert casc.mag_calls <= 6 * (6 + 1), casc.mag_calls  # at most a few proposals per token of each review
+
+
 # ---- the law of the first two tokens --------------------------------------------------------------------------
 
 N = 5000  # generations per prompt
