@@ -125,10 +125,12 @@ def crop_slots(kv: Sequence[torch.Tensor], length: int) -> bool:
     Returns False and changes nothing when the extension is missing or a tensor is not a CPU tensor (the dispatcher
     finds no kernel; the caller then crops by slicing); raises ValueError for a tensor that is not 4-D or a length
     outside [0, S] (checked for every tensor before any is changed)."""
+    if isinstance(length, bool) or not isinstance(length, int):
+        raise ValueError(f"length must be an int, got {length!r}")
     if not HAVE_CPU:
         return False
     try:
-        torch.ops.specdec.crop_slots_(list(kv), int(length))
+        torch.ops.specdec.crop_slots_(list(kv), length)
     except NotImplementedError:  # a CUDA (or other non-CPU) tensor in the list: no kernel registered for it
         return False
     return True

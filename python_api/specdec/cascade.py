@@ -39,7 +39,7 @@ import torch
 
 import specdec_kernels as sk
 
-from .drafting import Drafter, DraftLogits, ModelDrafter, max_gram_proposal
+from .drafting import Drafter, DraftLogits, ModelDrafter, bigram_array, max_gram_proposal
 from .models import HFCausalLM, KVState
 from .tree import DraftTree
 
@@ -238,7 +238,7 @@ class CascadeDrafter(Drafter):
         if len(vocabs) > 1:
             raise ValueError(f"the drafters' vocabulary sizes differ ({sorted(vocabs)}); they must share the target's")
         if bigram is not None:
-            bigram = np.asarray(bigram, dtype=np.int64)
+            bigram = bigram_array(bigram)
             vocabs.add(len(bigram))
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:

@@ -194,6 +194,15 @@ def max_gram_proposal(seq: list[int] | np.ndarray, n: int, bigram: np.ndarray | 
     return out
 
 
+def bigram_array(bigram: Any) -> np.ndarray:
+    """A bigram table as given (array, list, tensor) as int64, refusing anything but integer token ids (a float
+    table would be truncated silently). Shape: -> [V]; the caller checks V and the id range."""
+    table = bigram.detach().cpu().numpy() if isinstance(bigram, torch.Tensor) else np.asarray(bigram)
+    if table.ndim != 1 or not (np.issubdtype(table.dtype, np.integer) and table.dtype != np.bool_):
+        raise ValueError(f"bigram must be a 1-D table of integer token ids, got {table.dtype} of shape {table.shape}")
+    return table.astype(np.int64)
+
+
 def bigram_table(corpus: Iterable[Sequence[int]], vocab_size: int, default: int | None = None) -> np.ndarray:
     """Max-Gram's greedy bigram table from token sequences: ``table[a] = argmax_b count(a, b)``, ties to the lowest
     id; a token never followed by another maps to ``default`` (None: the corpus's most frequent token, lowest id on
@@ -377,7 +386,7 @@ class NGramDrafter(Drafter):
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if bigram is not None:
-            bigram = np.asarray(bigram, dtype=np.int64)
+            bigram = bigram_array(bigram)
             if bigram.shape != (vocab_size,) or bigram.min() < 0 or bigram.max() >= vocab_size:
                 raise ValueError(f"bigram must be a length-{vocab_size} table of token ids in [0, {vocab_size})")
         self.name = "ngram"
@@ -454,6 +463,11 @@ class HybridDrafter(Drafter):
     ) -> None:
         if isinstance(neural, (NGramDrafter, HybridDrafter)):
             raise ValueError(f"neural must be a neural drafter, got {type(neural).__name__}")
+        if not isinstance(neural, Drafter):
+            raise TypeError(
+                "neural must be a Drafter: wrap a draft model as specdec.FeatureDrafter(model) (a feature draft) or "
+                f"specdec.ModelDrafter(model), got {type(neural).__name__}"
+            )
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.5 <= float(weight) < 1.0:
             raise ValueError(f"weight must be a float in [0.5, 1), got {weight!r}")
         if isinstance(min_match, bool) or not isinstance(min_match, int) or min_match < 1:

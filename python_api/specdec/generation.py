@@ -98,6 +98,11 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
             f"generation setting {name}={value!r} is not supported by speculative generation "
             f"(supported: {', '.join(sorted(SUPPORTED_FIELDS))})"
         )
+    # transformers adds the prompt length to max_new_tokens as given: 3.5 would silently become 3
+    for name in ("max_new_tokens", "min_new_tokens", "max_length", "min_length"):
+        value = getattr(generation_config, name, None)
+        if value is not None and token_id(value) is None:
+            raise ValueError(f"{name} must be an int, got {value!r}")
 
 
 def token_id(value: Any) -> int | None:

@@ -65,6 +65,8 @@ def kseq_gamma(
     check_tensor("q", q, ndim=2)
     _check_pq(p, q)
     check_shape("q", q, p.shape)
+    if isinstance(k, bool):
+        raise ValueError(f"k must be an int >= 1 or an integer tensor [B], got {k!r}")
     kk = torch.full((p.shape[0],), k, dtype=torch.long) if isinstance(k, int) else k
     check_tensor("k", kk, ndim=1)
     check_int("k", kk)
@@ -153,7 +155,9 @@ def verify_node(
     u = plan.noise("accept_u", accept_u, (batch, k), p.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), p.device, open_low=True)
     impl = resolve("verify_node", backend, p.device)
-    return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, bool(analytic), plan.seed))
+    if not isinstance(analytic, bool):
+        raise TypeError(f"analytic must be a bool, got {type(analytic).__name__}")
+    return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, analytic, plan.seed))
 
 
 def _check_distinct(name: str, cand: torch.Tensor, cand_valid: torch.Tensor) -> None:
@@ -291,6 +295,7 @@ def _check_tree(parent: torch.Tensor, valid: torch.Tensor) -> None:
     n = parent.shape[1]
     if n == 0:
         raise ValueError("the tree must hold at least the root node (N >= 1)")
+    parent = parent.long()  # any integer dtype: gather takes int64 indices
     if bool((parent[:, 0] != -1).any()):
         raise ValueError("parent[:, 0] must be -1 (node 0 is the root)")
     if not bool(valid[:, 0].all()):
@@ -353,6 +358,8 @@ def verify_tree(
     check_int("parent", parent)
     check_shape("parent", parent, tokens.shape)
     batch, n = tokens.shape
+    if batch == 0:
+        raise ValueError(f"tokens must hold at least one row (B >= 1), got shape {tuple(tokens.shape)}")
     if valid is None:
         valid = torch.ones_like(tokens, dtype=torch.bool)
     check_tensor("valid", valid, ndim=2)
@@ -367,7 +374,7 @@ def verify_tree(
     if validate:
         _check_tree(parent, valid)
         _check_tokens("tokens", tokens, valid, vocab)
-        par = parent.clamp_min(0).long()
+        par = torch.where(valid, parent, 0).clamp_min(0).long()  # a padding node's parent is never read
         child = valid.clone()
         child[:, 0] = False
         counts = torch.zeros((batch, n), dtype=torch.long, device=tokens.device)
@@ -414,7 +421,7 @@ def verify_tree(
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     if depth is None:
-        depth = depth_from_parents(parent.clamp_min(0).long())
+        depth = depth_from_parents(torch.where(valid, parent, 0).clamp_min(0).long())
     else:
         check_tensor("depth", depth, ndim=2)
         check_int("depth", depth)

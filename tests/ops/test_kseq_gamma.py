@@ -183,6 +183,7 @@ BAD = [
     (dict(k=torch.tensor(2)), ValueError, "k must have 1 dimensions"),
     (dict(k=torch.tensor([2.0])), TypeError, "k must be an integer tensor"),
     (dict(k=2.0), TypeError, "k must be a torch.Tensor"),
+    (dict(k=True), ValueError, "k must be an int >= 1 or an integer tensor"),
     (dict(backend="cuda"), BackendUnavailableError, "backend 'cuda' is unavailable"),
 ]
 

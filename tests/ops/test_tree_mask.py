@@ -166,6 +166,12 @@ def test_bad_inputs(parent, valid, kwargs, exc, match) -> None:
         tree_mask(parent, valid, **kwargs)
 
 
+def test_any_integer_dtype_of_parent() -> None:
+    parent = torch.tensor([[-1, 0, 0, 1]])
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        assert torch.equal(tree_mask(parent.to(dtype)), tree_mask(parent))
+
+
 OTHER_BACKENDS = [b for b in available_backends("tree_mask") if b != "torch"]
 
 

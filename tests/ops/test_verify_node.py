@@ -612,6 +612,7 @@ BAD = [
         "spechub nodes need a valid slot-0 candidate",
     ),
     (dict(hub=torch.tensor([0])), ValueError, "hub= is only used by method 'spechub'"),
+    (dict(analytic="yes"), TypeError, "analytic must be a bool, got str"),
     (dict(accept_u=torch.tensor([[0.5, 1.0]], dtype=F64)), ValueError, r"accept_u must hold uniforms in \[0, 1\)"),
     (dict(accept_u=torch.tensor([[-0.1, 0.5]], dtype=F64)), ValueError, r"accept_u must hold uniforms in \[0, 1\)"),
     (dict(accept_u=torch.tensor([[float("nan"), 0.5]])), ValueError, r"accept_u must hold uniforms in \[0, 1\)"),

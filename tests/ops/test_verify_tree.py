@@ -378,6 +378,11 @@ def set_item(name: str, index, value, method: str = "rrs"):
 
 BAD = [
     (edit(tokens=torch.zeros((1, 4))), TypeError, "tokens must be an integer tensor"),
+    (
+        edit(tokens=torch.zeros((0, 4), dtype=torch.long), parent=torch.zeros((0, 4), dtype=torch.long)),
+        ValueError,
+        r"tokens must hold at least one row \(B >= 1\)",
+    ),
     (edit(tokens=torch.zeros(4, dtype=torch.long)), ValueError, "tokens must have 2 dimensions"),
     (edit(parent=torch.tensor([[-1, 0, 0]])), ValueError, r"parent must have shape \(1, 4\)"),
     (edit(valid=torch.ones((1, 4), dtype=torch.long)), TypeError, "valid must be a bool tensor"),
@@ -452,6 +457,18 @@ def test_bad_inputs(make, exc, match) -> None:
     args = make()
     with pytest.raises(exc, match=match):
         verify_tree(args.pop("tokens"), args.pop("parent"), args.pop("p_rows"), args.pop("q_rows"), **args)
+
+
+def test_padding_nodes_parents_are_never_read() -> None:
+    """A padding node's parent may hold anything (here far out of range) and any integer dtype works."""
+    args = good()
+    valid = torch.tensor([[True, True, True, False]])
+    kw = dict(valid=valid, seed=0, method="rrs")
+    base = verify_tree(args["tokens"], args["parent"], args["p_rows"], args["q_rows"], **kw)
+    for parent in (torch.tensor([[-1, 0, 0, 10**9]]), torch.tensor([[-1, 0, 0, 1]], dtype=torch.int8)):
+        out = verify_tree(args["tokens"], parent, args["p_rows"], args["q_rows"], **kw)
+        assert out.n_accepted.tolist() == base.n_accepted.tolist()
+        assert out.next_token.tolist() == base.next_token.tolist()
 
 
 def test_kseq_accept_u_must_cover_every_chain() -> None:

@@ -174,6 +174,11 @@ def test_bad_hybrid_arguments() -> None:
             HybridDrafter(neural, **kw)
     with pytest.raises(ValueError, match="neural must be a neural drafter"):
         HybridDrafter(NGramDrafter(VOCAB))
+    with pytest.raises(TypeError, match="neural must be a Drafter: wrap a draft model"):
+        HybridDrafter(tiny_llama(1, vocab=VOCAB))
+    for table in ([1.7, 2.2, 3.9, 0.5, 1.0, 2.0, 3.0, 4.0], np.full(VOCAB, np.nan), [[1] * VOCAB]):
+        with pytest.raises(ValueError, match="bigram must be a 1-D table of integer token ids"):
+            NGramDrafter(VOCAB, bigram=table)
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,9 @@ def test_bad_prompts(pair, ids, mask, match) -> None:
         ({"pad_token_id": 16}, r"pad_token_id must be a token id in \[0, 16\) .*got 16"),
         ({"pad_token_id": -1}, r"pad_token_id must be a token id in \[0, 16\) .*got -1"),
         ({"pad_token_id": 2.0}, r"pad_token_id must be a token id in \[0, 16\) .*got 2.0"),
+        ({"max_new_tokens": 3.5}, "max_new_tokens must be an int, got 3.5"),
+        ({"max_new_tokens": 4, "min_new_tokens": 1.5}, "min_new_tokens must be an int, got 1.5"),
+        ({"do_sample": True, "repetition_penalty": 1e-40}, r"produced \+inf logits"),
     ],
 )
 def test_bad_generation_arguments(pair, kwargs, match) -> None:

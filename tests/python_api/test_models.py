@@ -203,6 +203,9 @@ def test_crop_slots_rejects_bad_lengths():
         crop_slots(kv, 7)
     with pytest.raises(ValueError, match="length must be in"):
         crop_slots(kv, -1)
+    for bad in (2.9, True, "2"):
+        with pytest.raises(ValueError, match="length must be an int"):
+            crop_slots(kv, bad)
     with pytest.raises(ValueError, match=r"must be \[B, H, S, D\]"):
         crop_slots([torch.zeros(6, 4)], 2)
     assert kv[0].shape == (1, 2, 6, 4)
