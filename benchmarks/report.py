@@ -609,11 +609,12 @@ def block_specdec_pp(results: Path) -> str:
 
 def block_draft_e2e(results: Path) -> str:
     rows = read_csv(results, "bench_draft_e2e")
-    good = [r for r in rows if not implausible(r, "speedup", "block_efficiency")]
+    good = newest_run([r for r in rows if not implausible(r, "speedup", "block_efficiency")], ("timestamp",))
     if not good:
         return "No plausible run recorded in `benchmarks/results/bench_draft_e2e.csv`.\n"
     lines = [[r["method"], num(r["tok_per_s"]), f"{num(r['speedup'])}x", num(r["block_efficiency"])] for r in good]
-    prov = provenance(good, machine="machine", torch="torch")
+    extra = f"{good[0]['prompts']} prompts x {good[0]['new_tokens']} tokens, T = 1, {good[0]['threads']} thread(s)"
+    prov = provenance(good, machine="machine", torch="torch", extra=extra)
     return table(["method", "tok/s", "vs AR", "block eff."], lines) + "\n\n" + prov + "\n"
 
 
