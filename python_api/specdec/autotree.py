@@ -81,6 +81,9 @@ class CostCurve:
     target: dict[int, float]
     draft: dict[int, float] = field(default_factory=dict)
     _draft_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+    #: the first draft step of a round by rows: it also reads the newly committed tokens into the draft and finds
+    #: its weights evicted by the target's pass, so it costs more than the later steps (draft_cost)
+    _first_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
     #: decayed sums (count, rows, excess, rows^2, rows * excess) of the rounds seen by observe_pass
     _pass: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
 
@@ -125,6 +128,20 @@ class CostCurve:
     def observe_draft(self, rows: int, seconds: float) -> None:
         s, c = self._draft_seen.get(rows, (0.0, 0))
         self._draft_seen[rows] = (s + seconds, c + 1)
+
+    def first_cost(self, rows: float) -> float:
+        """The first draft step of a round over ``rows`` roots (its mean as observed; draft_cost until seen)."""
+        seen = {r: s / c for r, (s, c) in self._first_seen.items() if c}
+        if not seen:
+            return self.draft_cost(rows)
+        if len(seen) == 1:
+            ((r0, s0),) = seen.items()
+            return s0 * (1 + 0.1 * (rows - r0) / max(r0, 1))
+        return max(_interp(seen, rows), 1e-6)
+
+    def observe_first(self, rows: int, seconds: float) -> None:
+        s, c = self._first_seen.get(rows, (0.0, 0))
+        self._first_seen[rows] = (s + seconds, c + 1)
 
     def to_json(self) -> dict:
         return {"target": {str(k): v for k, v in self.target.items()}}
@@ -283,8 +300,8 @@ def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int, track: 
     """Seconds of one round: a draft step per level (its rows: the level's parents) and one target pass (over
     the tree and a chain of ``track`` more nodes, which need no draft step)."""
     nodes, size, cost = 1 + track, 1, 0.0
-    for b in branching:
-        cost += curve.draft_cost(batch * size)
+    for level, b in enumerate(branching):
+        cost += (curve.draft_cost if level else curve.first_cost)(batch * size)
         size *= b
         nodes += size
     return cost + curve.target_cost(batch * nodes)
@@ -322,7 +339,7 @@ def choose(
         if len(shape) == max_depth:
             return
         level = len(shape) + 1
-        step = draft + curve.draft_cost(batch * size)
+        step = draft + (curve.draft_cost if shape else curve.first_cost)(batch * size)
         first_next = first * model.g(level, 0)
         for b in range(1, (shape[-1] if shape else MAX_WIDTH) + 1):
             if nodes + size * b <= max_nodes:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import specdec
+import specdec.decoders.auto as auto_module
 import torch
 from specdec import autotree
 from specdec.autotree import AcceptanceModel, CostCurve, choose, round_cost, shapes
@@ -89,6 +90,34 @@ def test_choice_follows_the_cost_curve_and_the_acceptance() -> None:
     rate = lambda s, c, b: good.expected_tokens(s) / round_cost(c, s, b)  # noqa: E731
     best, _, best_rate = choose(STEEP, good, batch=8, max_nodes=8, max_depth=6)
     assert best_rate == pytest.approx(max([1 / STEEP.target_cost(8), *(rate(s, STEEP, 8) for s in shapes(8, 6))]))
+
+
+def test_a_rounds_first_draft_step_is_costed_apart() -> None:
+    """The first step of a round (which also reads the committed tokens, its weights cold) is charged once per
+    round, the later levels at the later steps' cost: a slow first step does not make deep trees look dear."""
+    c = CostCurve(target={1: 0.04, 64: 0.04})
+    assert c.first_cost(1) == c.draft_cost(1)  # nothing seen: one cost for every step
+    for _ in range(3):
+        c.observe_first(1, 0.002)
+        c.observe_draft(3, 0.0008)
+    assert c.first_cost(1) == pytest.approx(0.002) and c.draft_cost(3) == pytest.approx(0.0008)
+    deep, shallow = (3, 1, 1), (3,)
+    extra = round_cost(c, deep, 1) - round_cost(c, shallow, 1)
+    assert extra == pytest.approx(2 * 0.0008 + c.target_cost(6) - c.target_cost(4))
+
+
+def test_steps_are_timed_level_by_level(tmp_path, monkeypatch) -> None:
+    """A drafting round reports its first step to observe_first at the batch's rows and each later level of the
+    shape to observe_draft at that level's rows."""
+    decoder = drafting_auto_decoder(tmp_path, monkeypatch)
+    monkeypatch.setattr(auto_module, "choose", lambda *a, **k: ((2, 2), 0, 1.0))
+    firsts: list[int] = []
+    laters: list[int] = []
+    monkeypatch.setattr(CostCurve, "observe_first", lambda self, r, s: firsts.append(r))
+    monkeypatch.setattr(CostCurve, "observe_draft", lambda self, r, s: laters.append(r))
+    decoder.generate(torch.tensor([[t % 32 for t in range(40)]] * 2), max_new_tokens=12, do_sample=False)
+    assert firsts and set(firsts) == {2}  # two rows, one root each
+    assert laters and set(laters) <= {4}  # the second level: two rows x two nodes
 
 
 def test_draft_cost_follows_what_the_rounds_observe() -> None:
@@ -192,11 +221,11 @@ def drafting_auto_decoder(tmp_path, monkeypatch) -> specdec.SpeculativeDecoder:
 
 def test_first_round_of_a_call_does_not_set_the_draft_cost(tmp_path, monkeypatch) -> None:
     """The first round's draft step also reads the prompt into the draft: it is left out of the draft-cost means,
-    every later drafting round is counted."""
+    every later drafting round is counted (its first step apart from the later ones)."""
     decoder = drafting_auto_decoder(tmp_path, monkeypatch)
     seen: list[int] = []
-    observe = CostCurve.observe_draft
-    monkeypatch.setattr(CostCurve, "observe_draft", lambda self, r, s: (seen.append(r), observe(self, r, s)))
+    observe = CostCurve.observe_first
+    monkeypatch.setattr(CostCurve, "observe_first", lambda self, r, s: (seen.append(r), observe(self, r, s)))
     roots = []
     propose_root = decoder.drafter.propose_root
     monkeypatch.setattr(decoder.drafter, "propose_root", lambda c: (roots.append(1), propose_root(c))[1])

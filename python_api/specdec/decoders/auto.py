@@ -129,17 +129,25 @@ class AutoTreeBuilder(TreeBuilder):
             return DraftTree.from_roots(roots)
         builder = self._builder(self.shape, self.track)
         builder.stop_rule = self.stop_rule
-        calls, t0 = drafter.calls, time.perf_counter()
         if longest:
             drafter.set_tree_depth(len(self.shape))
-        tree = builder.build(drafter, roots, committed, sampling, generator, max_depth)
-        steps = drafter.calls - calls
+        builder.level_marks = marks = []
+        t0 = time.perf_counter()
+        try:
+            tree = builder.build(drafter, roots, committed, sampling, generator, max_depth)
+        finally:
+            builder.level_marks = None
+        times = [t0, *marks, time.perf_counter()]
         first, self._first_round = self._first_round, False
-        # The mean draft step of this round, at the mean rows of its levels; not on a call's first drafting round,
-        # whose first step also reads the whole prompt into the draft (tens of steps' worth on a long prompt).
-        if steps > 0 and not first:
-            rows = sum(hi - lo for lo, hi in tree.levels[:steps]) * batch / steps
-            self.curve.observe_draft(max(1, round(rows)), (time.perf_counter() - t0) / steps)
+        # Each draft step of the shape (the draft's forward and the sampling of the level's children), at its
+        # level's rows: the first apart from the later ones; levels of the track alone below the shape run no
+        # forward and count in the pass. Not on a call's first drafting round, whose first step also reads the whole
+        # prompt into the draft (tens of steps' worth on a long prompt).
+        if not first:
+            for i in range(min(len(self.shape), len(tree.levels) - 1, len(times) - 1)):
+                lo, hi = tree.levels[i]
+                observe = self.curve.observe_draft if i else self.curve.observe_first
+                observe((hi - lo) * batch, times[i + 1] - times[i])
         return tree
 
     def observe_pass(self, rows: int, seconds: float) -> None:

@@ -8,6 +8,7 @@ the raw draft logits.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +53,9 @@ class TreeBuilder(ABC):
         self.depth = config.depth
         # Optional per-row early stop from an acceptance head (decoders.adaptive.AdaptiveStop); None = fixed depth.
         self.stop_rule: Any = None
+        # A list while a caller times the round's draft steps: build appends perf_counter() as each level after
+        # the root's is proposed (auto trees: the first step of a round costs more than the later ones)
+        self.level_marks: list[float] | None = None
 
     def reset(self, batch: int, device: torch.device) -> None:  # noqa: B027 (optional hook)
         """Per-round state (beam scores for RSD-S); nothing for static trees."""
@@ -137,6 +141,8 @@ class TreeBuilder(ABC):
                 more = rule.keep_drafting(kids.valid) and more
             if not more:
                 break
+            if self.level_marks is not None:
+                self.level_marks.append(time.perf_counter())
             out = drafter.propose_level(tree, new_lo, new_hi)
         if rule is not None:
             rule.finish()
