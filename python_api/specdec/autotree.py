@@ -74,6 +74,23 @@ def _interp(points: dict[int, float], n: float, proportional: bool = False) -> f
     return points[b] + (points[b] - points[a]) / (b - a) * (n - b)
 
 
+def _means(seen: dict[int, tuple[float, int]]) -> dict[int, float]:
+    return {r: s / c for r, (s, c) in seen.items() if c}
+
+
+def _add(seen: dict[int, tuple[float, int]], rows: int, seconds: float) -> None:
+    s, c = seen.get(rows, (0.0, 0))
+    seen[rows] = (s + seconds, c + 1)
+
+
+def _step_cost(points: dict[int, float], rows: float) -> float:
+    """A draft step's cost at ``rows`` from its costs at the rows seen (one point: +10 % per doubling of rows)."""
+    if len(points) == 1:
+        ((r0, s0),) = points.items()
+        return s0 * (1 + 0.1 * (rows - r0) / max(r0, 1))
+    return max(_interp(points, rows), 1e-6)
+
+
 @dataclass
 class CostCurve:
     """Seconds per target pass by rows (``target``) and per draft step by rows (``draft``)."""
@@ -116,32 +133,22 @@ class CostCurve:
         return max((sy - slope * sx) / n + slope * rows, 0.0)
 
     def draft_cost(self, rows: float) -> float:
-        seen = {r: s / c for r, (s, c) in self._draft_seen.items() if c}
-        points = {**self.draft, **seen}
+        """A later draft step of a round over ``rows`` nodes."""
+        points = {**self.draft, **_means(self._draft_seen)}
         if not points:  # nothing measured yet: a draft step as a twentieth of a one-row target pass
             return 0.05 * self.target_cost(1) * (1 + 0.1 * (rows - 1))
-        if len(points) == 1:
-            ((r0, s0),) = points.items()
-            return s0 * (1 + 0.1 * (rows - r0) / max(r0, 1))
-        return max(_interp(points, rows), 1e-6)
+        return _step_cost(points, rows)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
-        s, c = self._draft_seen.get(rows, (0.0, 0))
-        self._draft_seen[rows] = (s + seconds, c + 1)
+        _add(self._draft_seen, rows, seconds)
 
     def first_cost(self, rows: float) -> float:
         """The first draft step of a round over ``rows`` roots (its mean as observed; draft_cost until seen)."""
-        seen = {r: s / c for r, (s, c) in self._first_seen.items() if c}
-        if not seen:
-            return self.draft_cost(rows)
-        if len(seen) == 1:
-            ((r0, s0),) = seen.items()
-            return s0 * (1 + 0.1 * (rows - r0) / max(r0, 1))
-        return max(_interp(seen, rows), 1e-6)
+        seen = _means(self._first_seen)
+        return _step_cost(seen, rows) if seen else self.draft_cost(rows)
 
     def observe_first(self, rows: int, seconds: float) -> None:
-        s, c = self._first_seen.get(rows, (0.0, 0))
-        self._first_seen[rows] = (s + seconds, c + 1)
+        _add(self._first_seen, rows, seconds)
 
     def to_json(self) -> dict:
         return {"target": {str(k): v for k, v in self.target.items()}}
