@@ -4,9 +4,12 @@ finish independently."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import specdec
+import specdec.decoders.auto as auto_module
 import torch
 from specdec.autotree import CostCurve
 from specdec.cascade import CascadeDrafter
@@ -190,6 +193,9 @@ def test_auto_trees_equal_target_greedy(setup, tmp_path, monkeypatch) -> None:
     decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
     # a flat cost curve, so that the rounds draft: a curve measured on a tiny model may rightly find no tree pays
     decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
+    # the shapes a choice returns, in turn (what choose picks depends on timings; here every choice moves the shape)
+    turns = itertools.cycle([(2,), (3, 1), (2, 2, 1), (1, 1, 1), (4,)])
+    monkeypatch.setattr(auto_module, "choose", lambda *a, **k: (next(turns), 0, 1.0))
     for _ in range(2):  # the second call starts from the first call's acceptance counts
         out = decoder.generate(ids, mask, max_new_tokens=N_NEW, do_sample=False)
         assert out.new_tokens == refs
