@@ -297,7 +297,7 @@ class SamplingConfig:
             if "NaN" in str(exc):
                 msg = f"{source} produced NaN logits; NaN logits are rejected (check the model/dtype)"
                 raise ValueError(msg) from exc
-            if "+inf" in str(exc) or "overflows" in str(exc):
+            if "+inf" in str(exc):  # also the overflow of logits / temperature
                 msg = f"{source} produced +inf logits (after the sampling controls); they cannot be sampled from"
                 raise ValueError(msg) from exc
             if "every entry is -inf" in str(exc):

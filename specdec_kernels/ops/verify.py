@@ -139,8 +139,7 @@ def verify_node(
         check_tensor("hub", hub, ndim=1)
         check_int("hub", hub)
         check_shape("hub", hub, (batch,))
-        if batch and (int(hub.min()) < 0 or int(hub.max()) >= vocab):
-            raise ValueError(f"hub must hold token ids in [0, V={vocab}), got {hub.tolist()}")
+        _check_tokens("hub", hub, None, vocab)
         two = cand_valid.all(dim=-1)
         has_hub = (cand == hub[:, None]).any(dim=-1)
         if bool((two & ~has_hub).any()):
@@ -149,14 +148,14 @@ def verify_node(
             raise ValueError("spechub nodes need a valid slot-0 candidate")
     elif hub is not None:
         raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
+    if not isinstance(analytic, bool):
+        raise TypeError(f"analytic must be a bool, got {type(analytic).__name__}")
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
     # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed)
     u = plan.noise("accept_u", accept_u, (batch, k), p.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), p.device, open_low=True)
     impl = resolve("verify_node", backend, p.device)
-    if not isinstance(analytic, bool):
-        raise TypeError(f"analytic must be a bool, got {type(analytic).__name__}")
     return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, analytic, plan.seed))
 
 
@@ -285,10 +284,16 @@ def emission_law(
     return resolve("emission_law", backend, p.device)(p, q, leniency)
 
 
-def _check_tokens(name: str, tokens: torch.Tensor, live: torch.Tensor, vocab: int) -> None:
-    toks = tokens[live]
+def _check_tokens(name: str, tokens: torch.Tensor, live: torch.Tensor | None, vocab: int) -> None:
+    """Token ids in [0, vocab) where ``live`` is true (everywhere when None)."""
+    toks = tokens if live is None else tokens[live]
     if toks.numel() and (int(toks.min()) < 0 or int(toks.max()) >= vocab):
         raise ValueError(f"{name} must hold token ids in [0, {vocab}), got {int(toks.min())}..{int(toks.max())}")
+
+
+def _parent_index(parent: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``parent`` as int64 gather indices: the root's -1 and every padding node's parent (never read) as 0."""
+    return torch.where(valid, parent, 0).clamp_min(0).long()
 
 
 def _check_tree(parent: torch.Tensor, valid: torch.Tensor) -> None:
@@ -374,7 +379,7 @@ def verify_tree(
     if validate:
         _check_tree(parent, valid)
         _check_tokens("tokens", tokens, valid, vocab)
-        par = torch.where(valid, parent, 0).clamp_min(0).long()  # a padding node's parent is never read
+        par = _parent_index(parent, valid)
         child = valid.clone()
         child[:, 0] = False
         counts = torch.zeros((batch, n), dtype=torch.long, device=tokens.device)
@@ -421,7 +426,7 @@ def verify_tree(
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
     if depth is None:
-        depth = depth_from_parents(torch.where(valid, parent, 0).clamp_min(0).long())
+        depth = depth_from_parents(_parent_index(parent, valid))
     else:
         check_tensor("depth", depth, ndim=2)
         check_int("depth", depth)
@@ -482,9 +487,7 @@ def _check_tree_values(
         check_tensor("hub", hub, ndim=2)
         check_int("hub", hub)
         check_shape("hub", hub, (batch, n))
-        at_nodes = hub[valid]
-        if at_nodes.numel() and (int(at_nodes.min()) < 0 or int(at_nodes.max()) >= vocab):
-            raise ValueError(f"hub must hold token ids in [0, V={vocab}) at every valid node, got {hub.tolist()}")
+        _check_tokens("hub (valid nodes)", hub, valid, vocab)
         _check_hub_pairs(tokens, par, child, counts, hub)
     if method == "rrsw":
         sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])

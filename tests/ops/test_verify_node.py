@@ -605,7 +605,11 @@ BAD = [
     (dict(method="spechub", hub=torch.tensor([0.0])), TypeError, "hub must be an integer tensor"),
     (dict(method="spechub", hub=torch.tensor([0, 0])), ValueError, r"hub must have shape \(1,\)"),
     (dict(method="spechub", hub=torch.tensor([3])), ValueError, "hub must be one of the two candidates"),
-    (dict(method="spechub", hub=torch.tensor([10**9])), ValueError, r"hub must hold token ids in \[0, V=4\)"),
+    (
+        dict(method="spechub", hub=torch.tensor([10**9])),
+        ValueError,
+        r"hub must hold token ids in \[0, 4\), got 1000000000",
+    ),
     (
         dict(method="spechub", hub=torch.tensor([0]), cand_valid=torch.tensor([[False, True]])),
         ValueError,

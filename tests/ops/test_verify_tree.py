@@ -420,7 +420,7 @@ BAD = [
     (
         edit(method="spechub", hub=torch.tensor([[1, 99, -5, 0]])),
         ValueError,
-        r"hub must hold token ids in \[0, V=4\) at every valid node",
+        r"hub \(valid nodes\) must hold token ids in \[0, 4\), got -5..99",
     ),
     (edit(hub=torch.zeros((1, 4), dtype=torch.long)), ValueError, "hub= is only used by method 'spechub'"),
     (set_item("tokens", (0, 2), 1, method="rrsw"), ValueError, "method 'rrsw' needs distinct siblings"),
