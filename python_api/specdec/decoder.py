@@ -215,7 +215,8 @@ class SpeculativeDecoder:
         (:mod:`specdec.generation`). ``stop_strings`` needs ``tokenizer``; ``stopping_criteria`` (a list of
         transformers StoppingCriteria) are called after every new token with one row at a time; ``streamer``
         (TextStreamer, TextIteratorStreamer; batch size 1) receives the prompt, then each round's new tokens.
-        ``seed`` (an int in [0, 2**63)) or ``generator`` make the run reproducible.
+        ``seed`` (an int in [0, 2**63)) or ``generator`` make the run reproducible; with ``branching="auto"`` the
+        trees follow the machine's timings, so a seeded sampled run reproduces its law, not its tokens.
         """
         model = self.target.model
         if not hasattr(model, "generate"):
