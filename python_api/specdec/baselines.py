@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .metrics import GenerationStats
-from .models import HFCausalLM
+from .models import HFCausalLM, cache_argument
 
 
 def sampling_kwargs(temperature: float, top_k: int, top_p: float) -> dict[str, Any]:
@@ -76,13 +76,13 @@ def _hf_steps(model: Any, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """Next-token logits [T, V] (fp32) of transformers' own cached decoding: the prompt, then one token per step."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
+    cache = {cache_argument(model): DynamicCache()}  # the keyword this transformers takes, without its deprecated alias
     out = []
     with torch.inference_mode():
-        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0, -1]
+        logits = model(torch.tensor([prompt]), use_cache=True, **cache).logits[0, -1]
         out.append(logits.float())
         for t in tokens[:-1]:
-            logits = model(torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(torch.tensor([[t]]), use_cache=True, **cache).logits[0, -1]
             out.append(logits.float())
     return torch.stack(out)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..models import cache_argument
 from .common import update_manifest
 
 
@@ -67,14 +68,14 @@ def step_cost_ratio(draft: Any, target: Any, *, context: int = 200, reps: int = 
     caches = {}
     for name, m in (("draft", draft), ("target", target)):
         c = DynamicCache(config=m.config)
-        m(input_ids=ids, past_key_values=c, use_cache=True)
+        m(input_ids=ids, use_cache=True, **{cache_argument(m): c})
         caches[name] = c
     times: dict[str, list[float]] = {"draft": [], "target": []}
     pos = torch.tensor([[context]])
     for _ in range(reps):
         for name, m in (("draft", draft), ("target", target)):
             t = time.perf_counter()
-            m(input_ids=x, position_ids=pos, past_key_values=caches[name], use_cache=True)
+            m(input_ids=x, position_ids=pos, use_cache=True, **{cache_argument(m): caches[name]})
             times[name].append(time.perf_counter() - t)
             caches[name].crop(-1)
     d, t = statistics.median(times["draft"]), statistics.median(times["target"])
