@@ -352,6 +352,8 @@ class SpeculativeDecoder:
             generator.manual_seed(seed)
         mask = model_kwargs.get("attention_mask")
         prompts = _prompts(input_ids, mask, vocab)
+        # the last new token is never fed back: the longest sequence a forward sees is one shorter
+        self.target.check_length(max(len(p) for p in prompts) + max_new - 1)
         rows = input_ids.cpu().tolist()
         out = _Outputs(rows, split_criteria(stopping_criteria, gc, eos), streamer, hold=not eos)
         if streamer is not None and put_prompt:

@@ -1012,6 +1012,32 @@ def _sliding_window(config: Any, name: str) -> tuple[int | None, bool]:
     return window, layers == "typed"
 
 
+def _rope_limit(model: Any) -> tuple[int, str] | None:
+    """The longest sequence over which the model's rotary frequencies stay fixed, and the RoPE type that changes them
+    beyond it; None when they never change. transformers' ``dynamic`` RoPE rescales them from the longest position of
+    each forward once it passes ``max_position_embeddings``, and ``longrope`` switches to its long factors past
+    ``original_max_position_embeddings`` (Phi-3 then also recomputes every cached key): beyond that length a token's
+    logits depend on how the sequence is chunked and batched, not on its prefix alone."""
+    limits = []
+    for module in model.modules():
+        kinds = getattr(module, "rope_type", None)
+        if not hasattr(module, "inv_freq") or kinds is None:
+            continue
+        for layer_type, kind in kinds.items() if isinstance(kinds, dict) else [(None, kinds)]:
+            if not isinstance(kind, str):
+                continue
+            if "dynamic" in kind:
+                limits.append((int(module.original_max_seq_len), kind))
+            elif kind == "longrope":
+                params = getattr(module.config, "rope_parameters", None) or {}
+                params = params.get(layer_type, params) if layer_type is not None else params
+                original = params.get("original_max_position_embeddings") or getattr(
+                    module.config, "original_max_position_embeddings", None
+                )
+                limits.append((int(original or module.config.max_position_embeddings), kind))
+    return min(limits) if limits else None
+
+
 def layer_features(base: Any, hidden_states: tuple[torch.Tensor, ...], layers: tuple[int, ...]) -> torch.Tensor:
     """The inputs of decoder layers ``layers`` as those layers see them (after their input RMSNorm, which tames the
     residual stream's outlier channels), concatenated; read by feature drafts with extra layers.
@@ -1063,6 +1089,8 @@ class HFCausalLM:
             )
         # sliding-window layers: the tree mask also hides keys older than the window (window_mask)
         self.window, self.typed_window = _sliding_window(config, name)
+        #: (tokens, RoPE type): sequences longer than this get rotary frequencies that depend on the chunking
+        self.rope_limit = _rope_limit(model)
         # the adapter applies the head itself, so also the cap the model's own forward puts after it
         cap = getattr(config, "final_logit_softcapping", None) if model_type in _SOFTCAPPED_LOGITS else None
         self.logit_softcap: float | None = cap
@@ -1108,6 +1136,19 @@ class HFCausalLM:
                 self.support = ids
             else:
                 self.support, self._support_order = torch.sort(ids)
+
+    def check_length(self, tokens: int) -> None:
+        """Refuse a run whose sequences reach ``tokens`` tokens where the rotary frequencies would change with them
+        (:func:`_rope_limit`): there no decoding that verifies several tokens per forward, nor batched decoding, can
+        give the model's own one-token-at-a-time logits."""
+        if self.rope_limit is not None and tokens > self.rope_limit[0]:
+            limit, kind = self.rope_limit
+            raise ValueError(
+                f"{self.name}: rope_type {kind!r} changes its rotary frequencies once a sequence passes {limit} tokens "
+                f"(here up to {tokens}: the longest prompt + max_new_tokens - 1), so the logits would depend on how "
+                f"tokens are chunked and batched; keep prompt + new tokens within {limit + 1} or use a model with "
+                "static rotary embeddings"
+            )
 
     def new_state(self, batch: int) -> KVState:
         """An empty cache for ``batch`` rows. The layers' part of the one-call stack path (:func:`_stack_plan`) is

@@ -4,6 +4,7 @@ set shorter than the contexts, so local layers must hide the keys that fall out 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -178,3 +179,33 @@ def test_entry_points_equal_model_generate(family: str) -> None:
                              method="sd", **kw)  # fmt: skip
     assert torch.equal(ours.sequences, ref.sequences), family
     assert torch.equal(hooked, ref.sequences), family
+
+
+# RoPE types whose frequencies change with the longest position of a forward past a limit (12 tokens here)
+SCALED_ROPE = {
+    "dynamic": ("llama", {"max_position_embeddings": 12, "rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4,
+                                                                            "factor": 2.0}}),
+    "longrope": ("phi3", {"max_position_embeddings": 64, "original_max_position_embeddings": 12, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 12,
+        "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 2.5, 3.0, 3.5]}}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(SCALED_ROPE))
+def test_scaled_rope_within_its_limit_equals_model_generate_and_is_refused_beyond(kind: str) -> None:
+    """Up to the limit the frequencies are the model's original ones and every method gives ``generate``'s tokens;
+    one token more and the logits would depend on the chunking of each forward, so every method refuses up front."""
+    family, over = SCALED_ROPE[kind]
+    target = tiny(family, 1, **over)
+    draft = noisy_copy(target, 2, 0.1)
+    prompt = [3, 17, 5, 9, 21]
+    ids = torch.tensor([prompt])
+    new = 13 - len(prompt)  # the last forward sees 12 tokens
+    ref = target.generate(ids, do_sample=False, max_new_tokens=new)[0, len(prompt) :].tolist()
+    for method, params in (("ar", {}), ("sd", {"draft_length": 3}), ("rsd_c", {"branching": (2, 2)})):
+        run = functools.partial(
+            specdec.generate, target, None if method == "ar" else draft, ids, method=method, do_sample=False, **params
+        )
+        assert run(max_new_tokens=new).new_tokens[0] == ref, (kind, method)
+        with pytest.raises(ValueError, match=f"rope_type '{kind}' changes its rotary frequencies.*12 tokens"):
+            run(max_new_tokens=new + 1)
