@@ -423,7 +423,10 @@ class SpeculativeDecoder:
                     if drafter is not None:
                         drafter.after_target(target, None, chain_len)
             roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
-            room = max(out.cap(max_new) - len(new_tokens[r]) for r in active)
+            left = [out.cap(max_new) - len(new_tokens[r]) for r in active]
+            # a target whose rotary frequencies change past a length (check_length) must never see a node past a
+            # row's own budget: the whole batch's tree then stops at the row closest to its end
+            room = min(left) if target.rope_limit is not None else max(left)
             with stats.timer("draft"):
                 if builder is None or drafter is None:
                     tree = DraftTree.from_roots(roots)

@@ -1021,7 +1021,8 @@ def _rope_limit(model: Any) -> tuple[int, str] | None:
     limits = []
     for module in model.modules():
         kinds = getattr(module, "rope_type", None)
-        if not hasattr(module, "inv_freq") or kinds is None:
+        # a rotary module: its frequencies as one buffer, or one per layer type (Gemma 3: "<type>_inv_freq")
+        if kinds is None or not any(n.endswith("inv_freq") for n, _ in module.named_buffers(recurse=False)):
             continue
         for layer_type, kind in kinds.items() if isinstance(kinds, dict) else [(None, kinds)]:
             if not isinstance(kind, str):

@@ -188,6 +188,10 @@ SCALED_ROPE = {
     "longrope": ("phi3", {"max_position_embeddings": 64, "original_max_position_embeddings": 12, "rope_parameters": {
         "rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 12,
         "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 2.5, 3.0, 3.5]}}),
+    # one rotary module with frequencies per layer type
+    "dynamic (gemma3)": ("gemma3_text", {"max_position_embeddings": 12, "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "full_attention": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}}}),
 }  # fmt: skip
 
 
@@ -207,5 +211,15 @@ def test_scaled_rope_within_its_limit_equals_model_generate_and_is_refused_beyon
             specdec.generate, target, None if method == "ar" else draft, ids, method=method, do_sample=False, **params
         )
         assert run(max_new_tokens=new).new_tokens[0] == ref, (kind, method)
-        with pytest.raises(ValueError, match=f"rope_type '{kind}' changes its rotary frequencies.*12 tokens"):
+        with pytest.raises(
+            ValueError, match=f"rope_type '{kind.split()[0]}' changes its rotary frequencies.*12 tokens"
+        ):
             run(max_new_tokens=new + 1)
+    # a ragged batch with a close draft: rows move at their own pace, and no row's tree may reach past its budget
+    ids, mask = left_pad([prompt, [11, 2], [7]])
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new)
+    close = noisy_copy(target, 2, 0.02)
+    out = specdec.generate(
+        target, close, ids, attention_mask=mask, method="sd", draft_length=8, do_sample=False, max_new_tokens=new
+    )
+    assert torch.equal(out.sequences, ref), kind
