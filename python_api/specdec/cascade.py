@@ -280,6 +280,10 @@ class CascadeDrafter(Drafter):
 
     # ---- the Drafter interface the decoder drives -------------------------------------------------------------
 
+    def refresh(self) -> None:
+        for lv in self.levels:
+            lv.lm.refresh()
+
     def start(self, prompts: list[list[int]]) -> None:
         for lv in self.levels:
             lv.start(len(prompts))

@@ -314,6 +314,14 @@ class SpeculativeDecoder:
         (transformers sends it to the streamers it is given); ``as_dict``: always return a GenerationOutput."""
         if model is not self.target.model:
             raise ValueError("custom_generate: the model generate was called on is not this decoder's target")
+        # the models as they are now: a hook, a replaced module, a cast or another attention since the decoder was
+        # built changes what the adapter may run
+        if self.target.refresh() and self.config.auto:
+            assert self.builder is not None
+            self.builder.calibrate(self.target)
+        self.target.check_target()
+        if self.drafter is not None:
+            self.drafter.refresh()
         gc = generation_config
         if gc is None:
             raise ValueError("custom_generate needs the generation_config transformers prepares")
@@ -406,6 +414,8 @@ class SpeculativeDecoder:
             drafter.start(prompts)
         if builder is not None:
             builder.start_call()
+            if builder.stop_rule is not None:
+                builder.stop_rule.round_lengths = []  # the diagnostics of this call's rounds only
         # the target keeps the extra hidden states the drafter reads (Drafter.feature_layers) only for this run
         target.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
         calls_before = drafter.calls if drafter is not None else 0

@@ -85,6 +85,10 @@ class Drafter(ABC):
     #: auto trees hang a chain of that many nodes under their first-child path
     track_levels: int = 0
 
+    def refresh(self) -> None:  # noqa: B027 (optional hook)
+        """Before a generate call: re-read the model(s) this drafter runs if they changed since it was built
+        (:meth:`specdec.models.HFCausalLM.refresh`); nothing for a drafter without a model."""
+
     def set_tree_depth(self, depth: int | None) -> None:  # noqa: B027 (optional hook)
         """The depth of this round's tree proper (None: no limit); levels below it are the track's alone. Called
         by a tree builder before drafting a round whose template holds a track chain."""
@@ -123,6 +127,12 @@ class ModelDrafter(Drafter):
         self.state: KVState | None = None
         self.calls = 0
         self._round = False
+
+    def refresh(self) -> None:
+        if self.lm.refresh():
+            self.num_parameters = self.lm.num_parameters
+            self.vocab_size = self.lm.vocab_size
+            self.support = self.lm.support
 
     def start(self, prompts: list[list[int]]) -> None:
         self.state = self.lm.new_state(len(prompts))
@@ -499,6 +509,10 @@ class HybridDrafter(Drafter):
 
     def set_tree_depth(self, depth: int | None) -> None:
         self._tree_depth = depth
+
+    def refresh(self) -> None:
+        self.neural.refresh()
+        self.num_parameters = self.neural.num_parameters
 
     def start(self, prompts: list[list[int]]) -> None:
         self.neural.start(prompts)

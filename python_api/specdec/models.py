@@ -119,7 +119,9 @@ def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
     dtype), so every path computes the same layer up to rounding: the decode-step calls (:func:`decode_linear`)
     run :func:`specdec_kernels.skinny_linear_int8` on the int8 matrix, others (``F.linear`` beyond
     :data:`DECODE_ROWS` rows, autograd, plain module calls) the dequantized one. The old weight tensor is left as it
-    was, so a tensor the model shares with another (a tied embedding, another model's head) keeps its values. A
+    was, so a tensor the model shares with another (a tied embedding, another model's head) keeps its values; a
+    module the model shares with another (a draft whose head is the target's own ``lm_head``) changes for both, and
+    the decoders refuse a target whose linears carry int8 weights. A
     draft step reads its weights whole, so this halves the bytes of a bf16 draft's step; the draft's law changes by
     the quantization, which every verifier accounts for (the output law stays the target's). Call it after moving
     the model to its device and dtype; a weight changed afterwards raises at its next decode call."""
@@ -254,7 +256,7 @@ def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[
         return rotary(h, positions)
     need = int(positions.max()) + 1 if positions.numel() else 1
     inv = rotary.inv_freq
-    key = (inv.data_ptr(), tensor_version(inv), h.dtype, h.device)
+    key = (inv.data_ptr(), tensor_version(inv), getattr(rotary, "attention_scaling", None), h.dtype, h.device)
     hit = getattr(rotary, "_specdec_table", None)
     if hit is None or hit[0] != key or hit[1].shape[0] < need:
         size = max(1024, 1 << (need - 1).bit_length())
@@ -603,7 +605,9 @@ class Routing:
             m for m in model.modules() if type(m) is torch.nn.Linear and m.bias is None and "forward" not in m.__dict__
         ]
         self.forwards = [partial(_routed_linear, m) for m in self.linears]
-        self.config = model.config if getattr(model.config, "_attn_implementation", None) == "sdpa" else None
+        # the adapter's attention stands in for transformers' own sdpa only (a user's "sdpa" must run as registered)
+        stock = getattr(model.config, "_attn_implementation", None) == "sdpa" and _stock_sdpa()
+        self.config = model.config if stock else None
         routed = {id(m) for m in self.linears}
         # whole decoder layers in fused ops where the layer is a stock one (needs sdpa: its attention is the
         # adapter's) and the kernels are there
@@ -624,7 +628,9 @@ class Routing:
             m.__dict__["forward"] = f  # the instance attribute shadows nn.Linear.forward
         for m, f in zip(self.layers, self.layer_forwards, strict=True):
             m.__dict__["forward"] = f
-        if self.config is not None:
+        # only over the config's own sdpa (a model switched to another attention since keeps it), restored after
+        switched = self.config is not None and self.config._attn_implementation == "sdpa"
+        if switched:
             self.config._attn_implementation = SPECDEC_ATTENTION
         try:
             with skinny_linears():
@@ -632,7 +638,7 @@ class Routing:
         finally:
             for m in (*self.linears, *self.layers):
                 m.__dict__.pop("forward", None)
-            if self.config is not None:
+            if switched:
                 self.config._attn_implementation = "sdpa"
             self.depth = 0
 
@@ -697,6 +703,30 @@ def _specdec_attention(
             return out, None
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _stock_sdpa() -> bool:
+    """Whether transformers' attention registry still maps "sdpa" to transformers' own function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS.get("sdpa") is sdpa_attention_forward
+
+
+def _structure(model: Any) -> tuple:
+    """What the adapter's choices at construction rest on: every module (identity, class, hooks, an instance
+    forward, training flag), the parameters' dtype and device, the attention the config names and what "sdpa" runs.
+    :meth:`HFCausalLM.refresh` compares it at every generate call, so that a hook added, a module replaced (e.g. by an
+    adapter library), a cast or another attention after the decoder was built is seen."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    p = next(model.parameters())
+    modules = tuple(
+        (id(m), type(m), "forward" in m.__dict__, bool(m._forward_hooks or m._forward_pre_hooks), m.training)
+        for m in model.modules()
+    )
+    attn = getattr(model.config, "_attn_implementation", None)
+    return attn, id(ALL_ATTENTION_FUNCTIONS.get("sdpa")), p.dtype, p.device, modules
 
 
 def _register_attention() -> None:
@@ -1120,6 +1150,7 @@ class HFCausalLM:
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self._plan: tuple[_StackPlan | None] | None = None  # the stack path's layer arguments (new_state)
+        self._structure = _structure(model)  # what the choices above rest on (refresh)
         self.last_hidden: torch.Tensor | None = None  # hidden state of the latest forward (see _run)
         # Feature drafts read [final hidden ; inputs of these layers] (set by the decoder): ``last_features``.
         self.feature_layers: tuple[int, ...] = ()
@@ -1137,6 +1168,35 @@ class HFCausalLM:
                 self.support = ids
             else:
                 self.support, self._support_order = torch.sort(ids)
+
+    def refresh(self) -> bool:
+        """Build the adapter again if the model changed since it was built (:func:`_structure`: a hook, a replaced
+        module, a cast, another attention); returns whether it did. Decoders call it at every generate call."""
+        if _structure(self.model) == self._structure:
+            return False
+        self.__init__(self.model, name=self.name)  # type: ignore[misc]
+        return True
+
+    def check_target(self) -> None:
+        """Refuse what would make a target's logits differ from its own forward's: training-mode dropout (the driver
+        cannot draw the masks transformers would) and int8 copies of its weights (:func:`int8_weights` applied to
+        the target, or to a draft that shares modules with it)."""
+        model = self.model
+        if model.training:
+            p = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
+            drop = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+            if p > 0 or any(m.training for m in drop):
+                raise ValueError(
+                    f"{self.name} is in training mode with dropout (attention_dropout={p:g}, {len(drop)} dropout "
+                    "modules with p > 0): its logits would be random; call model.eval() before generating"
+                )
+        quantized = [m for m in model.modules() if hasattr(m._parameters.get("weight"), INT8_ATTR)]
+        if quantized:
+            raise ValueError(
+                f"{self.name}: {len(quantized)} linear(s) carry int8 weights (specdec.int8_weights was applied to the "
+                "target, or to a draft sharing these modules with it); the target must keep its own weights for the "
+                "output to be the model's (quantize a draft that does not share modules with the target)"
+            )
 
     def check_length(self, tokens: int) -> None:
         """Refuse a run whose sequences reach ``tokens`` tokens where the rotary frequencies would change with them

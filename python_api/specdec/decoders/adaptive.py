@@ -32,7 +32,7 @@ class AdaptiveStop:
             raise TypeError(f"head must be callable (hidden [..., H] -> Phat), got {type(head).__name__}")
         self.head = head
         self.threshold = float(threshold)
-        self.round_lengths: list[list[int]] = []  # levels drafted per row, for every round (diagnostics)
+        self.round_lengths: list[list[int]] = []  # levels drafted per row, every round of the latest call
         self._cum = torch.ones(0, 0)
         self._best = torch.ones(0)
         self._stopped = torch.zeros(0, dtype=torch.bool)
