@@ -285,6 +285,7 @@ def _fast_decoder_layer(
         or not getattr(_skinny, "on", False)
         or _global_module_hooks()
         or hidden_states.device.type != "cpu"
+        or hidden_states.dtype == torch.float64  # HF's norms compute a double model in fp32, rms_norm in fp64
         or (torch.is_grad_enabled() and hidden_states.requires_grad)
     ):
         return type(layer).forward(

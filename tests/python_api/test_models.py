@@ -632,3 +632,18 @@ def test_slot_cache_layers_hold_what_dynamic_layers_hold() -> None:
         c.batch_select_indices(torch.tensor([1]))
     append(6, batch=1)
     same()
+
+
+def test_a_double_models_steps_give_its_own_forwards_logits() -> None:
+    """HF's norms compute a float64 model in fp32: its decode steps keep the module's norms (the rms_norm op would
+    compute them in fp64 and part from the model's own logits by ~1e-6)."""
+    model = tiny_llama(1, vocab=48, std=0.2, dtype=torch.float64)
+    lm = HFCausalLM(model, name="target")
+    seq = [3, 17, 5, 9, 21, 4, 8]
+    with torch.inference_mode():
+        state = lm.new_state(1)
+        lm.forward_chain(state, [seq[:4]], last_logits=False)
+        for i in range(4, len(seq)):
+            step = lm.forward_chain(state, [[seq[i]]], last_logits=True)[0]
+            full = model(torch.tensor([seq[: i + 1]])).logits[0, -1]
+            torch.testing.assert_close(step, full, rtol=0, atol=1e-12)
