@@ -125,7 +125,8 @@ class SpeculativeDecoder:
 
     ``target``: HF causal LM of a family in ``specdec.models.SUPPORTED_MODEL_TYPES`` (sdpa or eager attention) or an
     ``HFCausalLM``.
-    ``draft``: an HF model of the same vocabulary, any :class:`~specdec.drafting.Drafter`, the string
+    ``draft``: an HF model with the target's tokenizer (an output layer of another size drafts over the ids both
+    have), any :class:`~specdec.drafting.Drafter`, the string
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
@@ -674,7 +675,7 @@ def _generate_call() -> dict[str, Any]:
 class SpecDecPPDecoder(SpeculativeDecoder):
     """``method="specdec_pp"``: SD with per-row adaptive draft length (SpecDec++, docs/methods.md).
 
-    ``draft``: HF draft model (same vocabulary as the target). ``head``: acceptance head (e.g.
+    ``draft``: HF draft model (the target's tokenizer). ``head``: acceptance head (e.g.
     :func:`specdec.train.load_head`) or any callable hidden [..., H] -> Phat. ``threshold``: h (stop once the
     predicted probability of at least one rejection exceeds h; default: the head's own ``threshold``, else 0.7).
     ``max_draft_length``: hard cap (20).

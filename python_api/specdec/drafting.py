@@ -127,12 +127,38 @@ class ModelDrafter(Drafter):
         self.state: KVState | None = None
         self.calls = 0
         self._round = False
+        self._target_vocab: int | None = None  # fit_vocab
+
+    def fit_vocab(self, vocab: int) -> None:
+        """Draft for a target whose output layer has ``vocab`` rows where this draft's has another number (one
+        tokenizer, output layers padded to different sizes, e.g. the small and large models of one family): the
+        draft proposes over the ids both have (its logits cut to the first ``vocab`` ids, or as a support of its own
+        ids when it has fewer), and a committed id past its own rows is read as its last id. The draft law stays a
+        function of the prefix, so every verifier stays exact; only acceptance can change."""
+        if self.lm.support is not None:
+            raise ValueError(f"{self.name}: a reduced output head cannot be fitted to another vocabulary size")
+        own = self.lm.vocab_size
+        self._target_vocab = vocab
+        self.vocab_size = vocab
+        # fewer rows: a support of its ids; more: its logits cut to the target's ids (dense again)
+        self.support = torch.arange(own, device=self.lm.device) if own < vocab else None
+
+    def _cut(self, logits: torch.Tensor) -> torch.Tensor:
+        """The draft's logits over the ids the target has (fit_vocab)."""
+        return logits if self._target_vocab is None else logits[..., : self._target_vocab]
+
+    def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token ids as the draft's embedding takes them (ids past its rows: its last id, see fit_vocab)."""
+        own = self.lm.vocab_size
+        return tokens if self._target_vocab is None or self._target_vocab <= own else tokens.clamp_max(own - 1)
 
     def refresh(self) -> None:
         if self.lm.refresh():
             self.num_parameters = self.lm.num_parameters
             self.vocab_size = self.lm.vocab_size
             self.support = self.lm.support
+            if self._target_vocab is not None:
+                self.fit_vocab(self._target_vocab)
 
     def start(self, prompts: list[list[int]]) -> None:
         self.state = self.lm.new_state(len(prompts))
@@ -148,9 +174,13 @@ class ModelDrafter(Drafter):
         start = st.length
         done = st.n_cached.tolist()
         pending = [c[n:] for c, n in zip(committed, done, strict=True)]
+        if self._target_vocab is not None and self._target_vocab > self.lm.vocab_size:  # see _inputs
+            last = self.lm.vocab_size - 1
+            pending = [[min(t, last) for t in p] for p in pending]
         lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=self.lm.device)
-        logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self.support is not None)
+        logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self.lm.support is not None)
         assert logits is not None
+        logits = self._cut(logits)
         self.calls += 1
         # The chain (ending with the root) sits in slots start .. start + lens - 1; tree node n >= 1 will live in
         # slot base + n - 1.
@@ -163,9 +193,11 @@ class ModelDrafter(Drafter):
 
     def propose_level(self, tree: DraftTree, lo: int, hi: int) -> DraftLogits:
         st = self._state()
+        tokens = self._inputs(tree.tokens)
         logits = self.lm.forward_level(
-            st, tree.tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, reduced=self.support is not None
+            st, tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, reduced=self.lm.support is not None
         )
+        logits = self._cut(logits)
         self.calls += 1
         self._next = hi
         return DraftLogits(logits, tree.valid[:, lo:hi].clone(), self.support)
@@ -649,6 +681,15 @@ def as_drafter(draft: Any, target: HFCausalLM, *, hidden: bool = False) -> Draft
                 f"the feature draft reads hidden states of width {want}, but the target's hidden size is {width}; "
                 "a feature draft only works with the target it was trained on"
             )
+    if (
+        drafter.vocab_size != target.vocab_size
+        and type(inner) in (ModelDrafter, HiddenStateDrafter)
+        and inner.lm.support is None
+        and inner._target_vocab is None
+    ):
+        # one tokenizer, output layers of different sizes: draft over the ids both have
+        inner.fit_vocab(target.vocab_size)
+        drafter.vocab_size = target.vocab_size
     if drafter.vocab_size != target.vocab_size:
         raise ValueError(
             f"draft vocabulary size {drafter.vocab_size} differs from the target's {target.vocab_size}; draft and "

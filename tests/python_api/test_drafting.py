@@ -116,3 +116,42 @@ def test_has_children_marks_the_parents_of_valid_nodes():
     # padding nodes were stored with parent 0, token 0 and template -1
     assert tree.parent.tolist()[1] == [-1, 0, 0, 0] and tree.tokens.tolist()[1] == [6, 3, 0, 0]
     assert tree.template.tolist()[1][2:] == [-1, -1]
+
+
+def _resized(model: torch.nn.Module, vocab: int) -> torch.nn.Module:
+    """``model`` with its embedding and head cut or padded (random rows) to ``vocab`` rows: the same tokenizer with
+    another output layer size, as the small and large models of one family often have."""
+    cfg = type(model.config)(**{**model.config.to_dict(), "vocab_size": vocab})
+    out = type(model)(cfg).eval()
+    state = model.state_dict()
+    g = torch.Generator().manual_seed(5)
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = state[key]
+        extra = torch.randn((max(vocab - w.shape[0], 0), w.shape[1]), generator=g) * 0.2
+        state[key] = torch.cat([w[:vocab], extra])
+    out.load_state_dict(state)
+    out.generation_config.eos_token_id = None
+    return out
+
+
+@pytest.mark.parametrize("draft_vocab", [40, 56])
+def test_a_draft_with_another_output_size_drafts_over_the_shared_ids(draft_vocab: int) -> None:
+    """Greedy output equals the target's with a draft whose output layer is cut (its missing ids in the prompt are
+    read as its last one) or padded, and the draft still gets accepted."""
+    from tiny_models import left_pad
+
+    target = tiny_llama(1, vocab=48, std=0.2)
+    draft = _resized(target, draft_vocab)
+    ids, mask = left_pad([[3, 45, 5, 47, 21], [11, 2, 44]])  # ids past a cut draft's rows
+    ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    for method, params in (("sd", {"draft_length": 3}), ("rsd_c", {"branching": (2, 2)}), ("spectr", {})):
+        out = specdec.generate(target, draft, ids, attention_mask=mask, method=method, do_sample=False,
+                               max_new_tokens=12, **params)  # fmt: skip
+        assert torch.equal(out.sequences, ref), method
+        assert out.stats.block_efficiency > 1.1, method  # its proposals are accepted (the cut one less often)
+    hooked = target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate,
+                             assistant_model=draft, method="sd", do_sample=False, max_new_tokens=12)  # fmt: skip
+    assert torch.equal(hooked, ref)
+    sampled = specdec.generate(target, draft, ids, attention_mask=mask, method="spechub", do_sample=True,
+                               max_new_tokens=12, seed=0)  # fmt: skip
+    assert int(sampled.sequences.max()) < 48

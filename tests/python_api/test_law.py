@@ -30,8 +30,9 @@ candidate's law. A control must reach chi-square p < 1e-4 on at least one prompt
 Statistics (specdec_kernels.testing.stats.law_check): Pearson chi-square with merged bins must have p >= 1e-4
 and the empirical TV must stay below a bound far above its sampling noise (default N = 5000 per prompt: noise
 ~0.04, bound 0.08; slow N = 1e5: noise ~0.009, bound 0.02). False-alarm rate: 1e-4 per check; the default suite
-makes 40 checks of a correct law (2 prompts x (9 methods x 2 pairs + top-k/top-p + ar)), so a spurious failure has
-probability below 4e-3 per run; the slow tests add 18 (below 2e-3). Seeds are fixed, so a run is reproducible.
+makes 48 checks of a correct law (2 prompts x (9 methods x 2 pairs + top-k/top-p + ar + 2 methods x 2 drafts of
+another vocabulary size)), so a spurious failure has probability below 5e-3 per run; the slow tests add 18 (below
+2e-3). Seeds are fixed, so a run is reproducible.
 """
 
 from __future__ import annotations
@@ -255,6 +256,16 @@ def test_law_with_top_k_and_top_p(models) -> None:
     checks = run_law(models, "rsd_c", N, top_k=5, top_p=0.9)
     for prompt, check in zip(PROMPTS, checks, strict=True):
         assert check.ok, f"rsd_c top-k/top-p prompt {prompt}: {check}"
+
+
+@pytest.mark.parametrize("method", ["rsd_c", "spechub"])
+@pytest.mark.parametrize("draft_vocab", [6, 10])
+def test_a_draft_with_another_output_size_keeps_the_target_law(models, method: str, draft_vocab: int) -> None:
+    """A draft model whose output layer has fewer rows (ids 6 and 7 never drafted, read as 5 in its context) or more
+    (its extra ids cut) than the target's: the draft's law over the shared ids is still a function of the prefix."""
+    draft = sharpened(tiny_llama(1, vocab=draft_vocab, hidden=32, std=0.3), 2.0)
+    checks = run_law((models[0], draft), method, N)
+    assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
 def test_ar_follows_the_target_law(models) -> None:
