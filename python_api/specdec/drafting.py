@@ -143,6 +143,11 @@ class ModelDrafter(Drafter):
         # fewer rows: a support of its ids; more: its logits cut to the target's ids (dense again)
         self.support = torch.arange(own, device=self.lm.device) if own < vocab else None
 
+    @property
+    def _reduced(self) -> bool:
+        """Whether the forwards score the head's support only (a fitted draft's support is its own ids: dense)."""
+        return self.support is not None and self._target_vocab is None
+
     def _cut(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's logits over the ids the target has (fit_vocab)."""
         return logits if self._target_vocab is None else logits[..., : self._target_vocab]
@@ -178,7 +183,7 @@ class ModelDrafter(Drafter):
             last = self.lm.vocab_size - 1
             pending = [[min(t, last) for t in p] for p in pending]
         lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=self.lm.device)
-        logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self.lm.support is not None)
+        logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self._reduced)
         assert logits is not None
         logits = self._cut(logits)
         self.calls += 1
@@ -195,7 +200,7 @@ class ModelDrafter(Drafter):
         st = self._state()
         tokens = self._inputs(tree.tokens)
         logits = self.lm.forward_level(
-            st, tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, reduced=self.lm.support is not None
+            st, tokens, tree.parent, tree.valid, tree.depth, lo, hi, self._base, reduced=self._reduced
         )
         logits = self._cut(logits)
         self.calls += 1
