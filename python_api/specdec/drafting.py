@@ -128,6 +128,7 @@ class ModelDrafter(Drafter):
         self.calls = 0
         self._round = False
         self._target_vocab: int | None = None  # fit_vocab
+        self._last_id: int | None = None  # fit_vocab: committed ids above it are read as it
 
     def fit_vocab(self, vocab: int) -> None:
         """Draft for a target whose output layer has ``vocab`` rows where this draft's has another number (one
@@ -139,6 +140,7 @@ class ModelDrafter(Drafter):
             raise ValueError(f"{self.name}: a reduced output head cannot be fitted to another vocabulary size")
         own = self.lm.vocab_size
         self._target_vocab = vocab
+        self._last_id = own - 1 if vocab > own else None
         self.vocab_size = vocab
         # fewer rows: a support of its ids; more: its logits cut to the target's ids (dense again)
         self.support = torch.arange(own, device=self.lm.device) if own < vocab else None
@@ -154,8 +156,7 @@ class ModelDrafter(Drafter):
 
     def _inputs(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids as the draft's embedding takes them (ids past its rows: its last id, see fit_vocab)."""
-        own = self.lm.vocab_size
-        return tokens if self._target_vocab is None or self._target_vocab <= own else tokens.clamp_max(own - 1)
+        return tokens if self._last_id is None else tokens.clamp_max(self._last_id)
 
     def refresh(self) -> None:
         if self.lm.refresh():
@@ -179,9 +180,8 @@ class ModelDrafter(Drafter):
         start = st.length
         done = st.n_cached.tolist()
         pending = [c[n:] for c, n in zip(committed, done, strict=True)]
-        if self._target_vocab is not None and self._target_vocab > self.lm.vocab_size:  # see _inputs
-            last = self.lm.vocab_size - 1
-            pending = [[min(t, last) for t in p] for p in pending]
+        if self._last_id is not None:  # as _inputs does for the tree's tokens
+            pending = [[min(t, self._last_id) for t in p] for p in pending]
         lens = torch.tensor([len(p) for p in pending], dtype=torch.long, device=self.lm.device)
         logits = self.lm.forward_chain(st, pending, last_logits=True, reduced=self._reduced)
         assert logits is not None

@@ -716,14 +716,15 @@ def _stock_sdpa() -> bool:
 
 def _structure(model: Any) -> tuple:
     """What the adapter's choices at construction rest on: every module (identity, class, hooks, an instance
-    forward, training flag), the parameters' dtype and device, the attention the config names and what "sdpa" runs.
+    forward), the parameters' dtype and device, the attention the config names and what "sdpa" runs (the training
+    flag is not among them: :meth:`HFCausalLM.check_target` reads it at every call).
     :meth:`HFCausalLM.refresh` compares it at every generate call, so that a hook added, a module replaced (e.g. by an
     adapter library), a cast or another attention after the decoder was built is seen."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     p = next(model.parameters())
     modules = tuple(
-        (id(m), type(m), "forward" in m.__dict__, bool(m._forward_hooks or m._forward_pre_hooks), m.training)
+        (id(m), type(m), "forward" in m.__dict__, bool(m._forward_hooks or m._forward_pre_hooks))
         for m in model.modules()
     )
     attn = getattr(model.config, "_attn_implementation", None)
