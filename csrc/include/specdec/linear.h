@@ -89,6 +89,61 @@ inline __m512 widen_bf16x16(const uint16_t* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+
+inline __m512 sum_halves(__m512 a, __m512 b) {  // [a[k + 8] + a[k], b[k + 8] + b[k]], k < 8
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+}
+
+inline __m512 sum_quarters(__m512 ab, __m512 cd) {  // 128-bit lane j: the 4 sums (k + 4) + k of a, b, c, d's halves
+  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)),
+                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)));
+}
+
+// Lane j = the sum of accumulator j's 16 lanes, j < 4 (the accumulators by value: an array passed by address makes
+// GCC store the tile's accumulators to the stack on every step of its loop).
+inline __m128 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 v = sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3));
+  __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));  // lanes 4j, 4j + 1: k + (k + 2)
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));        // lane 4j: lane + (lane + 1)
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t));
+}
+
+// The same for 8 accumulators.
+inline __m256 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
+                               __m512 a7) {
+  const __m512d v = _mm512_castps_pd(sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3)));
+  const __m512d u = _mm512_castps_pd(sum_quarters(sum_halves(a4, a5), sum_halves(a6, a7)));
+  // 128-bit lane j: accumulator j's sums k + (k + 2), k < 2, then accumulator j + 4's
+  __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(v, u)), _mm512_castpd_ps(_mm512_unpackhi_pd(v, u)));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));  // even lanes: lane + (lane + 1)
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, t));
+}
+
+// A tile's R x O accumulators summed, each over its 16 lanes in the tree of _mm512_reduce_add_ps, into s (row-major,
+// flat): eight accumulators per transposing tree, then four, then one at a time. Summed one by one (about 8 shuffles
+// and adds each, 3 in a tree of 8), the sums of a tile of 2 W rows x 8 rows of 576 inputs took about 40 % as many
+// instructions as its VDPBF16PS products. Every accumulator goes through the same tree whichever group it falls in,
+// so the sums do not depend on R.
+template <int R, int O>
+__attribute__((always_inline)) inline void sum_tile_avx512(const __m512 (&a)[R][O], float* s) {
+  constexpr int K = R * O;
+#pragma GCC unroll 8
+  for (int k = 0; k + 8 <= K; k += 8)
+    _mm256_storeu_ps(s + k, sum_lanes_avx512(a[k / O][k % O], a[(k + 1) / O][(k + 1) % O],
+                                             a[(k + 2) / O][(k + 2) % O], a[(k + 3) / O][(k + 3) % O],
+                                             a[(k + 4) / O][(k + 4) % O], a[(k + 5) / O][(k + 5) % O],
+                                             a[(k + 6) / O][(k + 6) % O], a[(k + 7) / O][(k + 7) % O]));
+  constexpr int k4 = K / 8 * 8;
+  if constexpr (K - k4 >= 4)
+    _mm_storeu_ps(s + k4, sum_lanes_avx512(a[k4 / O][k4 % O], a[(k4 + 1) / O][(k4 + 1) % O],
+                                           a[(k4 + 2) / O][(k4 + 2) % O], a[(k4 + 3) / O][(k4 + 3) % O]));
+  constexpr int k1 = K - k4 >= 4 ? k4 + 4 : k4;
+#pragma GCC unroll 8
+  for (int k = k1; k < K; ++k) s[k] = _mm512_reduce_add_ps(a[k / O][k % O]);
+}
 #endif
 
 // Output features per block of the bf16 paths (the unit the adapter's OpenMP loop hands out).
@@ -135,45 +190,13 @@ inline void sweep_by_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile&
 // is R rows of x against O rows of W: each 32-element chunk of a W row is loaded once and feeds R rows' dot
 // products (R * O independent accumulators), so a verification pass of a few rows costs about what one row does
 // (the weights' trip from memory). A row's 16 lanes are summed in the tree of _mm512_reduce_add_ps (lanes k and
-// k + 8, then k and k + 4, k and k + 2, k and k + 1), O accumulators at a time; every tile runs the same chunks
-// in the same order per (row, output), so row r of a call equals a call on row r alone.
+// k + 8, then k and k + 4, k and k + 2, k and k + 1; sum_tile_avx512); every tile runs the same chunks in the same
+// order per (row, output), so row r of a call equals a call on row r alone.
 
 // W is prefetched into L2 kPrefetchBytesL2 ahead of each row a tile reads: with the hardware prefetcher alone, or
 // prefetches into L1 (whose few fill buffers cap the misses in flight), the stream falls well short of memory speed
 // once each chunk feeds several rows' products.
 constexpr int kPrefetchBytesL2 = 16384;  // a prefetch never faults, so running past the end of W is harmless
-
-inline __m512 sum_halves(__m512 a, __m512 b) {  // [a[k + 8] + a[k], b[k + 8] + b[k]], k < 8
-  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
-                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
-}
-
-inline __m512 sum_quarters(__m512 ab, __m512 cd) {  // 128-bit lane j: the 4 sums (k + 4) + k of a, b, c, d's halves
-  return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)),
-                       _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)));
-}
-
-// Lane j = the sum of accumulator j's 16 lanes, j < 4 (the accumulators by value: an array passed by address makes
-// GCC store the tile's accumulators to the stack on every step of its loop).
-inline __m128 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 v = sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3));
-  __m512 t = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));  // lanes 4j, 4j + 1: k + (k + 2)
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));        // lane 4j: lane + (lane + 1)
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t));
-}
-
-// The same for 8 accumulators.
-inline __m256 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m512 a4, __m512 a5, __m512 a6,
-                               __m512 a7) {
-  const __m512d v = _mm512_castps_pd(sum_quarters(sum_halves(a0, a1), sum_halves(a2, a3)));
-  const __m512d u = _mm512_castps_pd(sum_quarters(sum_halves(a4, a5), sum_halves(a6, a7)));
-  // 128-bit lane j: accumulator j's sums k + (k + 2), k < 2, then accumulator j + 4's
-  __m512 t = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(v, u)), _mm512_castpd_ps(_mm512_unpackhi_pd(v, u)));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, _MM_SHUFFLE(2, 3, 0, 1)));  // even lanes: lane + (lane + 1)
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castps512_ps256(_mm512_permutexvar_ps(idx, t));
-}
 
 // float_to_bf16 on 8 lanes, bit for bit (round to nearest even, NaN a quiet NaN).
 inline __m128i float_to_bf16x8(__m256 f) {
@@ -219,28 +242,22 @@ inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_
     }
   }
   float s[R][O];
-  const bool whole = (O == 4 || O == 8) && in32 == in && m == O;  // no tail, no padding: O outputs stored at once
+  sum_tile_avx512<R, O>(a, &s[0][0]);
+  if (in32 == in && m == O) {  // no tail, no padding: the row's O outputs stored at once
 #pragma GCC unroll 8
-  for (int q = 0; q < R; ++q) {
-    uint16_t* yr = y + (r0 + q) * out + o0;
-    if constexpr (O == 4) {
-      const __m128 v = sum_lanes_avx512(a[q][0], a[q][1], a[q][2], a[q][3]);
-      if (whole)
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(_mm256_castps128_ps256(v)));
-      else
-        _mm_storeu_ps(s[q], v);
-    } else if constexpr (O == 8) {
-      const __m256 v = sum_lanes_avx512(a[q][0], a[q][1], a[q][2], a[q][3], a[q][4], a[q][5], a[q][6], a[q][7]);
-      if (whole)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(v));
-      else
-        _mm256_storeu_ps(s[q], v);
-    } else {
+    for (int q = 0; q < R; ++q) {
+      uint16_t* yr = y + (r0 + q) * out + o0;
+      if constexpr (O == 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(_mm256_loadu_ps(s[q])));
+      } else if constexpr (O == 4) {
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(yr), float_to_bf16x8(_mm256_castps128_ps256(_mm_loadu_ps(s[q]))));
+      } else {
 #pragma GCC unroll 8
-      for (int j = 0; j < O; ++j) s[q][j] = _mm512_reduce_add_ps(a[q][j]);  // the same tree as sum_lanes_avx512
+        for (int j = 0; j < O; ++j) yr[j] = float_to_bf16(s[q][j]);
+      }
     }
+    return;
   }
-  if (whole) return;
   for (int q = 0; q < R; ++q) {
     const uint16_t* xr = x + (r0 + q) * in;
     for (int j = 0; j < m; ++j) {
@@ -398,7 +415,7 @@ inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const u
 // build. x comes widened to fp32 once per call (xf [n, in]); each 16-element chunk of a W row is widened once in
 // registers and feeds every row of the tile's FMAs (up to 24 accumulators), so the extra rows of a verification
 // pass cost arithmetic, not another trip through W. Every row's sum runs the same lanes in the same order (then
-// _mm512_reduce_add_ps) whichever rows share its call, so row r of a call equals a call on row r alone.
+// the tree of sum_tile_avx512) whichever rows share its call, so row r of a call equals a call on row r alone.
 constexpr int kPrefetchBytesAvx512 = 16384;  // into L2, as in the AVX512-BF16 path; a prefetch never faults
 
 inline __m512 widen_x16(const uint16_t* p) { return widen_bf16x16(p); }  // bf16 bits
@@ -437,10 +454,7 @@ inline void skinny_tile_avx512f(const float* xf, const TW* w, const float* scale
     }
   }
   float s[R][O];
-#pragma GCC unroll 8
-  for (int q = 0; q < R; ++q)
-#pragma GCC unroll 8
-    for (int j = 0; j < O; ++j) s[q][j] = _mm512_reduce_add_ps(a[q][j]);
+  sum_tile_avx512<R, O>(a, &s[0][0]);
   for (int q = 0; q < R; ++q) {
     const float* xr = xf + (r0 + q) * in;
     for (int j = 0; j < m; ++j) {
@@ -465,8 +479,9 @@ inline void skinny_linear_block_avx512f(const float* xf, const TW* w, const floa
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
 // widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a W row is widened in registers and used for up
-// to eight rows of x, so the extra rows of a verification pass cost arithmetic, not another trip through W. Every row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call
-// equals a call on row r alone. The weights are prefetched kPrefetchBytes ahead: once each chunk feeds several rows'
+// to eight rows of x, so the extra rows of a verification pass cost arithmetic, not another trip through W. Every
+// row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call equals a call on
+// row r alone. The weights are prefetched kPrefetchBytes ahead: once each chunk feeds several rows'
 // FMAs, the hardware prefetcher alone no longer keeps the stream at memory speed (a 4-row pass of SmolLM2's
 // linears took 1.45x a 1-row one without it, 1.15x with it, on a 2-core AVX2 EPYC).
 constexpr int kPrefetchBytes = 4096;  // a prefetch never faults, so running past the end of W is harmless
