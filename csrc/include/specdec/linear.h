@@ -124,8 +124,8 @@ inline __m256 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m51
 
 // A tile's R x O accumulators summed, each over its 16 lanes in the tree of _mm512_reduce_add_ps, into s (row-major,
 // flat): eight accumulators per transposing tree, then four, then one at a time. Summed one by one (about 8 shuffles
-// and adds each, 3 in a tree of 8), the sums of a tile of 2 W rows x 8 rows of 576 inputs took about 40 % as many
-// instructions as its VDPBF16PS products. Every accumulator goes through the same tree whichever group it falls in,
+// and adds each, against 3 in a tree of 8), the sums of a tile of 2 W rows x 8 rows of 576 inputs would take about
+// 40 % as many instructions as its VDPBF16PS products. Every accumulator goes through the same tree whichever group it falls in,
 // so the sums do not depend on R.
 template <int R, int O>
 __attribute__((always_inline)) inline void sum_tile_avx512(const __m512 (&a)[R][O], float* s) {
