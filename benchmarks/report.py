@@ -537,7 +537,8 @@ def block_end_to_end_headline(results: Path) -> str:
 
 def block_demo_runs(results: Path) -> str:
     """One line per recorded demo run (the newest of each prompt set, temperature, thread count, CPU variant and
-    draft): our AR, the fastest method against it and against transformers' generate, and the slowest method."""
+    draft): our AR, the fastest method against it and against transformers' generate, the slowest method, and the
+    machine's load average before the run where it was recorded."""
     rows = read_csv(results, "demo")
     newest: dict[tuple[str, str, str, str, str], str] = {}
     for r in rows:
@@ -567,13 +568,14 @@ def block_demo_runs(results: Path) -> str:
                 f"{best['label']} {float(best['speed_ratio']):.2f}x",
                 vs_hf,
                 f"{worst['label']} {float(worst['speed_ratio']):.2f}x",
+                ar.get("load_before") or "-",
             ]
         )
         runs += run
     if not lines:
         return "No demo run recorded in `benchmarks/results/demo.csv`.\n"
     head = ["prompts", "sampling", "threads", "CPU variant", "draft", "our AR, tok/s", "fastest (vs AR)"]
-    head += ["fastest vs generate", "slowest"]
+    head += ["fastest vs generate", "slowest", "load before (1 min)"]
     r0 = runs[0]
     extra = f"{r0['num_prompts']} prompts x {r0['max_new_tokens']} tokens, batch {r0['batch_size']}, {r0['dtype']}"
     extra += ", wall clock"

@@ -62,7 +62,7 @@ def test_demo_runs_block_names_the_fastest_and_slowest_method(tmp_path: Path) ->
 
     meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
     run = {**meta, "prompt_set": "chat.jsonl", "num_prompts": 8, "max_new_tokens": 64, "temperature": 0.7}
-    run |= {"threads": 1, "batch_size": 1, "draft": "d", "dtype": "bf16"}
+    run |= {"threads": 1, "batch_size": 1, "draft": "d", "dtype": "bf16", "load_before": "0.42"}
     rows = [
         {**run, "label": "ar", "tokens_per_second": 30, "speed_ratio": 1.0, "block_efficiency": 1.0},
         {**run, "label": "sd(L=2)", "tokens_per_second": 36, "speed_ratio": 1.2, "block_efficiency": 1.5},
@@ -73,8 +73,15 @@ def test_demo_runs_block_names_the_fastest_and_slowest_method(tmp_path: Path) ->
     ]
     _write(tmp_path / "demo.csv", bench_demo.FIELDS, rows)
     out = report.block_demo_runs(tmp_path)
-    assert "| chat | T = 0.7 | 1 | avx2 | `d` | 30.0 | spechub(b=2,2) 1.60x | 3.00x | sd(L=2) 1.20x |" in out
+    assert "| chat | T = 0.7 | 1 | avx2 | `d` | 30.0 | spechub(b=2,2) 1.60x | 3.00x | sd(L=2) 1.20x | 0.42 |" in out
     assert "rrs" not in out and "abc" not in out and "CPU flags avx2" in out  # the revision stays in the CSV
+    # a run recorded before the load column existed: its rows are kept, the load shown as unknown
+    old = [{k: v for k, v in r.items() if k != "load_before"} | {"timestamp": "t0", "prompt_set": "o"} for r in rows]
+    (tmp_path / "demo.csv").unlink()
+    _write(tmp_path / "demo.csv", [f for f in bench_demo.FIELDS if f != "load_before"], old)
+    _write(tmp_path / "demo.csv", bench_demo.FIELDS, rows)
+    out = report.block_demo_runs(tmp_path)
+    assert "| o | T = 0.7 |" in out and "sd(L=2) 1.20x | - |" in out and "sd(L=2) 1.20x | 0.42 |" in out
 
 
 def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_path: Path) -> None:

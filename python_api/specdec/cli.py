@@ -328,6 +328,8 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
 
     # --json: stdout carries the JSON document alone, the human-readable lines go to stderr
     say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+    if hasattr(os, "getloadavg"):  # timings on a loaded machine are slower and noisier: say how loaded it is
+        say(f"load average before the run: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     t0 = time.perf_counter()
