@@ -565,7 +565,9 @@ def main() -> None:
     append_csv(CSV, FIELDS, rows)
     import report
 
-    (RESULTS / "csd.md").write_text(report.block_csd(RESULTS), encoding="utf-8")
+    # a report block, so that `python benchmarks/report.py` renders it again from the CSV like the docs' own
+    block = f"<!-- report:begin csd -->\n{report.block_csd(RESULTS)}<!-- report:end -->\n"
+    (RESULTS / "csd.md").write_text(block, encoding="utf-8")
     png = report.plot_csd(RESULTS)
     print(f"rows appended to {CSV}; table {RESULTS / 'csd.md'}" + (f"; plot {png}" if png else ""))
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 ASSETS = ROOT / "python_api" / "specdec" / "assets"
 #: the files that hold generated blocks
-DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md", "benchmarks/results/csd.md")
 
 BLOCK = re.compile(r"(<!-- report:begin ([a-z0-9_-]+) -->\n)(.*?)(<!-- report:end -->)", re.S)
 
