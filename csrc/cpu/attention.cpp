@@ -13,17 +13,30 @@ namespace {
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 // bf16 with VDPBF16PS: the rows of one KV head (its query heads x the n new tokens) in blocks whose weighted sums of v
-// stay in registers, so each cache slot's v is widened once per block instead of once per row; the weights of each
-// row are computed alone (decode_attention_weights_bf16). Work items: (batch row, KV head, block).
+// stay in registers, so each cache slot's v is widened once per block instead of once per row; the softmax of each
+// row is computed alone (decode_attention_softmax_bf16) from its dot products, which AMX tiles compute for the whole
+// block where this process has them (decode_attention_dots_amx), VDPBF16PS one row at a time elsewhere. Work items:
+// (batch row, KV head, block).
 void attention_rows_bf16_grouped(const uint16_t* q, const uint16_t* k, const uint16_t* v, const float* mask,
                                  int64_t batch, int64_t heads, int64_t kv_heads, int64_t n, int64_t s_len, int64_t dim,
                                  int64_t kv_batch_stride, int64_t kv_head_stride, float scale, uint16_t* out) {
   const int64_t per_kv = heads / kv_heads * n, block = decode_attention_row_block_bf16(dim);
   const int64_t blocks = (per_kv + block - 1) / block, items = batch * kv_heads * blocks;
   const int64_t stride = 2 * ((s_len + 15) / 16 * 16);  // a row's weights, then their packed copy
+#if defined(SPECDEC_LINEAR_AMX)
+  static_assert(kAttentionSumRegs512 / 2 <= kAmxRows, "a block of rows must fit one AMX accumulator tile");
+  const bool amx = amx_ready();  // the dots of a block's rows by AMX tiles (decode_attention_dots_amx)
+#else
+  constexpr bool amx = false;
+#endif
 #pragma omp parallel num_threads(omp_threads(items, batch * heads * n * s_len * dim))
   {
     std::vector<float> scores(block * stride), inv(block);
+#if defined(SPECDEC_LINEAR_AMX)
+    std::vector<uint32_t> qp(amx ? dim / 2 * block : 0);
+    std::vector<uint16_t> pad(amx ? 16 * dim : 0);
+    int configured = 0;  // the rows this thread's tiles are configured for (0: none)
+#endif
 #pragma omp for schedule(static)
     for (int64_t it = 0; it < items; ++it) {
       const int64_t bk = it / blocks, first = it % blocks * block;
@@ -31,13 +44,24 @@ void attention_rows_bf16_grouped(const uint16_t* q, const uint16_t* k, const uin
       const int64_t r0 = (b * kv_heads + h) * per_kv + first;  // rows (b, head, i) of this KV head are contiguous
       const int rows = static_cast<int>(per_kv - first < block ? per_kv - first : block);
       const int64_t kv = b * kv_batch_stride + h * kv_head_stride;
+#if defined(SPECDEC_LINEAR_AMX)
+      if (amx) {
+        if (configured != rows) amx_configure(rows), configured = rows;
+        decode_attention_dots_amx(q + r0 * dim, k + kv, s_len, dim, rows, qp.data(), pad.data(), scores.data(),
+                                  stride);
+      }
+#endif
       for (int j = 0; j < rows; ++j) {
         const int64_t i = (r0 + j) % n;
-        inv[j] = decode_attention_weights_bf16(q + (r0 + j) * dim, k + kv, mask + (b * n + i) * s_len, s_len, dim,
-                                               scale, scores.data() + j * stride);
+        float* sj = scores.data() + j * stride;
+        if (!amx) decode_attention_dots_bf16(q + (r0 + j) * dim, k + kv, s_len, dim, sj);
+        inv[j] = decode_attention_softmax_bf16(mask + (b * n + i) * s_len, s_len, scale, sj);
       }
       decode_attention_values_bf16_any(v + kv, s_len, dim, scores.data(), stride, inv.data(), rows, out + r0 * dim);
     }
+#if defined(SPECDEC_LINEAR_AMX)
+    if (configured != 0) _tile_release();
+#endif
   }
 }
 #endif

@@ -15,12 +15,10 @@
 
 namespace specdec::cpu {
 
-#if defined(SPECDEC_LINEAR_AMX)
-namespace {
-
 // Linux hands out the AMX tile state only to a process that asks for it (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA); asked once, the answer holds for the process, so every call takes the same path.
 bool amx_ready() {
+#if defined(SPECDEC_LINEAR_AMX)
   static const bool ready = [] {
 #if defined(__linux__) && defined(SYS_arch_prctl)
     constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
@@ -30,7 +28,13 @@ bool amx_ready() {
 #endif
   }();
   return ready;
+#else
+  return false;  // a build without the AMX kernels
+#endif
 }
+
+#if defined(SPECDEC_LINEAR_AMX)
+namespace {
 
 // All rows, groups of up to kAmxRows: x packed per group, blocks of kAmxBlock outputs spread over the threads.
 void skinny_linear_amx(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in, int64_t out, uint16_t* y) {

@@ -57,6 +57,8 @@ at::Tensor skinny_linear(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor skinny_linear_int8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale);
 // The bf16 path skinny_linear was compiled with: "avx512bf16", "avx2" or "portable".
 std::string skinny_linear_isa();
+// Whether this process runs the AMX kernels (an AMX build, and the OS handed out the tile state).
+bool amx_ready();
 
 // attention.cpp: q [B, H, n, D], k/v [B, Hkv, S, D] (H a multiple of Hkv), mask additive, broadcast to
 // [B, 1, n, S] -> softmax(scale q k^T + mask) v [B, H, n, D], fp32 math (fp64 for double)

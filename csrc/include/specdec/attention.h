@@ -103,16 +103,13 @@ inline __m512 exp_nonpos_ps512(__m512 x) {
   return _mm512_mask_mov_ps(y, nan, x);
 }
 
-// The softmax weights of one query row: ``scores`` [s_len] gets e^(x - max) per slot (x = scale q.k + mask), and the
-// return value is 1 / their total. ``scores`` holds 2 x s_len rounded up to 16 (the weights, then the nonzero ones
-// packed for the total).
-inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k, const float* mask, int64_t s_len,
-                                           int64_t dim, float scale, float* scores) {
+// The dot products q.k_s of one query row, s < s_len, into ``dots`` (s_len rounded up to 16; a partial last group's
+// missing slots get 0 and are never read as weights).
+inline void decode_attention_dots_bf16(const uint16_t* q, const uint16_t* k, int64_t s_len, int64_t dim,
+                                       float* dots) {
   const int64_t chunks = dim / 32;
   __m512bh qc[kAttentionMaxDim512 / 32];
   for (int64_t c = 0; c < chunks; ++c) qc[c] = (__m512bh)_mm512_loadu_si512(q + 32 * c);
-  const float inf = std::numeric_limits<float>::infinity();
-  __m512 top = _mm512_set1_ps(-inf);
   for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
     const int live = s_len - s0 < 16 ? static_cast<int>(s_len - s0) : 16;
     __m512 a[16];
@@ -125,11 +122,24 @@ inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k,
           a[j] = _mm512_dpbf16_ps(a[j], qc[c], (__m512bh)_mm512_loadu_si512(ks + 32 * c));
       }
     }
-    const __m512 dots = _mm512_insertf32x8(
-        _mm512_castps256_ps512(sum_lanes_avx512(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])),
-        sum_lanes_avx512(a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]), 1);
+    _mm512_storeu_ps(dots + s0,
+                     _mm512_insertf32x8(
+                         _mm512_castps256_ps512(sum_lanes_avx512(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7])),
+                         sum_lanes_avx512(a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]), 1));
+  }
+}
+
+// The softmax weights of one query row from its dot products: ``scores`` [s_len] holds q.k_s on entry and gets
+// e^(x - max) per slot (x = scale q.k_s + mask), and the return value is 1 / their total. ``scores`` holds 2 x s_len
+// rounded up to 16 (the weights, then the nonzero ones packed for the total).
+inline float decode_attention_softmax_bf16(const float* mask, int64_t s_len, float scale, float* scores) {
+  const float inf = std::numeric_limits<float>::infinity();
+  __m512 top = _mm512_set1_ps(-inf);
+  for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
+    const int live = s_len - s0 < 16 ? static_cast<int>(s_len - s0) : 16;
     const __mmask16 in = static_cast<__mmask16>((1u << live) - 1u);
-    const __m512 x = _mm512_fmadd_ps(dots, _mm512_set1_ps(scale), _mm512_mask_loadu_ps(_mm512_set1_ps(-inf), in, mask + s0));
+    const __m512 x = _mm512_fmadd_ps(_mm512_loadu_ps(scores + s0), _mm512_set1_ps(scale),
+                                     _mm512_mask_loadu_ps(_mm512_set1_ps(-inf), in, mask + s0));
     _mm512_storeu_ps(scores + s0, x);  // scores holds s_len rounded up to 16
     top = _mm512_max_ps(top, x);
   }
@@ -156,6 +166,50 @@ inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k,
   }
   return 1.0f / _mm512_reduce_add_ps(lanes);
 }
+
+// The softmax weights of one query row (decode_attention_softmax_bf16 of its dot products).
+inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k, const float* mask, int64_t s_len,
+                                           int64_t dim, float scale, float* scores) {
+  decode_attention_dots_bf16(q, k, s_len, dim, scores);
+  return decode_attention_softmax_bf16(mask, s_len, scale, scores);
+}
+
+#if defined(SPECDEC_LINEAR_AMX)
+// The dot products of ``rows`` query rows (q's rows, dim apart, at most kAmxRows) with every slot, by AMX tiles as in
+// skinny_linear's AMX path: 16 slots straight from k's rows are the left operand, the query rows packed once as pairs
+// the right one, so a row's dots do not depend on the other rows; VDPBF16PS, one row at a time, is the slow part of
+// a tree pass's attention on CPUs with AMX. Row j's dots go to dots + j * stride (s_len rounded up to 16; slots past
+// s_len get 0). The calling thread's tiles must be configured for ``rows`` rows (amx_configure); qp: scratch of
+// dim / 2 * rows pairs, pad: of 16 * dim values (a last tile of fewer than 16 slots).
+inline void decode_attention_dots_amx(const uint16_t* q, const uint16_t* k, int64_t s_len, int64_t dim, int rows,
+                                      uint32_t* qp, uint16_t* pad, float* dots, int64_t stride) {
+  amx_pack_rows(q, dim, dim, 0, rows, qp);
+  alignas(64) float c[4 * 256];
+  const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(16));
+  for (int64_t s0 = 0; s0 < s_len; s0 += 64) {
+    const int64_t m = s_len - s0 < 64 ? s_len - s0 : 64;
+    const int nb = static_cast<int>((m + 15) / 16);
+    const uint16_t* kt[4];
+    for (int j = 0; j < nb; ++j) kt[j] = k + (s0 + 16 * j) * dim;
+    if (m % 16 != 0) {  // a tile load reads 16 rows: copy the last slots, zero the rest
+      const int64_t live = m % 16;
+      std::memcpy(pad, kt[nb - 1], live * dim * sizeof(uint16_t));
+      std::memset(pad + live * dim, 0, (16 - live) * dim * sizeof(uint16_t));
+      kt[nb - 1] = pad;
+    }
+    switch (nb) {
+      case 4: amx_tiles<4>(qp, kt, dim, dim, rows, c); break;
+      case 3: amx_tiles<3>(qp, kt, dim, dim, rows, c); break;
+      case 2: amx_tiles<2>(qp, kt, dim, dim, rows, c); break;
+      default: amx_tiles<1>(qp, kt, dim, dim, rows, c);
+    }
+    for (int j = 0; j < nb; ++j)
+      for (int r = 0; r < rows; ++r)
+        _mm512_storeu_ps(dots + r * stride + s0 + 16 * j, _mm512_i32gather_ps(col, c + 256 * j + r, 4));
+  }
+}
+#endif
 
 // fp32 accumulators of the weighted sums of v that one call keeps (rows x D / 16 of them, in registers)
 constexpr int kAttentionSumRegs512 = 24;
