@@ -167,13 +167,6 @@ inline float decode_attention_softmax_bf16(const float* mask, int64_t s_len, flo
   return 1.0f / _mm512_reduce_add_ps(lanes);
 }
 
-// The softmax weights of one query row (decode_attention_softmax_bf16 of its dot products).
-inline float decode_attention_weights_bf16(const uint16_t* q, const uint16_t* k, const float* mask, int64_t s_len,
-                                           int64_t dim, float scale, float* scores) {
-  decode_attention_dots_bf16(q, k, s_len, dim, scores);
-  return decode_attention_softmax_bf16(mask, s_len, scale, scores);
-}
-
 #if defined(SPECDEC_LINEAR_AMX)
 // The dot products of ``rows`` query rows (q's rows, dim apart, at most kAmxRows) with every slot, by AMX tiles as in
 // skinny_linear's AMX path: 16 slots straight from k's rows are the left operand, the query rows packed once as pairs
@@ -185,28 +178,11 @@ inline void decode_attention_dots_amx(const uint16_t* q, const uint16_t* k, int6
                                       uint32_t* qp, uint16_t* pad, float* dots, int64_t stride) {
   amx_pack_rows(q, dim, dim, 0, rows, qp);
   alignas(64) float c[4 * 256];
-  const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(16));
-  for (int64_t s0 = 0; s0 < s_len; s0 += 64) {
-    const int64_t m = s_len - s0 < 64 ? s_len - s0 : 64;
-    const int nb = static_cast<int>((m + 15) / 16);
-    const uint16_t* kt[4];
-    for (int j = 0; j < nb; ++j) kt[j] = k + (s0 + 16 * j) * dim;
-    if (m % 16 != 0) {  // a tile load reads 16 rows: copy the last slots, zero the rest
-      const int64_t live = m % 16;
-      std::memcpy(pad, kt[nb - 1], live * dim * sizeof(uint16_t));
-      std::memset(pad + live * dim, 0, (16 - live) * dim * sizeof(uint16_t));
-      kt[nb - 1] = pad;
-    }
-    switch (nb) {
-      case 4: amx_tiles<4>(qp, kt, dim, dim, rows, c); break;
-      case 3: amx_tiles<3>(qp, kt, dim, dim, rows, c); break;
-      case 2: amx_tiles<2>(qp, kt, dim, dim, rows, c); break;
-      default: amx_tiles<1>(qp, kt, dim, dim, rows, c);
-    }
+  for (int64_t s0 = 0; s0 < s_len; s0 += kAmxBlock) {
+    const int nb = amx_block_tiles(qp, k + s0 * dim, s_len - s0 < kAmxBlock ? s_len - s0 : kAmxBlock, dim, dim, rows,
+                                   pad, c);
     for (int j = 0; j < nb; ++j)
-      for (int r = 0; r < rows; ++r)
-        _mm512_storeu_ps(dots + r * stride + s0 + 16 * j, _mm512_i32gather_ps(col, c + 256 * j + r, 4));
+      for (int r = 0; r < rows; ++r) _mm512_storeu_ps(dots + r * stride + s0 + 16 * j, amx_tile_row(c, j, r));
   }
 }
 #endif

@@ -125,8 +125,8 @@ inline __m256 sum_lanes_avx512(__m512 a0, __m512 a1, __m512 a2, __m512 a3, __m51
 // A tile's R x O accumulators summed, each over its 16 lanes in the tree of _mm512_reduce_add_ps, into s (row-major,
 // flat): eight accumulators per transposing tree, then four, then one at a time. Summed one by one (about 8 shuffles
 // and adds each, against 3 in a tree of 8), the sums of a tile of 2 W rows x 8 rows of 576 inputs would take about
-// 40 % as many instructions as its VDPBF16PS products. Every accumulator goes through the same tree whichever group it falls in,
-// so the sums do not depend on R.
+// 40 % as many instructions as its VDPBF16PS products. Every accumulator goes through the same tree whichever group
+// it falls in, so the sums do not depend on R.
 template <int R, int O>
 __attribute__((always_inline)) inline void sum_tile_avx512(const __m512 (&a)[R][O], float* s) {
   constexpr int K = R * O;
@@ -358,39 +358,53 @@ inline void amx_tiles(const uint32_t* xp, const uint16_t* const* wt, int64_t in,
   if constexpr (NB >= 4) _tile_stored(3, c + 768, 64);
 }
 
-// Outputs [o0, o0 + m), m <= kAmxBlock, of rows [r0, r0 + nr) (x packed in xp); the tile configured for nr rows.
-// pad: scratch of 16 * in values for a last tile of fewer than 16 W rows (a tile load reads 16 rows).
-inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out,
-                                  int64_t r0, int nr, int64_t o0, int64_t m, uint16_t* pad, uint16_t* y) {
-  const int64_t in32 = in / 32 * 32;
+// The products of the m <= kAmxBlock W rows from w (``in`` values each) with the packed rows xp, in c as amx_tiles
+// leaves them, for ceil(m / 16) tiles (returned). pad: scratch of 16 * in values for a last tile of fewer than 16 W
+// rows (a tile load reads 16 rows: the last ones are copied there, the rest zeroed).
+inline int amx_block_tiles(const uint32_t* xp, const uint16_t* w, int64_t m, int64_t in, int64_t in32, int nr,
+                           uint16_t* pad, float* c) {
   const int nb = static_cast<int>((m + 15) / 16);
   const uint16_t* wt[4];
-  for (int j = 0; j < nb; ++j) wt[j] = w + (o0 + 16 * j) * in;
-  if (m % 16 != 0) {  // copy the last rows, zero the rest
+  for (int j = 0; j < nb; ++j) wt[j] = w + 16 * j * in;
+  if (m % 16 != 0) {
     const int64_t rows = m % 16;
     std::memcpy(pad, wt[nb - 1], rows * in * sizeof(uint16_t));
     std::memset(pad + rows * in, 0, (16 - rows) * in * sizeof(uint16_t));
     wt[nb - 1] = pad;
   }
-  alignas(64) float c[4 * 256];
   switch (nb) {
     case 4: amx_tiles<4>(xp, wt, in, in32, nr, c); break;
     case 3: amx_tiles<3>(xp, wt, in, in32, nr, c); break;
     case 2: amx_tiles<2>(xp, wt, in, in32, nr, c); break;
     default: amx_tiles<1>(xp, wt, in, in32, nr, c);
   }
-  const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                         _mm512_set1_epi32(16));
+  return nb;
+}
+
+// Row r's 16 outputs of tile j of amx_tiles' c (each tile [16 outputs][16 rows]).
+inline __m512 amx_tile_row(const float* c, int j, int r) {
+  const __m512i col = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  return _mm512_i32gather_ps(col, c + 256 * j + r, 4);
+}
+
+// Outputs [o0, o0 + m), m <= kAmxBlock, of rows [r0, r0 + nr) (x packed in xp); the tile configured for nr rows.
+// pad: scratch of 16 * in values for a last tile of fewer than 16 W rows (a tile load reads 16 rows).
+inline void skinny_block_bf16_amx(const uint16_t* x, const uint32_t* xp, const uint16_t* w, int64_t in, int64_t out,
+                                  int64_t r0, int nr, int64_t o0, int64_t m, uint16_t* pad, uint16_t* y) {
+  const int64_t in32 = in / 32 * 32;
+  alignas(64) float c[4 * 256];
+  const int nb = amx_block_tiles(xp, w + o0 * in, m, in, in32, nr, pad, c);
   for (int j = 0; j < nb; ++j) {
     const int64_t mj = (m - 16 * j) < 16 ? (m - 16 * j) : 16;
+    const uint16_t* wj = w + (o0 + 16 * j) * in;
     for (int r = 0; r < nr; ++r) {
-      __m512 v = _mm512_i32gather_ps(col, c + 256 * j + r, 4);  // row r's 16 outputs
+      __m512 v = amx_tile_row(c, j, r);
       if (in32 < in) {  // the inputs past the last whole chunk, in order, in fp32
         alignas(64) float s[16];
         _mm512_store_ps(s, v);
         const uint16_t* xr = x + (r0 + r) * in;
         for (int64_t o = 0; o < mj; ++o)
-          for (int64_t k = in32; k < in; ++k) s[o] += bf16_to_float(xr[k]) * bf16_to_float(wt[j][o * in + k]);
+          for (int64_t k = in32; k < in; ++k) s[o] += bf16_to_float(xr[k]) * bf16_to_float(wj[o * in + k]);
         v = _mm512_load_ps(s);
       }
       const __m128i lo = float_to_bf16x8(_mm512_castps512_ps256(v));
