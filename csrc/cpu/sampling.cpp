@@ -159,6 +159,7 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
     std::vector<float> scratch;
+    std::vector<std::pair<int64_t, float>> kept;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       float* row = out + i * vocab;
@@ -177,6 +178,10 @@ void first_pass_rows(const T* x, int64_t rows, int64_t vocab, bool greedy, float
       float mx;
       status[i] = scale_row(x + i * vocab, vocab, temperature, row, &mx);
       if (status[i] != kRowOk) continue;
+      if (top_k > 0 && finish) {  // the kept entries alone get the exp (top_k_softmax_row)
+        top_k_softmax_row(row, vocab, top_k, mx, log, scratch, kept);
+        continue;
+      }
       if (top_k > 0) top_k_row(row, vocab, top_k, scratch);  // keeps the k largest, so the maximum stays
       if (finish) {
         if (log)

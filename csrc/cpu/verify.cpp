@@ -24,18 +24,37 @@ at::Tensor as_compute(const at::Tensor& t, at::ScalarType cd, const char* name) 
   return t.to(cd).contiguous();
 }
 
+// The final sample's noise: the caller's uniforms, or none (the kernels then draw the Philox stream of `seed`
+// themselves, only where the sampled law has mass: FinalNoise in specdec/verify.h).
+at::Tensor final_uniforms(const std::optional<at::Tensor>& final_noise, at::IntArrayRef shape, int64_t seed) {
+  TORCH_CHECK(seed >= 0, "seed must be >= 0, got ", seed);
+  return final_noise.has_value() ? noise_or_philox(final_noise, shape, seed, kFinalNoise, "final_noise") : at::Tensor();
+}
+
+// Row b's FinalNoise of a call: fin [B, V] or null (the stream of seed, row b).
+inline void final_row(FinalNoise& f, const double* fin, int64_t seed, int64_t b, int64_t vocab) {
+  f.u = fin == nullptr ? nullptr : fin + b * vocab;
+  f.seed = static_cast<uint64_t>(seed);
+  f.row = static_cast<uint64_t>(b);
+}
+
+inline const double* data_or_null(const at::Tensor& t) { return t.defined() ? t.const_data_ptr<double>() : nullptr; }
+
 template <typename S>
 void chain_rows(const int64_t* draft, const S* p, const S* q, const int64_t* lengths, const double* u,
-                const double* fin, bool greedy, const int64_t* eos, int64_t n_eos, int64_t batch, int64_t len_max,
-                int64_t vocab, int64_t* n_acc, int64_t* next, double leniency) {
+                const double* fin, int64_t seed, bool greedy, const int64_t* eos, int64_t n_eos, int64_t batch,
+                int64_t len_max, int64_t vocab, int64_t* n_acc, int64_t* next, double leniency) {
 #pragma omp parallel num_threads(omp_threads(batch, batch * vocab))
   {
     std::vector<S> scratch(vocab);
+    FinalNoise f;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < batch; ++b)
+    for (int64_t b = 0; b < batch; ++b) {
+      final_row(f, fin, seed, b, vocab);
       n_acc[b] = verify_chain_row<S>(draft + b * len_max, p == nullptr ? nullptr : p + b * len_max * vocab,
-                                     q + b * (len_max + 1) * vocab, lengths[b], u + b * len_max, fin + b * vocab,
-                                     greedy, eos, n_eos, vocab, scratch.data(), next + b, leniency);
+                                     q + b * (len_max + 1) * vocab, lengths[b], u + b * len_max, f, greedy, eos,
+                                     n_eos, vocab, scratch.data(), next + b, leniency);
+    }
   }
 }
 
@@ -53,37 +72,43 @@ Method method_of(const std::string& name) {
 
 template <typename S>
 void node_rows(Method method, const int64_t* cand, const bool* cand_valid, const S* p, const S* q, const double* u,
-               const double* fin, const int64_t* hub, int64_t batch, int64_t k, int64_t vocab, int64_t* slot,
-               int64_t* token, S* accept_prob, S* final_out) {
+               const double* fin, int64_t seed, const int64_t* hub, int64_t batch, int64_t k, int64_t vocab,
+               int64_t* slot, int64_t* token, S* accept_prob, S* final_out) {
 #pragma omp parallel num_threads(omp_threads(batch, batch * vocab * (k + 1)))
   {
     NodeWork<S> w(vocab);
     std::vector<int64_t> slots, toks;
+    FinalNoise f;
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < batch; ++b)
-      verify_node_row<S>(method, cand + b * k, cand_valid + b * k, k, p + b * vocab, q + b * vocab, u + b * k,
-                         fin + b * vocab, hub ? hub[b] : -1, vocab, w, slots, toks, slot + b, token + b,
-                         accept_prob + b * k, final_out + b * vocab);
+    for (int64_t b = 0; b < batch; ++b) {
+      final_row(f, fin, seed, b, vocab);
+      verify_node_row<S>(method, cand + b * k, cand_valid + b * k, k, p + b * vocab, q + b * vocab, u + b * k, f,
+                         hub ? hub[b] : -1, vocab, w, slots, toks, slot + b, token + b, accept_prob + b * k,
+                         final_out + b * vocab);
+    }
   }
 }
 
 template <typename S>
 void tree_rows(const int64_t* tokens, const int64_t* parent, const bool* valid, const S* p, const S* q,
-               Method method, const int64_t* hub, const double* u, const double* fin, bool greedy, const int64_t* eos,
-               int64_t n_eos, int64_t batch, int64_t n, int64_t vocab, int64_t ku, int64_t max_depth,
+               Method method, const int64_t* hub, const double* u, const double* fin, int64_t seed, bool greedy,
+               const int64_t* eos, int64_t n_eos, int64_t batch, int64_t n, int64_t vocab, int64_t ku,
+               int64_t max_depth,
                int64_t* acc_nodes, int64_t* n_acc, int64_t* next, int64_t* acc_rank) {
   bool ok = true;
 #pragma omp parallel num_threads(omp_threads(batch, batch * vocab * 4))
   {
     NodeWork<S> w(greedy ? 0 : vocab);
     TreeWork t;
+    FinalNoise f;
 #pragma omp for schedule(dynamic, 1) reduction(&& : ok)
     for (int64_t b = 0; b < batch; ++b) {
+      final_row(f, fin, seed, b, vocab);
       n_acc[b] = verify_tree_row<S>(tokens + b * n, parent + b * n, valid + b * n,
                                     p == nullptr ? nullptr : p + b * n * vocab, q + b * n * vocab, method,
-                                    hub == nullptr ? nullptr : hub + b * n, u + b * n * ku, fin + b * vocab, greedy,
-                                    eos, n_eos, n, vocab, ku, max_depth, w, t, acc_nodes + b * max_depth,
-                                    acc_rank + b * max_depth, next + b);
+                                    hub == nullptr ? nullptr : hub + b * n, u + b * n * ku, f, greedy, eos, n_eos, n,
+                                    vocab, ku, max_depth, w, t, acc_nodes + b * max_depth, acc_rank + b * max_depth,
+                                    next + b);
       ok = ok && n_acc[b] >= 0;
     }
   }
@@ -110,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
   const int64_t vocab = p.size(1);
   TORCH_CHECK(q.sizes() == p.sizes(), "q must have the shape of p ", p.sizes(), ", got ", q.sizes());
   const at::Tensor u = noise_or_philox(accept_u, cand.sizes(), seed, kAcceptNoise, "accept_u");
-  const at::Tensor fin = noise_or_philox(final_noise, p.sizes(), seed, kFinalNoise, "final_noise");
+  const at::Tensor fin = final_uniforms(final_noise, p.sizes(), seed);
   at::Tensor hub;
   if (hub_in.has_value()) {
     hub = as_long(*hub_in, "hub");
@@ -140,12 +165,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
   const int64_t* h = hub.defined() ? hub.const_data_ptr<int64_t>() : nullptr;
   if (cd == at::kDouble) {
     node_rows<double>(method, c, cv, p.const_data_ptr<double>(), q.const_data_ptr<double>(),
-                      u.const_data_ptr<double>(), fin.const_data_ptr<double>(), h, batch, k, vocab,
+                      u.const_data_ptr<double>(), data_or_null(fin), seed, h, batch, k, vocab,
                       slot.mutable_data_ptr<int64_t>(), token.mutable_data_ptr<int64_t>(),
                       accept_prob.mutable_data_ptr<double>(), final_out.mutable_data_ptr<double>());
   } else {
     node_rows<float>(method, c, cv, p.const_data_ptr<float>(), q.const_data_ptr<float>(), u.const_data_ptr<double>(),
-                     fin.const_data_ptr<double>(), h, batch, k, vocab, slot.mutable_data_ptr<int64_t>(),
+                     data_or_null(fin), seed, h, batch, k, vocab, slot.mutable_data_ptr<int64_t>(),
                      token.mutable_data_ptr<int64_t>(), accept_prob.mutable_data_ptr<float>(),
                      final_out.mutable_data_ptr<float>());
   }
@@ -186,7 +211,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
   const std::vector<int64_t> u_shape =
       accept_u.has_value() ? accept_u->sizes().vec() : std::vector<int64_t>{batch, n, n > 1 ? n - 1 : 1};
   const at::Tensor u = noise_or_philox(accept_u, u_shape, seed, kAcceptNoise, "accept_u");
-  const at::Tensor fin = noise_or_philox(final_noise, {batch, vocab}, seed, kFinalNoise, "final_noise");
+  const at::Tensor fin = final_uniforms(final_noise, {batch, vocab}, seed);
   const int64_t ku = u.size(2);
   at::Tensor hub;
   if (hub_in.has_value()) {
@@ -222,13 +247,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
   const int64_t* hub_ptr = method == Method::kSpecHub && !greedy ? h : nullptr;
   if (cd == at::kDouble) {
     tree_rows<double>(tok, par, val, greedy ? nullptr : p.const_data_ptr<double>(), q.const_data_ptr<double>(),
-                      method, hub_ptr, u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos,
+                      method, hub_ptr, u.const_data_ptr<double>(), data_or_null(fin), seed, greedy, e, n_eos,
                       batch, n, vocab, ku, max_depth, acc_nodes.mutable_data_ptr<int64_t>(),
                       n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(),
                       acc_rank.mutable_data_ptr<int64_t>());
   } else {
     tree_rows<float>(tok, par, val, greedy ? nullptr : p.const_data_ptr<float>(), q.const_data_ptr<float>(), method,
-                     hub_ptr, u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, n,
+                     hub_ptr, u.const_data_ptr<double>(), data_or_null(fin), seed, greedy, e, n_eos, batch, n,
                      vocab, ku, max_depth, acc_nodes.mutable_data_ptr<int64_t>(), n_acc.mutable_data_ptr<int64_t>(),
                      next.mutable_data_ptr<int64_t>(), acc_rank.mutable_data_ptr<int64_t>());
   }
@@ -262,7 +287,7 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
                 "p must be [B, L, V] = [", batch, ", ", len_max, ", ", vocab, "], got ", p.sizes());
   }
   const at::Tensor u = noise_or_philox(accept_u, {batch, len_max}, seed, kAcceptNoise, "accept_u");
-  const at::Tensor fin = noise_or_philox(final_noise, {batch, vocab}, seed, kFinalNoise, "final_noise");
+  const at::Tensor fin = final_uniforms(final_noise, {batch, vocab}, seed);
   at::Tensor eos;
   if (eos_in.has_value()) eos = as_long(*eos_in, "eos").reshape({-1});
   // Memory safety for direct torch.ops calls (the public op validates with friendlier messages).
@@ -280,11 +305,11 @@ std::tuple<at::Tensor, at::Tensor> verify_chain(const at::Tensor& draft_in, cons
   const int64_t n_eos = eos.defined() ? eos.numel() : 0;
   if (cd == at::kDouble) {
     chain_rows<double>(d, use_p ? p.const_data_ptr<double>() : nullptr, q.const_data_ptr<double>(), lens,
-                       u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, len_max,
+                       u.const_data_ptr<double>(), data_or_null(fin), seed, greedy, e, n_eos, batch, len_max,
                        vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), leniency);
   } else {
     chain_rows<float>(d, use_p ? p.const_data_ptr<float>() : nullptr, q.const_data_ptr<float>(), lens,
-                      u.const_data_ptr<double>(), fin.const_data_ptr<double>(), greedy, e, n_eos, batch, len_max,
+                      u.const_data_ptr<double>(), data_or_null(fin), seed, greedy, e, n_eos, batch, len_max,
                       vocab, n_acc.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), leniency);
   }
   return {n_acc, next};

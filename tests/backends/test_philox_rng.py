@@ -319,3 +319,58 @@ def test_sparse_rows_match_reference(rows: int, vocab: int, keep: int) -> None:
         y = sk.gumbel_topk(logp, k, seed=seed, backend="torch")
         assert torch.equal(x.tokens, y.tokens) and torch.equal(x.valid, y.valid)
         torch.testing.assert_close(x.score, y.score, rtol=1e-13, atol=0.0)
+
+
+def _sparse_laws(batch: int, vocab: int, keep: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k laws as the driver's are (process_logits with top_k): a draft and a target law over overlapping small
+    supports, so that their residuals are sparse too."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn((batch, vocab), generator=gen) * 2
+    p = sk.process_logits(base + 0.5 * torch.randn((batch, vocab), generator=gen), 1.0, keep, log=False)
+    q = sk.process_logits(base + 0.5 * torch.randn((batch, vocab), generator=gen), 1.0, keep, log=False)
+    return p, q
+
+
+@pytest.mark.parametrize(("batch", "vocab", "keep"), [(6, 49152, 50), (40, 1000, 3), (20, 111, 111)])
+def test_verifiers_on_sparse_laws_match_reference(batch: int, vocab: int, keep: int) -> None:
+    """The cpu verifiers draw the final sample's Philox noise only where the sampled law (the target's, or a residual)
+    has mass: the tokens must still equal the reference's (which draws the whole row) and those of the same call
+    given the whole stream explicitly."""
+    slots = []
+    for method in ("sd", "rrs", "rrsw", "kseq", "spechub"):
+        p, q = _sparse_laws(batch, vocab, keep, seed=vocab + keep)
+        k = 1 if method == "sd" else 2 if method == "spechub" else 3
+        for seed in (5, 2**35 + 7):
+            cand, cv, hub = _draft(method, p, k, seed)
+            a = sk.verify_node(method, cand, cv, p, q, hub=hub, seed=seed + 1, backend="cpu")
+            b = sk.verify_node(method, cand, cv, p, q, hub=hub, seed=seed + 1, backend="torch")
+            u = _rng.philox_uniform(seed + 1, _rng.ACCEPT, tuple(cand.shape))
+            fin = _rng.philox_uniform(seed + 1, _rng.FINAL, (batch, vocab))
+            c = sk.verify_node(method, cand, cv, p, q, hub=hub, accept_u=u, final_noise=fin, backend="cpu")
+            assert torch.equal(a.slot, b.slot) and torch.equal(a.token, b.token)
+            assert torch.equal(a.slot, c.slot) and torch.equal(a.token, c.token)
+            slots.append(a.slot)
+    assert bool((torch.cat(slots) >= 0).any()) and bool((torch.cat(slots) < 0).any()), "want accepts and residuals"
+    length = 3
+    p, q = _sparse_laws(batch * (length + 1), vocab, keep, seed=keep)
+    p = p.reshape(batch, length + 1, vocab)[:, :length].contiguous()
+    q = q.reshape(batch, length + 1, vocab)
+    draft = sk.sample_categorical(p.log(), seed=4)
+    for seed in (0, 91):
+        kw = dict(lengths=torch.full((batch,), length), seed=seed)
+        a = sk.verify_chain(draft, p, q, backend="cpu", **kw)
+        b = sk.verify_chain(draft, p, q, backend="torch", **kw)
+        assert torch.equal(a.n_accepted, b.n_accepted) and torch.equal(a.next_token, b.next_token)
+    n = 5
+    parent = torch.tensor([[-1, 0, 0, 1, 2]]).expand(batch, n).contiguous()
+    p_rows, q_rows = _sparse_laws(batch * n, vocab, keep, seed=keep + 1)
+    p_rows, q_rows = p_rows.reshape(batch, n, vocab), q_rows.reshape(batch, n, vocab)
+    tokens = torch.zeros(batch, n, dtype=torch.long)
+    tokens[:, 1:3] = sk.gumbel_topk(p_rows[:, 0].log(), 2, seed=6).tokens.clamp_min(0)
+    tokens[:, 3] = sk.sample_categorical(p_rows[:, 1].log(), seed=7)
+    tokens[:, 4] = sk.sample_categorical(p_rows[:, 2].log(), seed=8)
+    for seed in (1, 2):
+        a = sk.verify_tree(tokens, parent, p_rows, q_rows, method="rrsw", seed=seed, backend="cpu")
+        b = sk.verify_tree(tokens, parent, p_rows, q_rows, method="rrsw", seed=seed, backend="torch")
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <queue>
 #include <type_traits>
@@ -209,39 +210,172 @@ int64_t first_index_of(int64_t vocab, S value, F at) {
   return 0;
 }
 
+// ---- Philox streams on the CPU (the counter-based noise of specdec_kernels/_rng.py, vectorised) ----
+
+// Round keys of Philox-4x32-10 for a seed, precomputed so that the rounds below vectorise.
+struct PhiloxKeys {
+  uint32_t a[10], b[10];
+  explicit PhiloxKeys(uint64_t seed) {
+    a[0] = static_cast<uint32_t>(seed);
+    b[0] = static_cast<uint32_t>(seed >> 32);
+    for (int r = 1; r < 10; ++r) {
+      a[r] = a[r - 1] + 0x9E3779B9u;
+      b[r] = b[r - 1] + 0xBB67AE85u;
+    }
+  }
+};
+
+// The 10 rounds of philox4x32_10 (common.h) on scalars, branch-free: loops over counters vectorise (AVX2/AVX-512
+// 32x32->64 multiplies).
+inline void philox_rounds(uint32_t& c0, uint32_t& c1, uint32_t& c2, uint32_t& c3, const PhiloxKeys& k) {
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
+    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k.a[r];
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k.b[r];
+    c1 = static_cast<uint32_t>(p1);
+    c3 = static_cast<uint32_t>(p0);
+    c0 = n0;
+    c2 = n2;
+  }
+}
+
+// philox_u52 (common.h) with the integer->double conversion by the 2^52 bit trick (exact for m < 2^52), which
+// vectorises without AVX-512DQ: (m + 0.5) 2^-52 = (2m + 1) 2^-53.
+inline double philox_u52_bits(uint32_t a, uint32_t b) {
+  const uint64_t bits = ((static_cast<uint64_t>(a >> 12) << 32) | b) | 0x4330000000000000ull;  // the double 2^52 + m
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return (d - 4503599627370496.0 + 0.5) * 2.220446049250313e-16;
+}
+
+// Philox uniforms (stream (seed, purpose), row `row`) for elements [lo, hi) of the row, lo even: one Philox call
+// per element pair.
+inline void philox_fill_span(double* out, int64_t lo, int64_t hi, uint64_t seed, uint32_t purpose, uint64_t row) {
+  const PhiloxKeys keys(seed);
+  const uint32_t r0 = static_cast<uint32_t>(row), r1 = static_cast<uint32_t>(row >> 32);
+  const int64_t j0 = lo / 2, full = (hi - lo) / 2;  // pairs that lie entirely in [lo, hi)
+  double* o = out + lo;
+#pragma omp simd
+  for (int64_t t = 0; t < full; ++t) {
+    uint32_t c0 = static_cast<uint32_t>(j0 + t), c1 = r0, c2 = r1, c3 = purpose;
+    philox_rounds(c0, c1, c2, c3, keys);
+    o[2 * t] = philox_u52_bits(c0, c1);
+    o[2 * t + 1] = philox_u52_bits(c2, c3);
+  }
+  if (lo + 2 * full < hi) out[hi - 1] = philox_uniform(seed, purpose, row, static_cast<uint64_t>(hi - 1));  // odd tail
+}
+
+// Philox uniforms of one row at the entries where keep(v) holds; the others are left unwritten unless fill_masked
+// (then 0.5, which never matters: a masked entry's race score is -inf whatever the noise). Top-k/top-p laws and
+// reduced-vocabulary drafts mask most of the vocabulary, so this draws a fraction of the row; dense rows fall back to
+// the pairwise fill. idx: scratch. Returns the number m of kept entries when the row was sparse (idx[0..m) then lists
+// them in increasing order), -1 when it was filled densely.
+template <typename Keep>
+int64_t philox_fill_where(double* out, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row,
+                          std::vector<int64_t>& idx, bool fill_masked, Keep keep) {
+  idx.resize(n);
+  int64_t m = 0;
+  for (int64_t v = 0; v < n; ++v) {  // branch-free compaction
+    idx[m] = v;
+    m += keep(v) ? 1 : 0;
+  }
+  if (3 * m > n) {  // one Philox call per element below vs one per pair here
+    philox_fill_span(out, 0, n, seed, purpose, row);
+    return -1;
+  }
+  if (fill_masked) std::fill(out, out + n, 0.5);  // a caller that reads only idx[0..m) skips this write
+  const PhiloxKeys keys(seed);
+  const uint32_t r0 = static_cast<uint32_t>(row), r1 = static_cast<uint32_t>(row >> 32);
+  const int64_t* ids = idx.data();
+#pragma omp simd
+  for (int64_t t = 0; t < m; ++t) {
+    const int64_t v = ids[t];
+    uint32_t c0 = static_cast<uint32_t>(v >> 1), c1 = r0, c2 = r1, c3 = purpose;
+    philox_rounds(c0, c1, c2, c3, keys);
+    out[v] = (v & 1) ? philox_u52_bits(c2, c3) : philox_u52_bits(c0, c1);
+  }
+  return m;
+}
+
+// philox_fill_where at the finite entries of a log-prob row.
+template <typename T>
+int64_t philox_fill_finite(double* out, const T* lp, int64_t n, uint64_t seed, uint32_t purpose, uint64_t row,
+                           std::vector<int64_t>& idx, bool fill_masked = true) {
+  return philox_fill_where(out, n, seed, purpose, row, idx, fill_masked,
+                           [lp](int64_t v) { return static_cast<double>(lp[v]) != -INFINITY; });
+}
+
 // ---- process_logits: temperature -> top-k -> top-p -> fp32 log-softmax ----
 
-// Top-k: the k-th largest value (with multiplicity) of x, then x[v] < kth -> -inf (boundary ties kept).
-// Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.
-inline void top_k_row(float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
-  float kth;
-  if (k <= 1024) {
-    std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
-    for (int64_t c = 0; c < vocab; c += kRaceChunk) {
-      const int64_t end = std::min(vocab, c + kRaceChunk);
-      if (static_cast<int64_t>(heap.size()) == k) {
-        const float lo = heap.top();
-        int any = 0;
-#pragma omp simd reduction(| : any)
-        for (int64_t v = c; v < end; ++v) any |= x[v] > lo;
-        if (!any) continue;
-      }
-      for (int64_t v = c; v < end; ++v) {
-        if (static_cast<int64_t>(heap.size()) < k) {
-          heap.push(x[v]);
-        } else if (x[v] > heap.top()) {
-          heap.pop();
-          heap.push(x[v]);
-        }
-      }
-    }
-    kth = heap.top();
-  } else {
+// Top-k: the k-th largest value (with multiplicity) of x; top_k_row then sets x[v] < kth to -inf (boundary ties
+// kept). Small k: a min-heap of the k largest, fed only by chunks that hold something above its minimum.
+inline float top_k_threshold(const float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
+  if (k > 1024) {
     scratch.assign(x, x + vocab);
     std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
-    kth = scratch[k - 1];
+    return scratch[k - 1];
   }
+  std::priority_queue<float, std::vector<float>, std::greater<float>> heap;
+  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+    const int64_t end = std::min(vocab, c + kRaceChunk);
+    if (static_cast<int64_t>(heap.size()) == k) {
+      const float lo = heap.top();
+      int any = 0;
+#pragma omp simd reduction(| : any)
+      for (int64_t v = c; v < end; ++v) any |= x[v] > lo;
+      if (!any) continue;
+    }
+    for (int64_t v = c; v < end; ++v) {
+      if (static_cast<int64_t>(heap.size()) < k) {
+        heap.push(x[v]);
+      } else if (x[v] > heap.top()) {
+        heap.pop();
+        heap.push(x[v]);
+      }
+    }
+  }
+  return heap.top();
+}
+
+inline void top_k_row(float* x, int64_t vocab, int64_t k, std::vector<float>& scratch) {
+  const float kth = top_k_threshold(x, vocab, k, scratch);
   for (int64_t v = 0; v < vocab; ++v) x[v] = x[v] >= kth ? x[v] : -INFINITY;
+}
+
+// Top-k and the final (log-)softmax of a row in one go, visiting only the kept entries after the threshold: a row
+// keeps about k of its V entries, so the exp and the division run k times instead of V, and the rest of the row is
+// one store of -inf (log) or 0. The kept set is top_k_row's; the sum runs over the kept entries in index order in
+// double, without the dropped entries' exact zeros. mx: the row maximum, which top-k keeps.
+inline void top_k_softmax_row(float* x, int64_t vocab, int64_t k, float mx, bool log, std::vector<float>& scratch,
+                              std::vector<std::pair<int64_t, float>>& kept) {
+  const float kth = top_k_threshold(x, vocab, k, scratch);
+  kept.clear();
+  for (int64_t c = 0; c < vocab; c += kRaceChunk) {
+    const int64_t end = std::min(vocab, c + kRaceChunk);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= x[v] >= kth;
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v)
+      if (x[v] >= kth && x[v] != -INFINITY) kept.emplace_back(v, x[v]);
+  }
+  double sum = 0.0;
+  for (auto& [v, xv] : kept) {
+    const float e = exp_nonpos(xv - mx);
+    sum += static_cast<double>(e);
+    if (!log) xv = e;
+  }
+  const float off = log ? -INFINITY : 0.0f;
+#pragma omp simd
+  for (int64_t v = 0; v < vocab; ++v) x[v] = off;
+  if (log) {
+    const float lse = static_cast<float>(::log(sum));
+    for (const auto& [v, xv] : kept) x[v] = (xv - mx) - lse;
+  } else {
+    const float s = static_cast<float>(sum);
+    for (const auto& [v, e] : kept) x[v] = e / s;
+  }
 }
 
 // Top-p on fp32 probabilities (bitwise those of the reference's fp32 softmax of x): keep the shortest prefix of the

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,45 @@ int64_t sample_probs(const S* probs, const double* fin, int64_t vocab) {
   return gumbel_argmax(
       vocab, fin, [probs](int64_t v) { return ::log(static_cast<double>(probs[v])); },
       [probs](int64_t v) { return log_upper(probs[v]); });
+}
+
+// sample_probs over the m entries ids[0..m) (ascending) where probs has mass: the same scores, bounds and order as
+// the dense race, whose other entries (log 0 = -inf) never win, so the same winner; m = 0 returns 0 like it.
+template <typename S>
+int64_t sample_probs_sparse(const S* probs, const double* fin, const int64_t* ids, int64_t m) {
+  if (m == 0) return 0;
+  int64_t best_i = ids[0];
+  double best = ::log(static_cast<double>(probs[best_i])) + gumbel(fin[best_i]);
+  for (int64_t t = 1; t < m; ++t) {
+    const int64_t v = ids[t];
+    if (log_upper(probs[v]) + gumbel_upper(fin[v]) < best - race_margin(best)) continue;
+    const double total = ::log(static_cast<double>(probs[v])) + gumbel(fin[v]);
+    if (total > best) {
+      best = total;
+      best_i = v;
+    }
+  }
+  return best_i;
+}
+
+// The uniforms of one row's final sample: the caller's [V] (u set), or row `row` of the call's Philox stream
+// (seed, kFinalNoise), drawn only at the entries where the law being sampled has mass. Top-k and top-p laws, and
+// their residuals, hold a few of the V tokens, so most of the stream is never needed; every drawn entry gets the
+// uniform the full stream would give it, so the sample is the same. buf/idx: per-thread scratch.
+struct FinalNoise {
+  const double* u = nullptr;
+  uint64_t seed = 0, row = 0;
+  std::vector<double> buf;
+  std::vector<int64_t> idx;
+};
+
+template <typename S>
+int64_t sample_final(const S* probs, int64_t vocab, FinalNoise& f) {
+  if (f.u != nullptr) return sample_probs(probs, f.u, vocab);
+  f.buf.resize(vocab);
+  const int64_t m = philox_fill_where(f.buf.data(), vocab, f.seed, kFinalNoise, f.row, f.idx, false,
+                                      [probs](int64_t v) { return probs[v] > S(0); });
+  return m < 0 ? sample_probs(probs, f.buf.data(), vocab) : sample_probs_sparse(probs, f.buf.data(), f.idx.data(), m);
 }
 
 // First maximum of a row (greedy mode; ties -> lowest id like torch.argmax): a vectorised max, then the first
@@ -111,7 +151,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
                          const S* q,              // [L + 1, V] target laws (logits are fine when greedy, l = 1)
                          int64_t len,             // verify draft[0:len]
                          const double* accept_u,  // [L] uniforms in [0, 1)
-                         const double* fin,       // [V] uniforms in (0, 1) for the final sample
+                         FinalNoise& fin,         // uniforms in (0, 1) for the final sample
                          bool greedy, const int64_t* eos, int64_t n_eos, int64_t vocab,
                          S* scratch,  // [V]
                          int64_t* next_token, double leniency) {
@@ -132,7 +172,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
         *next_token = argmax_row(qj, vocab);
       } else {
         residual_row(qj, p + j * vocab, vocab, scratch);
-        *next_token = sample_probs(scratch, fin, vocab);
+        *next_token = sample_final(scratch, vocab, fin);
       }
       return j;
     }
@@ -142,7 +182,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
     }
   }
   const S* qb = q + len * vocab;
-  *next_token = greedy ? argmax_row(qb, vocab) : sample_probs(qb, fin, vocab);
+  *next_token = greedy ? argmax_row(qb, vocab) : sample_final(qb, vocab, fin);
   return len;
 }
 
@@ -171,9 +211,9 @@ struct NodeTest {
 // Per-thread buffers of one node chain (each [V]).
 template <typename S>
 struct NodeWork {
-  std::vector<S> a, b, c;
+  std::unique_ptr<S[]> a, b, c;  // left uninitialised: every use writes a buffer whole before reading it
   std::vector<NodeTest<S>> tests;
-  explicit NodeWork(int64_t vocab) : a(vocab), b(vocab), c(vocab) {}
+  explicit NodeWork(int64_t vocab) : a(new S[vocab]), b(new S[vocab]), c(new S[vocab]) {}
 };
 
 // K-SEQ gamma search helpers: the tokens whose term min(g p, q) is still undecided live compacted in mp/mq
@@ -384,7 +424,7 @@ template <typename S>
 const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S* p, const S* q, int64_t hub,
                     int64_t vocab, NodeWork<S>& w) {
   w.tests.clear();
-  S* bufs[2] = {w.a.data(), w.b.data()};
+  S* bufs[2] = {w.a.get(), w.b.get()};
   int cur = 0;
   switch (method) {
     case Method::kSD:
@@ -400,7 +440,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
     }
     case Method::kRRSw: {
       const S* r = q;
-      S* sdraft = w.c.data();  // p^(k): p with the earlier candidates removed, renormalised
+      S* sdraft = w.c.get();  // p^(k): p with the earlier candidates removed, renormalised
       for (int64_t v = 0; v < vocab; ++v) sdraft[v] = p[v];
       for (int64_t j = 0; j < n_cand; ++j) {
         const int64_t x = cand[j];
@@ -471,7 +511,7 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         w.tests.push_back({1, s_ia, s_ia > 0.0 ? qa_left : 0.0});
       }
       if (tot <= zero_mass_tol<double>()) return q;  // the double plan's leftover is real, not S round-off
-      S* fin = w.c.data();
+      S* fin = w.c.get();
       for (int64_t v = 0; v < vocab; ++v)
         fin[v] = static_cast<S>((v == a ? fin_a : plan.term(p[v], q[v], true).q2) / tot);
       return fin;
@@ -498,7 +538,7 @@ void verify_node_row(Method method,
                      int64_t k,
                      const S* p, const S* q,   // [V] each
                      const double* accept_u,   // [K] uniforms in [0, 1), slot j uses accept_u[j]
-                     const double* fin_noise,  // [V]
+                     FinalNoise& fin_noise,    // the final sample's uniforms
                      int64_t hub, int64_t vocab, NodeWork<S>& w, std::vector<int64_t>& slots,
                      std::vector<int64_t>& toks,
                      int64_t* slot_out, int64_t* token_out,
@@ -521,7 +561,7 @@ void verify_node_row(Method method,
     if (chosen < 0 && accept_u[real] * t.den < t.num) chosen = real;
   }
   *slot_out = chosen;
-  *token_out = chosen >= 0 ? cand[chosen] : sample_probs(fin, fin_noise, vocab);
+  *token_out = chosen >= 0 ? cand[chosen] : sample_final(fin, vocab, fin_noise);
   for (int64_t v = 0; v < vocab; ++v) final_out[v] = fin[v];
 }
 
@@ -534,7 +574,7 @@ template <typename S>
 int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p, const S* q, int64_t hub,
                   int64_t vocab, const double* u, int64_t ku, NodeWork<S>& w, const S** fin) {
   auto pass = [u](int64_t slot, double den, double num) { return u[slot] * den < num; };
-  S* bufs[2] = {w.a.data(), w.b.data()};
+  S* bufs[2] = {w.a.get(), w.b.get()};
   int cur = 0;
   switch (method) {
     case Method::kSD:
@@ -551,7 +591,7 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
         r = bufs[cur];
         cur ^= 1;
         if (without && j + 1 < n_cand) {
-          S* sd = w.c.data();
+          S* sd = w.c.get();
           if (s != sd)
             for (int64_t v = 0; v < vocab; ++v) sd[v] = p[v];
           s = sd;
@@ -631,7 +671,7 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
                         Method method,
                         const int64_t* hub,       // [N] (spechub) or null
                         const double* accept_u,   // [N, KU]
-                        const double* fin_noise,  // [V]
+                        FinalNoise& fin_noise,    // the final sample's uniforms
                         bool greedy, const int64_t* eos, int64_t n_eos, int64_t n, int64_t vocab, int64_t ku,
                         int64_t max_depth, NodeWork<S>& w, TreeWork& t,
                         int64_t* acc_nodes,  // [max_depth]
@@ -666,7 +706,7 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
     }
     const S* q = q_rows + rep * vocab;
     if (t.cands.empty()) {
-      out = greedy ? argmax_row(q, vocab) : sample_probs(q, fin_noise, vocab);
+      out = greedy ? argmax_row(q, vocab) : sample_final(q, vocab, fin_noise);
       break;
     }
     t.toks.clear();
@@ -687,7 +727,7 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
                          accept_u + rep * ku, ku, w, &fin);
       if (chosen == -2) return -1;
       if (chosen < 0) {
-        out = sample_probs(fin, fin_noise, vocab);
+        out = sample_final(fin, vocab, fin_noise);
         done = true;
       }
     }
