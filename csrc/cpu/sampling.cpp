@@ -42,7 +42,7 @@ template <typename T>
 const double* noise_row(const double* u, const T* lp, int64_t vocab, int64_t i, uint64_t seed,
                         std::vector<double>& scratch, std::vector<int64_t>& idx) {
   if (u != nullptr) return u + i * vocab;
-  scratch.resize(vocab);
+  if (static_cast<int64_t>(scratch.size()) < vocab) scratch.resize(vocab);
   philox_fill_finite(scratch.data(), lp, vocab, seed, kDraftNoise, static_cast<uint64_t>(i), idx);
   return scratch.data();
 }
@@ -57,13 +57,14 @@ template <typename T>
 void sample_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_t vocab, int64_t* out) {
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
-    std::vector<double> scratch;
-    std::vector<int64_t> idx;
+    // scratch kept by the thread across calls (sizing it per call would clear V entries every time)
+    thread_local std::vector<double> scratch;
+    thread_local std::vector<int64_t> idx;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       const T* row = lp + i * vocab;
       if (u == nullptr) {
-        scratch.resize(vocab);
+        if (static_cast<int64_t>(scratch.size()) < vocab) scratch.resize(vocab);
         const int64_t m =
             philox_fill_finite(scratch.data(), row, vocab, seed, kDraftNoise, static_cast<uint64_t>(i), idx, false);
         // a sparse row (a reduced-head draft, top-k/top-p): race over its finite entries only, same scores and order
@@ -82,8 +83,8 @@ void topk_rows(const T* lp, const double* u, uint64_t seed, int64_t rows, int64_
 #pragma omp parallel num_threads(omp_threads(rows, rows * vocab))
   {
     std::vector<std::pair<double, int64_t>> heap(k > kTopkBuffer ? k : 0);
-    std::vector<double> scratch;
-    std::vector<int64_t> idx;
+    thread_local std::vector<double> scratch;  // kept across calls, as in sample_rows
+    thread_local std::vector<int64_t> idx;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < rows; ++i) {
       const T* row = lp + i * vocab;

@@ -276,9 +276,16 @@ int64_t philox_fill_where(double* out, int64_t n, uint64_t seed, uint32_t purpos
                           std::vector<int64_t>& idx, bool fill_masked, Keep keep) {
   idx.resize(n);
   int64_t m = 0;
-  for (int64_t v = 0; v < n; ++v) {  // branch-free compaction
-    idx[m] = v;
-    m += keep(v) ? 1 : 0;
+  for (int64_t c = 0; c < n; c += kRaceChunk) {  // chunks with nothing kept are skipped after one vector test
+    const int64_t end = std::min(n, c + kRaceChunk);
+    int any = 0;
+#pragma omp simd reduction(| : any)
+    for (int64_t v = c; v < end; ++v) any |= keep(v) ? 1 : 0;
+    if (!any) continue;
+    for (int64_t v = c; v < end; ++v) {  // branch-free compaction
+      idx[m] = v;
+      m += keep(v) ? 1 : 0;
+    }
   }
   if (3 * m > n) {  // one Philox call per element below vs one per pair here
     philox_fill_span(out, 0, n, seed, purpose, row);

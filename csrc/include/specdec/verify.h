@@ -56,21 +56,22 @@ int64_t sample_probs_sparse(const S* probs, const double* fin, const int64_t* id
 // The uniforms of one row's final sample: the caller's [V] (u set), or row `row` of the call's Philox stream
 // (seed, kFinalNoise), drawn only at the entries where the law being sampled has mass. Top-k and top-p laws, and
 // their residuals, hold a few of the V tokens, so most of the stream is never needed; every drawn entry gets the
-// uniform the full stream would give it, so the sample is the same. buf/idx: per-thread scratch.
+// uniform the full stream would give it, so the sample is the same.
 struct FinalNoise {
   const double* u = nullptr;
   uint64_t seed = 0, row = 0;
-  std::vector<double> buf;
-  std::vector<int64_t> idx;
 };
 
 template <typename S>
-int64_t sample_final(const S* probs, int64_t vocab, FinalNoise& f) {
+int64_t sample_final(const S* probs, int64_t vocab, const FinalNoise& f) {
   if (f.u != nullptr) return sample_probs(probs, f.u, vocab);
-  f.buf.resize(vocab);
-  const int64_t m = philox_fill_where(f.buf.data(), vocab, f.seed, kFinalNoise, f.row, f.idx, false,
+  // scratch kept by the thread across calls: sizing two V-long buffers per call would clear them every time
+  thread_local std::vector<double> buf;
+  thread_local std::vector<int64_t> idx;
+  if (static_cast<int64_t>(buf.size()) < vocab) buf.resize(vocab);
+  const int64_t m = philox_fill_where(buf.data(), vocab, f.seed, kFinalNoise, f.row, idx, false,
                                       [probs](int64_t v) { return probs[v] > S(0); });
-  return m < 0 ? sample_probs(probs, f.buf.data(), vocab) : sample_probs_sparse(probs, f.buf.data(), f.idx.data(), m);
+  return m < 0 ? sample_probs(probs, buf.data(), vocab) : sample_probs_sparse(probs, buf.data(), idx.data(), m);
 }
 
 // First maximum of a row (greedy mode; ties -> lowest id like torch.argmax): a vectorised max, then the first
@@ -151,7 +152,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
                          const S* q,              // [L + 1, V] target laws (logits are fine when greedy, l = 1)
                          int64_t len,             // verify draft[0:len]
                          const double* accept_u,  // [L] uniforms in [0, 1)
-                         FinalNoise& fin,         // uniforms in (0, 1) for the final sample
+                         const FinalNoise& fin,   // uniforms in (0, 1) for the final sample
                          bool greedy, const int64_t* eos, int64_t n_eos, int64_t vocab,
                          S* scratch,  // [V]
                          int64_t* next_token, double leniency) {
@@ -538,7 +539,7 @@ void verify_node_row(Method method,
                      int64_t k,
                      const S* p, const S* q,   // [V] each
                      const double* accept_u,   // [K] uniforms in [0, 1), slot j uses accept_u[j]
-                     FinalNoise& fin_noise,    // the final sample's uniforms
+                     const FinalNoise& fin_noise,  // the final sample's uniforms
                      int64_t hub, int64_t vocab, NodeWork<S>& w, std::vector<int64_t>& slots,
                      std::vector<int64_t>& toks,
                      int64_t* slot_out, int64_t* token_out,
@@ -671,7 +672,7 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
                         Method method,
                         const int64_t* hub,       // [N] (spechub) or null
                         const double* accept_u,   // [N, KU]
-                        FinalNoise& fin_noise,    // the final sample's uniforms
+                        const FinalNoise& fin_noise,  // the final sample's uniforms
                         bool greedy, const int64_t* eos, int64_t n_eos, int64_t n, int64_t vocab, int64_t ku,
                         int64_t max_depth, NodeWork<S>& w, TreeWork& t,
                         int64_t* acc_nodes,  // [max_depth]
