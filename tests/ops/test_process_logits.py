@@ -282,7 +282,9 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize("backend", ["torch", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("setting", [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8)])
+@pytest.mark.parametrize(
+    "setting", [(1.0, 0, 1.0), (0.0, 0, 1.0), (0.7, 5, 0.9), (1.3, 0, 0.8), (0.7, 5, 1.0), (1.0, 2000, 1.0)]
+)
 @pytest.mark.parametrize("log", [True, False])
 @pytest.mark.parametrize("kind,msg", BAD_VALUES)
 def test_bad_values(backend, dtype, setting, log, kind, msg):
@@ -303,8 +305,9 @@ def test_bad_values(backend, dtype, setting, log, kind, msg):
 def test_logits_that_overflow_at_the_temperature_are_refused(backend, dtype, log):
     """Finite logits whose maximum / T overflows fp32 would give NaN rows: refused; T >= 1 and greedy are fine."""
     z = torch.tensor([[3e38, 1e38, 0.0], [1.0, 2.0, 3.0]]).to(dtype)
-    with pytest.raises(ValueError, match=r"logits / temperature overflows float32"):
-        process_logits(z, 0.5, log=log, backend=backend)
+    for top_k in (0, 2):  # top-k without top-p takes its own pass on the cpu backend
+        with pytest.raises(ValueError, match=r"logits / temperature overflows float32"):
+            process_logits(z, 0.5, top_k, log=log, backend=backend)
     for temperature in (1.0, 0.0):
         out = process_logits(z, temperature, log=log, backend=backend)
         assert not torch.isnan(out).any()
