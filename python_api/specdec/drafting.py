@@ -636,22 +636,12 @@ class HybridDrafter(Drafter):
             cols = col.tolist()
         else:
             cols = [t for _, _, t in flat]
-        if len(flat) <= 2:  # the usual one or two picks: row by row, half the op calls of the batched form below
-            had = ok.tolist()
-            for (b, j, _), c in zip(flat, cols, strict=True):
-                row = logits[b, j]
-                if not had[b][j]:  # a node without a neural proposal (nothing to pair yet): the track's point mass
-                    row.fill_(float("-inf"))
-                row[c] = float("-inf")
-                rest = torch.logsumexp(row, -1)
-                row[c] = rest + self._log_odds if bool(torch.isfinite(rest)) else 0.0
-                ok[b, j] = True
-            return DraftLogits(logits, ok, support)
         dev = logits.device
         bi = torch.tensor([b for b, _, _ in flat], dtype=torch.long, device=dev)
         ji = torch.tensor([j for _, j, _ in flat], dtype=torch.long, device=dev)
         ci = torch.tensor(cols, dtype=torch.long, device=dev)
         pick = torch.arange(len(flat), device=dev)
+        # a node without a neural proposal (nothing to pair yet) gets the track's point mass
         rows = torch.where(ok[bi, ji, None], logits[bi, ji], float("-inf"))
         rows[pick, ci] = float("-inf")
         rest = torch.logsumexp(rows, -1)
