@@ -505,7 +505,7 @@ def _native_call(
 
 
 class _StackPlan(NamedTuple):
-    """What :func:`_native_stack` passes to :func:`specdec_kernels.decoder_stack` for a model's layers apart from the
+    """What :func:`native_stack` passes to :func:`specdec_kernels.decoder_stack` for a model's layers apart from the
     cache buffers: every layer's matrices and int8 scales (flat, in layer order), norms, shared epsilons and score
     scale, the float weights' dtype (None: int8) and each layer's cache index."""
 
@@ -518,10 +518,13 @@ class _StackPlan(NamedTuple):
     index: list[int]
 
 
-def _stack_plan(layers: Any) -> _StackPlan | None:
+def stack_plan(
+    layers: Any, fused: Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None = None
+) -> _StackPlan | None:
     """The layers' part of a :func:`specdec_kernels.decoder_stack` call, or None unless every layer is a Llama layer
-    of one weight kind (float of one dtype, or int8) whose epsilons and score scale all share."""
-    found = [_layer_static(layer, None, None) for layer in layers]
+    of one weight kind (float of one dtype, or int8) whose epsilons and score scale all share. ``fused(layer)``:
+    the layer's [q; k; v] and [gate; up] matrices as one each (a small draft's), else its seven projections."""
+    found = [_layer_static(layer, *(fused(layer) if fused else (None, None))) for layer in layers]
     statics = [st for st in found if st is not None]
     index = [layer._modules["self_attn"].layer_idx for layer in layers]
     if not statics or len(statics) != len(found) or not all(isinstance(i, int) for i in index):
@@ -539,7 +542,7 @@ def _stack_plan(layers: Any) -> _StackPlan | None:
     )
 
 
-def _native_stack(
+def native_stack(
     layers: Any,
     h: torch.Tensor,
     mask: torch.Tensor,
@@ -548,11 +551,13 @@ def _native_stack(
     cache: Any,
     plan: _StackPlan,
 ) -> torch.Tensor | None:
-    """Once :func:`_native_ready` holds, every layer of ``layers`` (in order) in one
-    :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
-    Python-level call per layer. None (nothing run) unless every layer would take that path, none has hooks, and
-    all share their epsilons, score scale and weight kind (float or int8). ``plan``: :func:`_stack_plan` of
-    ``layers`` (the adapter makes it once per cache)."""
+    """Every layer of ``layers`` (in order) in one :func:`specdec_kernels.decoder_stack` call: what each layer's
+    one-call path computes, bit for bit, without a Python-level call per layer. None (nothing run) unless
+    :func:`_native_ready` holds, every layer would take that path, none has hooks, and all share their epsilons,
+    score scale and weight kind (float or int8). ``plan``: :func:`stack_plan` of ``layers`` (the adapter makes it
+    once per cache)."""
+    if not _native_ready(h, mask):
+        return None
     for layer in layers:
         if _layer_hooks(layer):
             return None
@@ -1214,7 +1219,7 @@ class HFCausalLM:
             )
 
     def new_state(self, batch: int) -> KVState:
-        """An empty cache for ``batch`` rows. The layers' part of the one-call stack path (:func:`_stack_plan`) is
+        """An empty cache for ``batch`` rows. The layers' part of the one-call stack path (:func:`stack_plan`) is
         read again from the model at its first forward on the new cache."""
         self._plan = None
         return KVState(
@@ -1248,7 +1253,10 @@ class HFCausalLM:
         # need the ops resolved, not the linears swapped; the stock forward runs with the routing on throughout
         with skinny_linears() if lean else self.routing.active():
             if lean and features is not None:
-                hidden = self.base.lean_call(tokens, features, mask, position_ids, state.cache)
+                if self._plan is None:  # the draft's layers in one decoder_stack call where they all take it
+                    stack_plan = getattr(self.base, "stack_plan", None)
+                    self._plan = (stack_plan() if callable(stack_plan) else None,)
+                hidden = self.base.lean_call(tokens, features, mask, position_ids, state.cache, self._plan[0])
                 out = None
             elif lean:
                 hidden = self._lean_base(tokens, position_ids, mask, state.cache)
@@ -1313,9 +1321,9 @@ class HFCausalLM:
         out = None
         if direct:
             if self._plan is None:
-                self._plan = (_stack_plan(base.layers),)
+                self._plan = (stack_plan(base.layers),)
             plan = self._plan[0]
-            out = None if plan is None else _native_stack(base.layers, h, mask, cos_sin[0], cos_sin[1], cache, plan)
+            out = None if plan is None else native_stack(base.layers, h, mask, cos_sin[0], cos_sin[1], cache, plan)
         if out is not None:
             return base.norm(out)
         with self.routing.active():  # a layer's module call runs its fused forward and the routed linears
@@ -1353,7 +1361,13 @@ class HFCausalLM:
             raise ValueError(
                 f"{self.name}: reduced logits need an output head that scores a subset of the vocabulary (ReducedHead)"
             )
-        z = self._softcap(self.head(hidden, full=False))
+        head = self.head
+        if getattr(_skinny, "on", False) and not (
+            "forward" in head.__dict__ or _layer_hooks(head) or _global_module_hooks()
+        ):  # what its module call runs (ReducedHead.forward, full=False), without the call
+            z = self._softcap(head.reduced(hidden))
+        else:
+            z = self._softcap(head(hidden, full=False))
         return z if self._support_order is None else z[..., self._support_order]
 
     def _softcap(self, logits: torch.Tensor) -> torch.Tensor:

@@ -454,10 +454,10 @@ def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, in
         monkeypatch.setattr(models, name, counted)
 
     stacks: list[bool] = []
-    counting("_native_stack", stacks)
+    counting("native_stack", stacks)
     got = _chain_and_tree_logits(HFCausalLM(model))
     assert stacks[-2:] == [True, True] and not any(stacks[:-2])  # the prompt fills the caches: not taken
-    monkeypatch.setattr(models, "_native_stack", lambda *args, **kwargs: None)
+    monkeypatch.setattr(models, "native_stack", lambda *args, **kwargs: None)
     layers: list[bool] = []
     counting("_native_call", layers)
     by_layer = _chain_and_tree_logits(HFCausalLM(model))
@@ -480,14 +480,14 @@ def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None
     if not native.HAVE_CPU:
         pytest.skip("the cpu extension is not built")
     taken: list[bool] = []
-    real = models._native_stack
+    real = models.native_stack
 
     def counted(*args, **kwargs):
         out = real(*args, **kwargs)
         taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(models, "_native_stack", counted)
+    monkeypatch.setattr(models, "native_stack", counted)
     for case in ("hook", "int8", "eps"):
         model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, layers=3)
         layer = model.model.layers[1]
@@ -503,9 +503,9 @@ def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None
         assert not any(taken), case
         # a hook is looked for on every forward; mixed weight kinds or epsilons leave no stack plan to try
         assert bool(taken) if case == "hook" else lm._plan == (None,), case
-        monkeypatch.setattr(models, "_native_stack", lambda *args, **kwargs: None)
+        monkeypatch.setattr(models, "native_stack", lambda *args, **kwargs: None)
         want = _chain_and_tree_logits(HFCausalLM(model))
-        monkeypatch.setattr(models, "_native_stack", counted)
+        monkeypatch.setattr(models, "native_stack", counted)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), case
 

@@ -33,7 +33,9 @@ from ..models import (
     concat_weights,
     decode_linear,
     fused_decoder_layer,
+    native_stack,
     rotary_rows,
+    stack_plan,
     tensor_version,
 )
 from .draft import ReducedHead, check_fingerprint, target_embedding, target_fingerprint
@@ -113,23 +115,44 @@ class FeatureDecoder(nn.Module):
             return BaseModelOutputWithPast(last_hidden_state=hidden)
         return self.llama(inputs_embeds=self.pair(features, input_ids), **kwargs)
 
+    def stack_plan(self) -> Any:
+        """The layers' arguments of their one-call path (:func:`specdec.models.stack_plan` with the fused [q; k; v]
+        and [gate; up] matrices of :func:`_fused`), or None where a layer cannot take it. ``HFCausalLM`` reads it once
+        per cache and passes it to :meth:`lean_call`."""
+        return stack_plan(self.llama.layers, _fused)
+
     def lean_call(
-        self, input_ids: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        plan: Any = None,
     ) -> torch.Tensor:
         """The final-norm output [B, n, E] of a decode-step forward: pair embedding, then :meth:`lean_forward` (the
         decode-step ops skinny_linear and decode_attention, skipping HF's model wrapper and module plumbing; same
         math, see lean_layer). ``mask``: additive [B, 1, n, S] over the cache after this call's keys are appended;
-        ``specdec.models.HFCausalLM`` calls this directly for its decode-step forwards."""
+        ``specdec.models.HFCausalLM`` calls this directly for its decode-step forwards. ``plan``: :meth:`stack_plan`
+        (None: layer by layer)."""
         _check_pair(features, input_ids)
         if not _additive_4d(mask):
             raise ValueError(f"mask must be an additive 4-D float mask, got shape {tuple(mask.shape)} {mask.dtype}")
-        return self.lean_forward(self.pair(features, input_ids), mask, positions, cache)
+        return self.lean_forward(self.pair(features, input_ids), mask, positions, cache, plan)
 
-    def lean_forward(self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
-        """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended)."""
+    def lean_forward(
+        self, h: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, plan: Any = None
+    ) -> torch.Tensor:
+        """The Llama stack on embeddings ``h`` [B, n, E] with an additive ``mask`` [B, 1, n, S] (cache appended):
+        in one ``decoder_stack`` call with ``plan`` (:meth:`stack_plan`) where every layer takes it (the same
+        kernels as layer by layer, so the same bits), else layer by layer."""
         cos, sin = rotary_rows(self.llama.rotary_emb, positions, h)
-        for layer in self.llama.layers:
-            h = lean_layer(layer, h, mask, cos, sin, cache)
+        out = None if plan is None else native_stack(self.llama.layers, h, mask, cos, sin, cache, plan)
+        if out is not None:
+            h = out
+        else:
+            for layer in self.llama.layers:
+                h = lean_layer(layer, h, mask, cos, sin, cache)
         norm = self.llama.norm
         return rms_norm(h, norm.weight, norm.variance_epsilon, validate=False)
 
