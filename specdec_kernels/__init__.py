@@ -7,7 +7,7 @@ backends that fail to load are skipped by ``backend="auto"`` and reported when r
 from . import native as _native  # noqa: F401  (registers cpu/cuda when the extension is built)
 from . import reference as _reference  # noqa: F401  (registers the torch backend)
 from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
-from ._registry import BACKENDS, BackendUnavailableError, available_backends, implementation
+from ._registry import BACKENDS, BackendUnavailableError, available_backends, implementation, implementations
 from ._version import __version__
 from .native import cpu_isa, crop_slots, skinny_linear_isa
 from .ops import (
@@ -77,6 +77,7 @@ __all__ = [
     "filter_kv",
     "gumbel_topk",
     "implementation",
+    "implementations",
     "is_greedy",
     "kseq_chain_parents",
     "kseq_gamma",

@@ -20,6 +20,7 @@ __all__ = [
     "BackendUnavailableError",
     "available_backends",
     "implementation",
+    "implementations",
     "register",
     "resolve",
 ]
@@ -35,6 +36,10 @@ _MISSING_REASON: dict[str, str] = {}
 # (op, device) -> implementation picked by "auto"; cleared whenever a backend registers (the supports() predicates
 # only look at the device). A decode step resolves tens of ops, so the preference walk is done once.
 _AUTO: dict[tuple[str, torch.device], tuple[dict[str, Any], Callable[..., Any]]] = {}
+# bumped whenever a backend registers: the tables of implementations() are resolved again after it
+_GENERATION = 0
+# (ops, device, backend) -> (generation, the ops' tables when resolved, {op: implementation})
+_TABLES: dict[tuple[tuple[str, ...], torch.device, str], tuple[int, tuple[Any, ...], dict[str, Any]]] = {}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -53,8 +58,10 @@ def register(
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        global _GENERATION
         _IMPLS.setdefault(op, {})[backend] = (fn, supports)
         _AUTO.clear()
+        _GENERATION += 1
         return fn
 
     return deco
@@ -80,6 +87,22 @@ def implementation(op: str, backend: str | None = "auto", device: torch.device |
     resolution, which the public op does first (benchmarks time the kernel alone; a model's layers call it many
     times per step). Raises KeyError for an unknown op and :class:`BackendUnavailableError` like the ops do."""
     return resolve(op, backend, torch.device(device))
+
+
+def implementations(ops: tuple[str, ...], device: torch.device | str = "cpu") -> dict[str, Callable[..., Any]]:
+    """``{op: implementation(op, None, device)}`` for every op of ``ops``, in one call: a model's decode step asks
+    for the same few ops at every forward, and resolving each costs a few microseconds. The dict is kept per (ops,
+    device, ``$SPECDEC_BACKEND``) and resolved again once a backend registers or an op's table is replaced; it is
+    shared, so read it and do not edit it. Raises like :func:`implementation`."""
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    key = (ops, dev, default_backend())
+    tables = tuple(_IMPLS.get(op) for op in ops)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] == _GENERATION and all(a is b for a, b in zip(hit[1], tables, strict=True)):
+        return hit[2]
+    found = {op: resolve(op, key[2], dev) for op in ops}
+    _TABLES[key] = (_GENERATION, tables, found)
+    return found
 
 
 def default_backend() -> str:

@@ -174,7 +174,7 @@ def skinny_linears() -> Iterator[None]:
     decode ops' CPU implementations are resolved once, on entry (``$SPECDEC_BACKEND`` as the ops read it)."""
     before = getattr(_skinny, "on", False), getattr(_skinny, "ops", None)
     _skinny.on = True
-    _skinny.ops = {op: sk.implementation(op, None, "cpu") for op in DECODE_OPS}
+    _skinny.ops = sk.implementations(DECODE_OPS, "cpu")
     try:
         yield
     finally:

@@ -218,24 +218,32 @@ def test_crop_slots_rejects_bad_lengths():
 
 def count_calls(monkeypatch, op: str, record) -> list:
     """Every call of ``op``'s implementation that the adapter makes (it calls implementations, resolved through
-    ``specdec_kernels.implementation``) appends ``record(*args)`` to the returned list."""
+    ``specdec_kernels.implementation`` one by one or ``specdec_kernels.implementations`` as a table) appends
+    ``record(*args)`` to the returned list."""
     import specdec_kernels as sk
 
     calls: list = []
-    resolve = sk.implementation
+    resolve, resolve_all = sk.implementation, sk.implementations
 
-    def implementation(name, backend="auto", device="cpu"):
-        fn = resolve(name, backend, device)
-        if name != op:
-            return fn
-
+    def counted_fn(fn):
         def counted(*args):
             calls.append(record(*args))
             return fn(*args)
 
         return counted
 
+    def implementation(name, backend="auto", device="cpu"):
+        fn = resolve(name, backend, device)
+        return counted_fn(fn) if name == op else fn
+
+    def implementations(names, device="cpu"):
+        table = dict(resolve_all(names, device))
+        if op in table:
+            table[op] = counted_fn(table[op])
+        return table
+
     monkeypatch.setattr(sk, "implementation", implementation)
+    monkeypatch.setattr(sk, "implementations", implementations)
     return calls
 
 
