@@ -141,25 +141,31 @@ def test_not_a_model_is_rejected() -> None:
         HFCausalLM(object(), name="target")
 
 
-def test_chain_mask_without_padding_follows_the_definition():
-    """chain_mask's padding-free path (a single row or equal chains): token j sees the valid past and chain tokens
-    0..j; the padded path still agrees on the rows that are fully valid."""
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_chain_mask_follows_the_definition(monkeypatch, backend: str):
+    """chain_mask: token j of a row sees the row's valid past and its chain tokens 0..j; a padding token (past the
+    row's chain) sees only itself. Also with the torch reference of tree_mask."""
     from specdec.models import chain_mask
 
+    monkeypatch.setenv("SPECDEC_BACKEND", backend)
     g = torch.Generator().manual_seed(0)
-    low = torch.finfo(torch.bfloat16).min
-    for _ in range(100):
-        b, s, n = (int(torch.randint(lo, hi, (), generator=g)) for lo, hi in ((1, 4), (0, 6), (1, 5)))
-        past = torch.rand(b, s, generator=g) < 0.7
-        block = torch.ones(b, n, dtype=torch.bool)
-        causal = torch.ones((n, n), dtype=torch.bool).tril()
-        allowed = torch.cat([past[:, None, :].expand(b, n, s), causal.expand(b, n, n)], -1)
-        want = torch.zeros(allowed.shape, dtype=torch.bfloat16).masked_fill_(~allowed, low)[:, None]
-        assert torch.equal(chain_mask(past, block, torch.bfloat16), want)
-        ragged = torch.cat([block, torch.zeros(b, 1, dtype=torch.bool)], 1)  # one padding column: general path
-        ragged[0, -1] = True
-        general = chain_mask(past, ragged, torch.bfloat16)
-        assert torch.equal(general[0, :, :n, : s + n], want[0])
+    for dtype in (torch.bfloat16, torch.float32):
+        low = torch.finfo(dtype).min
+        for _ in range(100):
+            b, s, n = (int(torch.randint(lo, hi, (), generator=g)) for lo, hi in ((1, 4), (0, 6), (1, 5)))
+            past = torch.rand(b, s, generator=g) < 0.7
+            lens = torch.randint(0, n + 1, (b,), generator=g)
+            lens[0] = n
+            block = torch.arange(n)[None] < lens[:, None]
+            want = torch.full((b, 1, n, s + n), low, dtype=dtype)
+            for r in range(b):
+                for j in range(n):
+                    if j < int(lens[r]):
+                        want[r, 0, j, :s][past[r]] = 0
+                        want[r, 0, j, s : s + j + 1] = 0
+                    else:
+                        want[r, 0, j, s + j] = 0
+            assert torch.equal(chain_mask(past, block, dtype), want)
 
 
 def test_crop_cache_matches_dynamic_cache_crop():
