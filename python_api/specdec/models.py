@@ -1349,10 +1349,13 @@ class HFCausalLM:
                 f"{self.name}: reduced logits need an output head that scores a subset of the vocabulary (ReducedHead)"
             )
         head = self.head
-        if getattr(_skinny, "on", False) and not (
-            "forward" in head.__dict__ or _layer_hooks(head) or _global_module_hooks()
+        reduced = getattr(head, "reduced", None)
+        if (
+            callable(reduced)
+            and getattr(_skinny, "on", False)
+            and not ("forward" in head.__dict__ or _layer_hooks(head) or _global_module_hooks())
         ):  # what its module call runs (ReducedHead.forward, full=False), without the call
-            z = self._softcap(head.reduced(hidden))
+            z = self._softcap(reduced(hidden))
         else:
             z = self._softcap(head(hidden, full=False))
         return z if self._support_order is None else z[..., self._support_order]

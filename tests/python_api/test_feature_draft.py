@@ -318,10 +318,14 @@ def test_adapter_runs_the_feature_draft_without_its_module_call():
         lm._lean_features = True
         hooked = run(lm)
         handle.remove()
-    assert seen == [1, 1]
-    for a, b, c in zip(direct, called, hooked, strict=True):
+        head_seen: list[int] = []  # a hook on the (reduced) head: the adapter calls the head module
+        handle = lm.head.register_forward_hook(lambda *a: head_seen.append(1))
+        head_hooked = run(lm)
+        handle.remove()
+    assert seen == [1, 1] and head_seen == [1, 1]
+    for a, b, c, d in zip(direct, called, hooked, head_hooked, strict=True):
         assert torch.isfinite(a[a > float("-inf")]).all()
-        assert torch.equal(a, b) and torch.equal(a, c)
+        assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
 
 
 def test_lean_fused_weights_follow_weight_edits():
