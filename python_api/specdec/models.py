@@ -329,7 +329,7 @@ def fused_decoder_layer(
     this call's keys are appended. ``attend(attn, q, k, v, mask)`` -> [B, n, H, D]. ``qkv`` / ``gate_up``: the
     layer's [q; k; v] and [gate; up] weights as one matrix each (a small draft model's fewer, larger calls), else
     each projection is its own call (a target keeps no second copy of its weights)."""
-    out = _native_call(layer, h, mask, cos, sin, cache, qkv, gate_up) if _native_ready(h, mask) else None
+    out = _native_call(layer, h, mask, cos, sin, cache, qkv, gate_up) if native_ready(h, mask) else None
     if out is not None:
         return out
     attn, mlp = layer.self_attn, layer.mlp
@@ -386,7 +386,7 @@ def _layer_weights(
     return [q for q, _ in pairs], [scale for _, scale in pairs]
 
 
-def _native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
+def native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """The checks of the one-call path (:func:`_native_call`) that hold for every layer of a forward alike."""
     b, n, _ = h.shape
     return not (
@@ -446,7 +446,7 @@ def _layer_args(
     qkv: torch.Tensor | None,
     gate_up: torch.Tensor | None,
 ) -> tuple[_LayerStatic, Any] | None:
-    """What the one-call path passes for ``layer`` once :func:`_native_ready` holds, and the cache slot layer it
+    """What the one-call path passes for ``layer`` once :func:`native_ready` holds, and the cache slot layer it
     writes; None where the layer's call is not taken (no slot layer, mixed weight kinds, float weights of another
     dtype than ``h``, a mask that does not cover exactly the cache and the new keys)."""
     b, n, _ = h.shape
@@ -472,7 +472,7 @@ def _native_call(
     qkv: torch.Tensor | None,
     gate_up: torch.Tensor | None,
 ) -> torch.Tensor | None:
-    """:func:`fused_decoder_layer` in one :func:`specdec_kernels.decoder_layer` call once :func:`_native_ready`
+    """:func:`fused_decoder_layer` in one :func:`specdec_kernels.decoder_layer` call once :func:`native_ready`
     holds, for the calls where the op-by-op path would run the cpu kernels throughout (every projection through
     skinny_linear, attention through decode_attention): the same kernels, so the same bits. None for any other call
     (the op-by-op path then runs): no cache slot layer with cached keys yet, mixed or other weight dtypes, a mask
@@ -551,13 +551,11 @@ def native_stack(
     cache: Any,
     plan: _StackPlan,
 ) -> torch.Tensor | None:
-    """Every layer of ``layers`` (in order) in one :func:`specdec_kernels.decoder_stack` call: what each layer's
-    one-call path computes, bit for bit, without a Python-level call per layer. None (nothing run) unless
-    :func:`_native_ready` holds, every layer would take that path, none has hooks, and all share their epsilons,
-    score scale and weight kind (float or int8). ``plan``: :func:`stack_plan` of ``layers`` (the adapter makes it
-    once per cache)."""
-    if not _native_ready(h, mask):
-        return None
+    """Once :func:`native_ready` holds, every layer of ``layers`` (in order) in one
+    :func:`specdec_kernels.decoder_stack` call: what each layer's one-call path computes, bit for bit, without a
+    Python-level call per layer. None (nothing run) unless every layer would take that path, none has hooks, and
+    all share their epsilons, score scale and weight kind (float or int8). ``plan``: :func:`stack_plan` of
+    ``layers`` (the adapter makes it once per cache)."""
     for layer in layers:
         if _layer_hooks(layer):
             return None
@@ -1241,8 +1239,8 @@ class HFCausalLM:
         with skinny_linears() if lean else self.routing.active():
             if lean and features is not None:
                 if self._plan is None:  # the draft's layers in one decoder_stack call where they all take it
-                    stack_plan = getattr(self.base, "stack_plan", None)
-                    self._plan = (stack_plan() if callable(stack_plan) else None,)
+                    plan_of = getattr(self.base, "stack_plan", None)
+                    self._plan = (plan_of() if callable(plan_of) else None,)
                 hidden = self.base.lean_call(tokens, features, mask, position_ids, state.cache, self._plan[0])
                 out = None
             elif lean:
@@ -1304,7 +1302,7 @@ class HFCausalLM:
         # the whole stack in one call where every layer takes its one-call path; else a layer without hooks goes
         # straight to that path where its call takes it (the checks that hold for every layer made once): what its
         # module call would run, without the module call's wrappers
-        direct = _native_ready(h, mask)
+        direct = native_ready(h, mask)
         out = None
         if direct:
             if self._plan is None:

@@ -33,6 +33,7 @@ from ..models import (
     concat_weights,
     decode_linear,
     fused_decoder_layer,
+    native_ready,
     native_stack,
     rotary_rows,
     stack_plan,
@@ -147,7 +148,8 @@ class FeatureDecoder(nn.Module):
         in one ``decoder_stack`` call with ``plan`` (:meth:`stack_plan`) where every layer takes it (the same
         kernels as layer by layer, so the same bits), else layer by layer."""
         cos, sin = rotary_rows(self.llama.rotary_emb, positions, h)
-        out = None if plan is None else native_stack(self.llama.layers, h, mask, cos, sin, cache, plan)
+        direct = plan is not None and native_ready(h, mask)
+        out = native_stack(self.llama.layers, h, mask, cos, sin, cache, plan) if direct else None
         if out is not None:
             h = out
         else:
