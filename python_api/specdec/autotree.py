@@ -161,6 +161,8 @@ class CostCurve:
 #: the adapter's forward path (which layers run fused, how the cache grows); changing what a pass costs changes this,
 #: so that curves measured on another path are not reused
 FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache"
+#: how a curve is measured (measure_target); a change re-measures the cached curves
+MEASUREMENT = "interleaved-sweeps"
 
 
 def curve_key(model: torch.nn.Module, threads: int) -> str:
@@ -171,25 +173,27 @@ def curve_key(model: torch.nn.Module, threads: int) -> str:
     p = next(model.parameters())
     n = sum(q.numel() for q in model.parameters())
     raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_isa()}|{sk.skinny_linear_isa()}|{threads}"
-    raw += f"|{sk.__version__}|{FORWARD_PATH}|{CURVE_ROWS}"
+    raw += f"|{sk.__version__}|{FORWARD_PATH}|{MEASUREMENT}|{CURVE_ROWS}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def measure_target(
     forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 5
 ) -> dict[int, float]:
-    """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call; then
-    cost(n) = min over m >= n of the medians, since a pass over more rows cannot cost less (a spike from machine load
-    at one row count would otherwise steer every choice away from it)."""
-    out = {}
+    """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call each;
+    the ``reps`` timings of each n are taken in sweeps over all the row counts, so that a machine whose speed drifts
+    during the measurement shifts every n alike instead of the row counts measured last. Then cost(n) = min over
+    m >= n of the medians, since a pass over more rows cannot cost less (a spike from machine load at one row count
+    would otherwise steer every choice away from it)."""
     for n in rows:
         forward(n)
-        times = []
-        for _ in range(reps):
+    times: dict[int, list[float]] = {n: [] for n in rows}
+    for _ in range(reps):
+        for n in rows:
             t0 = time.perf_counter()
             forward(n)
-            times.append(time.perf_counter() - t0)
-        out[n] = sorted(times)[len(times) // 2]
+            times[n].append(time.perf_counter() - t0)
+    out = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
     low = float("inf")
     for n in sorted(out, reverse=True):
         low = out[n] = min(out[n], low)
@@ -315,13 +319,20 @@ def round_cost(curve: CostCurve, branching: tuple[int, ...], batch: int, track: 
 
 
 def choose(
-    curve: CostCurve, model: AcceptanceModel, batch: int, max_nodes: int, max_depth: int, track: int = 0
+    curve: CostCurve,
+    model: AcceptanceModel,
+    batch: int,
+    max_nodes: int,
+    max_depth: int,
+    track: int = 0,
+    max_width: int = MAX_WIDTH,
 ) -> tuple[tuple[int, ...], int, float]:
     """The shape with the most expected tokens per second, its track length and that rate (tokens per second per
     row). The empty shape (no draft: a plain one-token step) competes too, so where no tree pays (large batches on a
     machine whose pass cost grows with rows) the round is plain decoding. ``track``: the longest chain a hybrid
     draft can hang under the first-child path; every length 0 ... ``track`` competes, its nodes counted in
-    ``max_nodes`` and, as if always drafted, in the pass cost."""
+    ``max_nodes`` and, as if always drafted, in the pass cost. ``max_width``: the widest level (2 for SpecHub's
+    binary trees)."""
     best: tuple[int, ...] = ()
     best_track = 0
     best_rate = 1.0 / curve.target_cost(batch)
@@ -348,7 +359,7 @@ def choose(
         level = len(shape) + 1
         step = draft + (curve.draft_cost if shape else curve.first_cost)(batch * size)
         first_next = first * model.g(level, 0)
-        for b in range(1, (shape[-1] if shape else MAX_WIDTH) + 1):
+        for b in range(1, (shape[-1] if shape else min(max_width, MAX_WIDTH)) + 1):
             if nodes + size * b <= max_nodes:
                 r = reach * model.accept(level, b)
                 grow((*shape, b), nodes + size * b, size * b, tokens + r, r, first_next, step)

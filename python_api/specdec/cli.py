@@ -186,6 +186,16 @@ def _with_cascade() -> str:
     return ", ".join(m for m in registry.available() if registry.get(m).cascade)
 
 
+def shape_shares(used: dict[tuple[int, ...], int]) -> str:
+    """Rounds by tree shape of an auto-tree decoder, most used first: ``2,1 60 %, 1,1 30 %, plain 10 %`` (plain: a
+    round that drafted nothing)."""
+    total = sum(used.values())
+    if not total:
+        return "no rounds"
+    ranked = sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{','.join(map(str, s)) or 'plain'} {100 * n / total:.0f} %" for s, n in ranked)
+
+
 def _num(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.2f}"
 
@@ -393,6 +403,8 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         dec.generate(warm, **{**gen, "max_new_tokens": 2}, seed=0)
     for kw in hf.values():
         hf_generate(target, warm, torch.ones_like(warm), max_new_tokens=2, **hf_settings, seed=0, **kw)
+    # the auto trees' shape counts of the warm-up rounds, left out of what the demo reports
+    warm_shapes = {m: dict(getattr(d.builder, "shapes_used", {})) for m, d in decoders.items()}
     batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
     results: dict[str, GenerationStats] = {}
     runs = methods + list(hf)
@@ -454,6 +466,11 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
         "accepted a draft; P(acc>=d) = share of rounds accepting at least d draft tokens; calls = target calls; "
         "= AR = prompts whose output equals AR's"
     )
+    for m, dec in decoders.items():
+        used = getattr(dec.builder, "shapes_used", None)
+        if used is not None:
+            timed = {s: n - warm_shapes[m].get(s, 0) for s, n in used.items() if n > warm_shapes[m].get(s, 0)}
+            say(f"{dec.config.describe()} trees (children per level, share of rounds): {shape_shares(timed)}")
     numerics = None
     if args.dtype == "bf16" and not args.no_numerics:
         ref_tokens = outputs["ar" if "ar" in outputs else runs[0]][0][:NUMERICS_TOKENS]
@@ -606,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"children per level for {_taking('branching')}, or 'auto': trees chosen per round for the machine "
         f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; the "
-        "others keep their default); default: each method's own (rsd_c: auto, the others 2,2)",
+        "others keep their default); default: each method's own (auto for all of these)",
     )
     demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")
     demo.add_argument("--num-chains", type=int, default=2, help=f"K for {_taking('num_chains')}")

@@ -258,11 +258,13 @@ def test_track_chain_acceptance_and_its_choice() -> None:
     assert track == 0
 
 
+@pytest.mark.parametrize("width", [2, 4])
 @pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_choice_is_the_best_of_every_shape_and_track(curve: CostCurve, batch: int) -> None:
+def test_choice_is_the_best_of_every_shape_and_track(curve: CostCurve, batch: int, width: int) -> None:
     """choose grows the shapes with their expected tokens and costs carried along; its pick must be the best rate
-    over every shape of shapes() and every track length, each scored by expected_tokens / round_cost."""
+    over every shape of shapes() no wider than ``width`` (2: SpecHub's binary trees) and every track length, each
+    scored by expected_tokens / round_cost."""
     model = AcceptanceModel()
     gen = torch.Generator().manual_seed(batch)
     for _ in range(60):  # mixed acceptance by depth and rank, and a chain accepted about half the time
@@ -270,10 +272,11 @@ def test_choice_is_the_best_of_every_shape_and_track(curve: CostCurve, batch: in
         ranks = torch.randint(0, 3, (n,), generator=gen).tolist()
         model.observe((3, 2, 2), ranks, n, 3)
         model.observe_track([0, 0, 0], 3 + int(torch.randint(0, 3, (), generator=gen)), 3, 2)
-    best, track, rate = choose(curve, model, batch=batch, max_nodes=16, max_depth=6, track=3)
+    best, track, rate = choose(curve, model, batch=batch, max_nodes=16, max_depth=6, track=3, max_width=width)
+    assert max(best, default=0) <= width
     scored = [(1 / curve.target_cost(batch), (), 0)]
     for t in range(4):
-        for s in shapes(16 - t, 6):
+        for s in shapes(16 - t, 6, width):
             scored.append((model.expected_tokens(s, t) / round_cost(curve, s, batch, t), s, t))
     top = max(r for r, _, _ in scored)
     assert rate == pytest.approx(top)
@@ -301,3 +304,23 @@ def test_shape_is_chosen_in_the_first_rounds_then_every_few_and_on_a_new_batch(t
         b for r, b in enumerate(batches) if r < auto.AUTO_REFRESH or r % auto.AUTO_REFRESH == 0 or b != batches[r - 1]
     ]
     assert made == expected and made[-1] == 2
+
+
+def test_curve_measurement_sweeps_the_row_counts_in_turn(monkeypatch) -> None:
+    """A machine that slows down during the measurement: timed sweep by sweep, every row count sees the slow
+    period alike, so the curve keeps its shape (measured one row count after the other, the last counts would
+    look several times dearer)."""
+    calls: list[int] = []
+    now = [0.0]
+
+    def forward(n: int) -> None:  # each pass costs n seconds times the slowdown so far (1x, then up to 3x)
+        calls.append(n)
+        now[0] += n * (1.0 + 2.0 * min(len(calls) / 40, 1.0))
+
+    monkeypatch.setattr(autotree.time, "perf_counter", lambda: now[0])
+    rows = (1, 2, 4, 8)
+    curve = autotree.measure_target(forward, rows=rows, reps=5)
+    assert calls[:4] == list(rows)  # warm-ups, then five sweeps over every count
+    assert calls[4:] == list(rows) * 5
+    ratios = [curve[n] / (n * curve[1]) for n in rows]
+    assert max(ratios) / min(ratios) < 1.3, curve

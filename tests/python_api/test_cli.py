@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
 import specdec
 from specdec import cli
-from specdec.cli import build_parser, format_table, load_prompts, method_kwargs
+from specdec.cli import build_parser, format_table, load_prompts, method_kwargs, shape_shares
 
 
 def test_load_prompts_from_jsonl(tmp_path) -> None:
@@ -43,11 +44,24 @@ def test_method_options_apply_only_where_they_belong() -> None:
 
 def test_branching_auto_goes_to_the_methods_that_choose_trees() -> None:
     args = build_parser().parse_args(["demo", "--branching", "auto"])
-    assert method_kwargs("rsd_c", args) == {"branching": "auto"}
-    assert method_kwargs("rrs", args) == {}  # no auto trees: the method's default tree
-    assert method_kwargs("spechub", args) == {}
+    for method in ("rsd_c", "rrs", "rrsw", "spechub"):
+        assert method_kwargs(method, args) == {"branching": "auto"}
     for method in specdec.methods.available():
         assert set(method_kwargs(method, args)) <= specdec.methods.get(method).allowed
+
+
+def test_branching_auto_skips_a_method_without_auto_trees() -> None:
+    """A registered method that takes branching but has no auto builder keeps its own default tree."""
+    spec = specdec.methods.get("rrs")
+    specdec.methods.register(
+        dataclasses.replace(spec, name="rrs_fixed", auto_builder=None, defaults={"branching": (2,)})
+    )
+    try:
+        args = build_parser().parse_args(["demo", "--branching", "auto"])
+        assert method_kwargs("rrs_fixed", args) == {}
+        assert method_kwargs("rrs", args) == {"branching": "auto"}
+    finally:
+        specdec.methods.unregister("rrs_fixed")
 
 
 def test_format_table() -> None:
@@ -236,3 +250,8 @@ def test_model_flag_is_checked_before_any_load(tmp_path, monkeypatch, capsys) ->
 def test_head_plan_takes_the_head_shipped_for_the_draft(draft, pp_draft, head, want) -> None:
     args = argparse.Namespace(draft=draft, pp_draft=pp_draft, head=head)
     assert cli.head_plan(args) == want
+
+
+def test_shape_shares_lists_the_most_used_shapes_first() -> None:
+    assert shape_shares({(2, 1): 3, (): 1, (1, 1): 6}) == "1,1 60 %, 2,1 30 %, plain 10 %"
+    assert shape_shares({}) == "no rounds"

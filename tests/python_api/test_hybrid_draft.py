@@ -197,7 +197,8 @@ class NeuralLawToVerifier(HybridDrafter):
 
 
 def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: str = "rsd_c", **kw) -> list:
-    """``shape``: the auto tree of every round (rsd_c), or None for ``method`` with its tree parameters ``kw``."""
+    """``shape``: the auto tree of every round (``method`` with branching="auto"), or None for ``method`` with its
+    tree parameters ``kw``."""
     target, draft = models
     monkeypatch.setattr(auto_module, "choose", lambda *a, **k: (shape, 2, 1.0))
     hybrid = drafter_cls(ModelDrafter(draft), weight=0.6, track_levels=2)
@@ -216,7 +217,7 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: st
     if shape is None:
         decoder = specdec.SpeculativeDecoder(target, hybrid, method=method, **kw)
     else:
-        decoder = specdec.SpeculativeDecoder(target, hybrid, method="rsd_c", branching="auto")
+        decoder = specdec.SpeculativeDecoder(target, hybrid, method=method, branching="auto")
         decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=3, do_sample=True, temperature=TEMPERATURE, seed=5)
@@ -238,7 +239,8 @@ def hybrid_run(models, shape, monkeypatch, drafter_cls=HybridDrafter, method: st
         ((2,), "rsd_c", {}),
         ((1, 1), "rsd_c", {}),
         (None, "sd", {"draft_length": 2}),
-        (None, "spechub", {}),
+        (None, "spechub", {"branching": (2, 2)}),
+        ((2,), "spechub", {}),
         (None, "spectr", {"num_chains": 3, "draft_length": 2}),
         (None, "rrs", {"branching": (3, 1)}),
     ],
@@ -265,7 +267,7 @@ def test_hybrid_draft_greedy_equals_target_greedy(method, kw) -> None:
     ids, mask = left_pad(prompts)
     hybrid = HybridDrafter(FeatureDrafter(draft))
     decoder = specdec.SpeculativeDecoder(target, hybrid, method=method, **kw)
-    if kw.get("branching") == "auto":
+    if decoder.config.auto:  # rsd_c's and spechub's default
         # a flat cost curve, so that rounds draft: on this tiny model a one-token step is all per-call work, and
         # a measured curve may rightly find that drafting does not pay
         decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})

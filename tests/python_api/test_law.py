@@ -47,6 +47,7 @@ import torch
 from specdec.autotree import CostCurve
 from specdec.cascade import CascadeDrafter
 from specdec.config import SamplingConfig
+from specdec.decoders.auto import AutoTreeBuilder
 from test_train_specdec_pp import random_head
 from tiny_models import left_pad, tiny_llama
 
@@ -300,32 +301,40 @@ def test_more_wrong_verifiers_fail(models, method: str, control: str, monkeypatc
     assert_caught(run_law(models, method, N_SLOW_CONTROL), f"{method} with {control}")
 
 
-def auto_law(models, tmp_path, monkeypatch) -> tuple[list, dict]:
-    """Law checks of rsd_c with branching="auto" on the main pair, and the shapes its rounds used. The target's
-    cost curve is made flat (a pass costs the same at any size), so the rounds take wide trees whose siblings the
-    verifier must handle, and the shape moves with the acceptance counted so far."""
+#: the methods with auto trees, one per draw rule (rrsw draws and verifies as rsd_c does)
+AUTO_METHODS = ("rsd_c", "rrs", "spechub")
+
+
+def auto_law(models, method: str, tmp_path, monkeypatch) -> tuple[list, AutoTreeBuilder]:
+    """Law checks of ``method`` with branching="auto" on the main pair, and its tree builder. The
+    target's cost curve is made flat (a pass costs the same at any size), so the rounds take wide trees whose
+    siblings the verifier must handle, and the shape moves with the acceptance counted so far."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     target, draft = models
-    decoder = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    decoder = specdec.SpeculativeDecoder(target, draft, method=method, branching="auto")
     decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, seed=3)
-    return first_two_checks(target, out.new_tokens, SamplingConfig(temperature=TEMPERATURE), 0.08), (
-        decoder.builder.shapes_used
-    )
+    return first_two_checks(target, out.new_tokens, SamplingConfig(temperature=TEMPERATURE), 0.08), decoder.builder
 
 
-def test_auto_trees_follow_the_target_law(models, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("method", AUTO_METHODS)
+def test_auto_trees_follow_the_target_law(models, method: str, tmp_path, monkeypatch) -> None:
     """branching="auto": each round's shape comes from the rounds before (the acceptance counted so far), so every
-    round is a fixed RSD-C tree verified exactly; the first two tokens follow the target's law."""
-    checks, shapes = auto_law(models, tmp_path, monkeypatch)
+    round is a fixed tree of the method's draw rule, verified exactly; the first two tokens follow the target's
+    law."""
+    checks, builder = auto_law(models, method, tmp_path, monkeypatch)
+    shapes = builder.shapes_used
     assert any(s[0] >= 2 for s in shapes), shapes
+    assert max(max(s, default=0) for s in shapes) <= builder.max_width, shapes
     for prompt, check in zip(PROMPTS, checks, strict=True):
-        assert check.ok, f"auto prompt {prompt}: {check}"
+        assert check.ok, f"{method} auto prompt {prompt}: {check}"
 
 
-def test_auto_trees_with_a_wrong_verifier_fail(models, tmp_path, monkeypatch) -> None:
-    """Power: the same run with the rrsw verifier made wrong is caught."""
-    route_to_torch(monkeypatch, CONTROLS["rrsw"])
-    checks, _ = auto_law(models, tmp_path, monkeypatch)
-    assert_caught(checks, "auto trees with rrsw_unrenormalized")
+@pytest.mark.parametrize("method", AUTO_METHODS)
+def test_auto_trees_with_a_wrong_verifier_fail(models, method: str, tmp_path, monkeypatch) -> None:
+    """Power: the same run with the method's verifier made wrong is caught."""
+    control = CONTROLS[specdec.methods.get(method).verifier]
+    route_to_torch(monkeypatch, control)
+    checks, _ = auto_law(models, method, tmp_path, monkeypatch)
+    assert_caught(checks, f"{method} auto trees with {control}")

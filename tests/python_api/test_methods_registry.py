@@ -63,7 +63,8 @@ def test_labels() -> None:
         ("rrs", (("parents", (-1, 0, 0, 1)),)): "rrs(N=4)",
         ("rsd_s", ()): "rsd_s(W=2,L=3)",
         ("spectr", (("num_chains", 3),)): "spectr(K=3,L=3)",
-        ("spechub", ()): "spechub(b=2,2)",
+        ("spechub", ()): "spechub(auto)",
+        ("spechub", (("branching", (2, 1)),)): "spechub(b=2,1)",
         ("specdec_pp", ()): "specdec_pp(cap=20)",
         ("csd", ()): "csd(L<=24)",
     }
@@ -124,9 +125,12 @@ def drafting_methods() -> list[str]:
     return [m for m in methods.available() if methods.get(m).drafts]
 
 
-# small trees keep the toy runs short, and toy loops take fixed trees (rsd_c's default, trees chosen per round for the
-# machine, has its law and greedy tests with the real decoder); every other method runs with its defaults
-TOY_PARAMS = {"specdec_pp": {"draft_length": 3}, "rsd_c": {"branching": (2, 2)}}
+# small trees keep the toy runs short, and toy loops take fixed trees (the auto default of rsd_c, rrsw, rrs and
+# spechub, trees chosen per round for the machine, has its law and greedy tests with the real decoder); every other
+# method runs with its defaults
+TOY_PARAMS = {"specdec_pp": {"draft_length": 3}} | {
+    m: {"branching": (2, 2)} for m in ("rsd_c", "rrsw", "rrs", "spechub")
+}
 N_TOY = 20_000
 
 

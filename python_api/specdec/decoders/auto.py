@@ -1,21 +1,24 @@
-"""``branching="auto"``: RSD-C trees whose shape is chosen per round for the machine (specdec.autotree)."""
+"""``branching="auto"``: static trees whose shape is chosen per round for the machine (specdec.autotree), for
+the methods whose trees are given by ``branching``: rsd_c and rrsw (siblings without replacement), rrs (i.i.d.
+siblings) and spechub (hub pairs, at most two children per node)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 import specdec_kernels as sk
 
 from .. import models
-from ..autotree import AUTO_MAX_DEPTH, AcceptanceModel, CostCurve, choose, curve_key, load_or_measure
+from ..autotree import AUTO_MAX_DEPTH, MAX_WIDTH, AcceptanceModel, CostCurve, choose, curve_key, load_or_measure
 from ..drafting import Drafter
 from ..tree import DraftTree
-from .base import Children, TreeBuilder
-from .static_trees import SWORTreeBuilder
+from .base import Children, StaticTreeBuilder, TreeBuilder
+from .spechub import SpecHubBuilder
+from .static_trees import IIDTreeBuilder, SWORTreeBuilder
 
 if TYPE_CHECKING:
     from ..config import MethodConfig, SamplingConfig
@@ -28,12 +31,16 @@ AUTO_REFRESH = 8
 
 
 class AutoTreeBuilder(TreeBuilder):
-    """The constant-branching RSD-C tree (siblings without replacement, recursive rejection sampling without
-    replacement) with the most expected tokens per second under this machine's cost curve and the costs and
-    acceptance counted so far (:func:`specdec.autotree.choose`, chosen again every AUTO_REFRESH rounds after the
-    first AUTO_REFRESH); the shape depends on past rounds only."""
+    """The constant-branching tree with the most expected tokens per second under this machine's cost curve and
+    the costs and acceptance counted so far (:func:`specdec.autotree.choose`, chosen again every AUTO_REFRESH rounds
+    after the first AUTO_REFRESH), built by the static builder ``static`` of the method's draw rule; the shape
+    depends on past rounds only. This class draws siblings without replacement (rsd_c, rrsw)."""
 
     draw = "swor"
+    #: the builder of one round's fixed tree (its draw rule is the method's)
+    static: ClassVar[type[StaticTreeBuilder]] = SWORTreeBuilder
+    #: the widest level a shape may have
+    max_width: ClassVar[int] = MAX_WIDTH
 
     def __init__(self, config: MethodConfig, max_nodes: int = 8) -> None:
         super().__init__(config)
@@ -44,7 +51,7 @@ class AutoTreeBuilder(TreeBuilder):
         self.shape: tuple[int, ...] = (1,)
         self.track = 0  # nodes of the hybrid draft's chain under the shape's first-child path, this round
         self.shapes_used: dict[tuple[int, ...], int] = {}
-        self._builders: dict[tuple[tuple[int, ...], int], SWORTreeBuilder] = {}
+        self._builders: dict[tuple[tuple[int, ...], int], StaticTreeBuilder] = {}
         self._first_round = True
         self._rounds = 0  # rounds built by this builder (over all calls)
         self._choice: tuple[tuple[int, int], tuple[int, ...], int] | None = None  # (batch, longest), shape, track
@@ -69,7 +76,7 @@ class AutoTreeBuilder(TreeBuilder):
     def start_call(self) -> None:
         self._first_round = True
 
-    def _builder(self, shape: tuple[int, ...], track: int = 0) -> SWORTreeBuilder:
+    def _builder(self, shape: tuple[int, ...], track: int = 0) -> StaticTreeBuilder:
         """The static builder of ``shape``, with a chain of ``track`` nodes under its first-child path (the draft
         track of a :class:`~specdec.drafting.HybridDrafter`)."""
         if (shape, track) not in self._builders:
@@ -81,7 +88,7 @@ class AutoTreeBuilder(TreeBuilder):
                 parents.append(node)
                 node = len(parents) - 1
             config = replace(self.config, branching=shape, parents=tuple(parents), auto=False)
-            self._builders[shape, track] = SWORTreeBuilder(config)
+            self._builders[shape, track] = self.static(config)
         return self._builders[shape, track]
 
     def expand(
@@ -117,7 +124,9 @@ class AutoTreeBuilder(TreeBuilder):
             or self._rounds < AUTO_REFRESH
             or self._rounds % AUTO_REFRESH == 0
         ):
-            shape, track, _ = choose(self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest)
+            shape, track, _ = choose(
+                self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest, self.max_width
+            )
             self._choice = (key, shape, track)
         self._rounds += 1
         _, self.shape, track = self._choice
@@ -162,3 +171,19 @@ class AutoTreeBuilder(TreeBuilder):
         for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
             self.acceptance.observe(self.shape, ranks, min(n, depth), depth)
             self.acceptance.observe_track(ranks, n, depth, track)
+
+
+class AutoIIDTreeBuilder(AutoTreeBuilder):
+    """rrs: the chosen shape's siblings are i.i.d. draws, verified by recursive rejection sampling with
+    replacement."""
+
+    draw = "iid"
+    static = IIDTreeBuilder
+
+
+class AutoSpecHubBuilder(AutoTreeBuilder):
+    """spechub: binary shapes (a node drafts one hub pair), verified by SpecHub's transport plan."""
+
+    draw = "spechub"
+    static = SpecHubBuilder
+    max_width = 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..decoders.auto import AutoTreeBuilder
 from ..decoders.static_trees import SWORTreeBuilder
 from . import MethodSpec, register, tree_label
 
@@ -18,7 +19,8 @@ SPEC = register(
         verifier="rrsw",
         builder=SWORTreeBuilder,
         label=tree_label,
-        defaults={"branching": (2, 2)},
+        defaults={"branching": "auto"},  # trees chosen per round for the machine (specdec.autotree)
         allowed=frozenset({"branching", "parents"}),
+        auto_builder=AutoTreeBuilder,
     )
 )

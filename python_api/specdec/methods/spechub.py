@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from ..decoders.auto import AutoSpecHubBuilder
 from ..decoders.spechub import SpecHubBuilder
 from . import MethodSpec, register, tree_label
 
@@ -37,8 +38,9 @@ SPEC = register(
         verifier="spechub",
         builder=SpecHubBuilder,
         label=tree_label,
-        defaults={"branching": (2, 2)},
+        defaults={"branching": "auto"},  # trees chosen per round for the machine (specdec.autotree)
         allowed=frozenset({"branching", "parents"}),
+        auto_builder=AutoSpecHubBuilder,
         check=_binary,
     )
 )
