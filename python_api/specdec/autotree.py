@@ -50,6 +50,10 @@ TRACK_PRIOR = 0.5
 PASS_DECAY = 0.97
 #: rounds observed before that fit is used
 PASS_MIN_ROUNDS = 4
+#: ridge on the fit's slope, in rows^2: the slope is shrunk by var / (var + PASS_SLOPE_RIDGE) for the (decayed)
+#: variance var of the rounds' node counts, so that rounds of nearly one size, or a few rounds of another size
+#: during a slow spell of a shared machine, do not tilt the curve (the curve's own growth with rows is measured)
+PASS_SLOPE_RIDGE = 4.0
 #: row counts a cost curve is measured at (linear interpolation between them; beyond the last, the cost per row of
 #: the last): up to a batch of 8 trees of 16 nodes each
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -124,12 +128,13 @@ class CostCurve:
 
     def pass_excess(self, rows: float) -> float:
         """The fitted excess at ``rows``, at least 0 (the fit only adds to the measured curve); 0 until
-        PASS_MIN_ROUNDS rounds were seen. Rounds of one size only: their mean excess."""
+        PASS_MIN_ROUNDS rounds were seen. Rounds of one size only: their mean excess. The slope is shrunk toward 0
+        (PASS_SLOPE_RIDGE) unless the rounds' sizes vary by several nodes."""
         n, sx, sy, sxx, sxy = self._pass
         if n < PASS_MIN_ROUNDS - 0.5:  # n: the decayed count (PASS_MIN_ROUNDS rounds make about 0.1 less)
             return 0.0
-        spread = n * sxx - sx * sx
-        slope = (n * sxy - sx * sy) / spread if spread > 1e-6 * n * n else 0.0
+        spread = n * sxx - sx * sx + PASS_SLOPE_RIDGE * n * n
+        slope = (n * sxy - sx * sy) / spread
         return max((sy - slope * sx) / n + slope * rows, 0.0)
 
     def draft_cost(self, rows: float) -> float:

@@ -53,6 +53,7 @@ class AutoTreeBuilder(TreeBuilder):
         self.shapes_used: dict[tuple[int, ...], int] = {}
         self._builders: dict[tuple[tuple[int, ...], int], StaticTreeBuilder] = {}
         self._first_round = True
+        self._call_rounds = 0  # rounds built in the current generate call
         self._rounds = 0  # rounds built by this builder (over all calls)
         self._choice: tuple[tuple[int, int], tuple[int, ...], int] | None = None  # (batch, longest), shape, track
 
@@ -75,6 +76,7 @@ class AutoTreeBuilder(TreeBuilder):
 
     def start_call(self) -> None:
         self._first_round = True
+        self._call_rounds = 0
 
     def _builder(self, shape: tuple[int, ...], track: int = 0) -> StaticTreeBuilder:
         """The static builder of ``shape``, with a chain of ``track`` nodes under its first-child path (the draft
@@ -129,6 +131,7 @@ class AutoTreeBuilder(TreeBuilder):
             )
             self._choice = (key, shape, track)
         self._rounds += 1
+        self._call_rounds += 1
         _, self.shape, track = self._choice
         # chain levels this round can draft (a round near the end of generation is cut short by max_depth); the
         # chain's nodes exist only where Max-Gram proposes that far, and rounds without them count as misses
@@ -160,7 +163,8 @@ class AutoTreeBuilder(TreeBuilder):
         return tree
 
     def observe_pass(self, rows: int, seconds: float) -> None:
-        if self.curve is not None:
+        # not a call's first round: it runs cold (caches, allocator) after whatever ran between two calls
+        if self.curve is not None and self._call_rounds > 1:
             self.curve.observe_pass(rows, seconds)
 
     def observe(self, acc_rank: torch.Tensor, n_acc: torch.Tensor, tree: DraftTree) -> None:
