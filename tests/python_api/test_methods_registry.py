@@ -129,7 +129,7 @@ def drafting_methods() -> list[str]:
 # spechub, trees chosen per round for the machine, has its law and greedy tests with the real decoder); every other
 # method runs with its defaults
 TOY_PARAMS = {"specdec_pp": {"draft_length": 3}} | {
-    m: {"branching": (2, 2)} for m in ("rsd_c", "rrsw", "rrs", "spechub")
+    m: {"branching": (2, 2)} for m in methods.available() if methods.get(m).auto_builder is not None
 }
 N_TOY = 20_000
 

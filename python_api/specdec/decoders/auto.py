@@ -36,9 +36,9 @@ class AutoTreeBuilder(TreeBuilder):
     after the first AUTO_REFRESH), built by the static builder ``static`` of the method's draw rule; the shape
     depends on past rounds only. This class draws siblings without replacement (rsd_c, rrsw)."""
 
-    draw = "swor"
     #: the builder of one round's fixed tree (its draw rule is the method's)
     static: ClassVar[type[StaticTreeBuilder]] = SWORTreeBuilder
+    draw = static.draw
     #: the widest level a shape may have
     max_width: ClassVar[int] = MAX_WIDTH
 
@@ -181,13 +181,13 @@ class AutoIIDTreeBuilder(AutoTreeBuilder):
     """rrs: the chosen shape's siblings are i.i.d. draws, verified by recursive rejection sampling with
     replacement."""
 
-    draw = "iid"
     static = IIDTreeBuilder
+    draw = static.draw
 
 
 class AutoSpecHubBuilder(AutoTreeBuilder):
     """spechub: binary shapes (a node drafts one hub pair), verified by SpecHub's transport plan."""
 
-    draw = "spechub"
     static = SpecHubBuilder
+    draw = static.draw
     max_width = 2
