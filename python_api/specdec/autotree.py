@@ -42,6 +42,9 @@ MAX_WIDTH = 4
 #: accepted about half the time, later ranks less likely (together: a level of 2 siblings accepted 65 % of the time)
 PRIOR = (0.5, 0.3, 0.2, 0.15)
 PRIOR_WEIGHT = 4.0
+#: standard deviations of an acceptance estimate's posterior added to it when the auto trees choose a shape
+#: (AcceptanceModel.optimism): about 0.2 on a cell never reached, 0.02 after 500 trials
+EXPLORE = 1.0
 #: prior chance that a track node (a hybrid draft's chain below the tree) is drafted and accepted once the node above
 #: it was accepted (pseudo-counts PRIOR_WEIGHT)
 TRACK_PRIOR = 0.5
@@ -224,7 +227,11 @@ def load_or_measure(key: str, forward: Callable[[int], None]) -> CostCurve:
 class AcceptanceModel:
     """Acceptance by depth and sibling rank, counted from the rounds (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, optimism: float = 0.0) -> None:
+        if not optimism >= 0.0:
+            raise ValueError(f"optimism must be a number >= 0, got {optimism!r}")
+        #: posterior standard deviations added to each estimate (0: the posterior mean)
+        self.optimism = float(optimism)
         self.hits = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
         self.trials = [[0.0] * MAX_WIDTH for _ in range(MAX_DEPTH_BUCKETS)]
         # track chain: per chain level k (the last bucket shared by deeper ones), rounds that accepted the node above
@@ -236,9 +243,18 @@ class AcceptanceModel:
     def _bucket(depth: int) -> int:
         return min(depth, MAX_DEPTH_BUCKETS) - 1
 
+    def _estimate(self, hits: float, trials: float, prior: float) -> float:
+        """The Beta posterior's mean (``prior`` as PRIOR_WEIGHT pseudo-counts), plus ``optimism`` of its standard
+        deviations; at most 0.99."""
+        n = trials + PRIOR_WEIGHT
+        mean = (hits + prior * PRIOR_WEIGHT) / n
+        if not self.optimism:
+            return mean
+        return min(mean + self.optimism * (mean * (1.0 - mean) / (n + 1.0)) ** 0.5, 0.99)
+
     def g(self, depth: int, rank: int) -> float:
         d = self._bucket(depth)
-        return (self.hits[d][rank] + PRIOR[rank] * PRIOR_WEIGHT) / (self.trials[d][rank] + PRIOR_WEIGHT)
+        return self._estimate(self.hits[d][rank], self.trials[d][rank], PRIOR[rank])
 
     def accept(self, depth: int, width: int) -> float:
         """A_depth(width): the chance that one of ``width`` siblings at ``depth`` is accepted. Each g(depth, k) is
@@ -268,7 +284,7 @@ class AcceptanceModel:
     def h(self, k: int) -> float:
         """P(track level ``k`` (1-based) is drafted and accepted | the node above it was accepted)."""
         d = self._bucket(k)
-        return (self.track_hits[d] + TRACK_PRIOR * PRIOR_WEIGHT) / (self.track_trials[d] + PRIOR_WEIGHT)
+        return self._estimate(self.track_hits[d], self.track_trials[d], TRACK_PRIOR)
 
     def observe_track(self, ranks: list[int], n_accepted: int, depth: int, track: int) -> None:
         """One row's round of a tree ``depth`` levels deep with a chain of ``track`` nodes under its first-child

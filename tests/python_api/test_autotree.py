@@ -68,6 +68,44 @@ def test_level_acceptance_matches_the_rounds(width: int) -> None:
     assert share == pytest.approx(1 - exact, abs=0.03)
 
 
+def test_optimism_adds_posterior_deviations_that_shrink_with_the_trials() -> None:
+    plain, hopeful = AcceptanceModel(), AcceptanceModel(optimism=1.0)
+    mean = autotree.PRIOR[0]
+    sd = (mean * (1 - mean) / (autotree.PRIOR_WEIGHT + 1)) ** 0.5
+    assert hopeful.g(3, 0) == pytest.approx(plain.g(3, 0) + sd)  # a cell never reached: the prior, plus one sd
+    assert hopeful.h(1) > plain.h(1)
+    for _ in range(2000):
+        for m in (plain, hopeful):
+            m.observe((1,), [0], 1, 1)
+            m.observe((1,), [], 0, 1)
+    assert hopeful.g(1, 0) - plain.g(1, 0) == pytest.approx((0.25 / 4005) ** 0.5, rel=0.01)
+    with pytest.raises(ValueError, match="optimism"):
+        AcceptanceModel(optimism=-1.0)
+    with pytest.raises(ValueError, match="optimism"):
+        AcceptanceModel(optimism=float("nan"))
+
+
+def test_optimism_tries_a_level_no_shape_reached_and_leaves_it_once_it_fails(tmp_path, monkeypatch) -> None:
+    """Chains of two drafts, each accepted about half the time: without optimism the third level keeps its prior,
+    which makes a chain of two the choice, and no round ever counts the third level. With it, the third level is
+    tried; once it is seen to fail, the choice goes back to two."""
+    curve = CostCurve(target={1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.050, 32: 0.090}, draft={1: 0.004})
+    chosen = {}
+    for optimism in (0.0, 1.0):
+        m = AcceptanceModel(optimism=optimism)
+        for i in range(1000):
+            first = i % 2 == 0
+            second = first and i % 4 == 0
+            m.observe((1, 1), [0, 0][: first + second], first + second, 2)
+        chosen[optimism] = choose(curve, m, batch=1, max_nodes=16, max_depth=6, max_width=1)[0]
+        for _ in range(300):  # the third level tried and rejected
+            m.observe((1, 1, 1), [0, 0], 2, 3)
+        assert choose(curve, m, batch=1, max_nodes=16, max_depth=6, max_width=1)[0] == (1, 1)
+    assert chosen == {0.0: (1, 1), 1.0: (1, 1, 1)}
+    builder = drafting_auto_decoder(tmp_path, monkeypatch).builder  # the auto trees choose with optimism
+    assert builder.acceptance.optimism == autotree.EXPLORE > 0
+
+
 def test_expected_tokens_is_one_plus_the_reach_of_each_level() -> None:
     m = AcceptanceModel()
     a1, a2 = m.accept(1, 2), m.accept(2, 1)

@@ -13,7 +13,16 @@ import torch
 import specdec_kernels as sk
 
 from .. import models
-from ..autotree import AUTO_MAX_DEPTH, MAX_WIDTH, AcceptanceModel, CostCurve, choose, curve_key, load_or_measure
+from ..autotree import (
+    AUTO_MAX_DEPTH,
+    EXPLORE,
+    MAX_WIDTH,
+    AcceptanceModel,
+    CostCurve,
+    choose,
+    curve_key,
+    load_or_measure,
+)
 from ..drafting import Drafter
 from ..tree import DraftTree
 from .base import Children, StaticTreeBuilder, TreeBuilder
@@ -46,7 +55,7 @@ class AutoTreeBuilder(TreeBuilder):
         super().__init__(config)
         self.depth = AUTO_MAX_DEPTH
         self.max_nodes = max_nodes
-        self.acceptance = AcceptanceModel()
+        self.acceptance = AcceptanceModel(optimism=EXPLORE)
         self.curve: CostCurve | None = None  # set by the decoder from the target (needs a model to measure)
         self.shape: tuple[int, ...] = (1,)
         self.track = 0  # nodes of the hybrid draft's chain under the shape's first-child path, this round
