@@ -228,7 +228,7 @@ class AcceptanceModel:
     """Acceptance by depth and sibling rank, counted from the rounds (see the module docstring)."""
 
     def __init__(self, optimism: float = 0.0) -> None:
-        if not optimism >= 0.0:
+        if isinstance(optimism, bool) or not isinstance(optimism, (int, float)) or not optimism >= 0.0:
             raise ValueError(f"optimism must be a number >= 0, got {optimism!r}")
         #: posterior standard deviations added to each estimate (0: the posterior mean)
         self.optimism = float(optimism)

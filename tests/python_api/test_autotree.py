@@ -81,8 +81,9 @@ def test_optimism_adds_posterior_deviations_that_shrink_with_the_trials() -> Non
     assert hopeful.g(1, 0) - plain.g(1, 0) == pytest.approx((0.25 / 4005) ** 0.5, rel=0.01)
     with pytest.raises(ValueError, match="optimism"):
         AcceptanceModel(optimism=-1.0)
-    with pytest.raises(ValueError, match="optimism"):
-        AcceptanceModel(optimism=float("nan"))
+    for bad in (float("nan"), "1", True, None):
+        with pytest.raises(ValueError, match="optimism"):
+            AcceptanceModel(optimism=bad)
 
 
 def test_optimism_tries_a_level_no_shape_reached_and_leaves_it_once_it_fails(tmp_path, monkeypatch) -> None:
