@@ -9,7 +9,9 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
   has more than k children, and its children of ranks below k were rejected), counted from the verifier's accepted
   ranks with a few prior pseudo-counts. Recursive rejection tries the siblings in rank order, so the chance that
   rank k is tried and accepted does not depend on how many further siblings exist, and one count serves every
-  branching.
+  branching. The auto trees read each count optimistically (``optimism``: the posterior mean plus EXPLORE standard
+  deviations), since a level or rank counts only in rounds whose shape reaches it, and an estimate below the truth
+  would otherwise keep every shape away from it for good.
 * :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
   root) and no draft at all, the one that maximises expected tokens per second:
   E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = 1 - prod_{k < b} (1 - g[j][k]);
