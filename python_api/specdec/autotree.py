@@ -4,7 +4,8 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
 * :class:`CostCurve`: seconds of a target forward over n new rows (a verification pass of n tree nodes, summed
   over the batch) and of a draft step over r rows, measured once per (model, dtype, CPU variant, threads) and cached
   as JSON under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``) ``/costs``. The draft step is re-estimated from
-  the rounds as they run (a running mean per row count), since drafters differ in what one step does.
+  the rounds as they run (a mean per row count, recent rounds weighing more), since drafters differ in what one
+  step does.
 * :class:`AcceptanceModel`: g[d][k] = P(the child of sibling rank k is accepted | a node at depth d - 1 was reached,
   has more than k children, and its children of ranks below k were rejected), counted from the verifier's accepted
   ranks with a few prior pseudo-counts. Recursive rejection tries the siblings in rank order, so the chance that
@@ -15,8 +16,8 @@ curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 202
 * :func:`choose`: over constant-branching shapes (b_1 >= b_2 >= ... per level, at most ``max_nodes`` nodes with the
   root) and no draft at all, the one that maximises expected tokens per second:
   E = 1 + sum_d prod_{j <= d} A_j(b_j), A_j(b) = 1 - prod_{k < b} (1 - g[j][k]);
-  cost = target(B * nodes) + sum_levels draft(B * rows of the level), where target() is the measured pass plus
-  what the rounds showed a round's verification side costs beyond it (a + b * nodes, fitted as they run).
+  cost = target(B * nodes) + sum_levels draft(B * rows of the level), where target() is the measured pass times
+  the ratio the rounds showed a round's verification side to cost against it (a + b * nodes, fitted as they run).
 
 The choice reads only past rounds and the machine's costs, never the current round's draws, so every round is an
 ordinary fixed tree verified exactly: the output law stays the target's.
@@ -50,15 +51,19 @@ EXPLORE = 1.0
 #: prior chance that a track node (a hybrid draft's chain below the tree) is drafted and accepted once the node above
 #: it was accepted (pseudo-counts PRIOR_WEIGHT)
 TRACK_PRIOR = 0.5
-#: weight of the previous rounds against a new one in the fit of a round's cost beyond its measured pass (recent
-#: rounds weigh more: the cost grows with the context)
-PASS_DECAY = 0.97
-#: rounds observed before that fit is used
+#: weight of the earlier observations against a new one, in the fit of a round's pass cost and in the means of the
+#: draft steps' costs: recent rounds weigh more, since the cost grows with the context and a shared machine's speed
+#: drifts (both sides then follow the same recent rounds, so a uniform slowdown scales every cost alike)
+COST_DECAY = 0.97
+#: rounds observed before the fit of the pass cost is used
 PASS_MIN_ROUNDS = 4
 #: ridge on the fit's slope, in rows^2: the slope is shrunk by var / (var + PASS_SLOPE_RIDGE) for the (decayed)
 #: variance var of the rounds' node counts, so that rounds of nearly one size, or a few rounds of another size
 #: during a slow spell of a shared machine, do not tilt the curve (the curve's own growth with rows is measured)
 PASS_SLOPE_RIDGE = 4.0
+#: the least fitted ratio of a round's pass to the measured one (a line extrapolated far from the rounds' sizes must
+#: not make a pass look nearly free)
+PASS_MIN_RATIO = 0.5
 #: row counts a cost curve is measured at (linear interpolation between them; beyond the last, the cost per row of
 #: the last): up to a batch of 8 trees of 16 nodes each
 CURVE_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -83,13 +88,14 @@ def _interp(points: dict[int, float], n: float, proportional: bool = False) -> f
     return points[b] + (points[b] - points[a]) / (b - a) * (n - b)
 
 
-def _means(seen: dict[int, tuple[float, int]]) -> dict[int, float]:
+def _means(seen: dict[int, tuple[float, float]]) -> dict[int, float]:
     return {r: s / c for r, (s, c) in seen.items() if c}
 
 
-def _add(seen: dict[int, tuple[float, int]], rows: int, seconds: float) -> None:
-    s, c = seen.get(rows, (0.0, 0))
-    seen[rows] = (s + seconds, c + 1)
+def _add(seen: dict[int, tuple[float, float]], rows: int, seconds: float) -> None:
+    """One more observation into a decayed mean (COST_DECAY per observation at these rows)."""
+    s, c = seen.get(rows, (0.0, 0.0))
+    seen[rows] = (COST_DECAY * s + seconds, COST_DECAY * c + 1.0)
 
 
 def _step_cost(points: dict[int, float], rows: float) -> float:
@@ -106,11 +112,11 @@ class CostCurve:
 
     target: dict[int, float]
     draft: dict[int, float] = field(default_factory=dict)
-    _draft_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
+    _draft_seen: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     #: the first draft step of a round by rows: it also reads the newly committed tokens into the draft and finds
     #: its weights evicted by the target's pass, so it costs more than the later steps (draft_cost)
-    _first_seen: dict[int, tuple[float, int]] = field(default_factory=dict, repr=False)
-    #: decayed sums (count, rows, excess, rows^2, rows * excess) of the rounds seen by observe_pass
+    _first_seen: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    #: decayed sums (count, rows, ratio, rows^2, rows * ratio) of the rounds seen by observe_pass
     _pass: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
 
     def measured_pass(self, rows: float) -> float:
@@ -119,28 +125,30 @@ class CostCurve:
         return _interp(self.target, rows, proportional=True)
 
     def target_cost(self, rows: float) -> float:
-        """A round's verification side over ``rows`` tree nodes: the measured pass, plus what the rounds showed it
-        costs beyond that (:meth:`observe_pass`)."""
-        return self.measured_pass(rows) + self.pass_excess(rows)
+        """A round's verification side over ``rows`` tree nodes: the measured pass times the ratio the rounds showed
+        to it (:meth:`pass_ratio`)."""
+        return self.measured_pass(rows) * self.pass_ratio(rows)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         """A round's verification side as it ran (target pass over a tree at the current context, verification,
-        commit) over ``rows`` nodes. Its excess over the measured pass, which the calibration's chain passes at a
-        short context leave out, is fitted as a + b * rows."""
-        excess = seconds - self.measured_pass(rows)
-        for i, v in enumerate((1.0, float(rows), excess, float(rows * rows), rows * excess)):
-            self._pass[i] = PASS_DECAY * self._pass[i] + v
+        commit) over ``rows`` nodes. Its ratio to the measured pass is fitted as a + b * rows: what the calibration's
+        chain passes at a short context leave out, and the machine's speed now against then. A ratio rather than a
+        difference, since a slow spell of a shared machine scales every cost: a difference fitted during one would
+        grow a one-node pass and a large tree's alike and make the large tree look cheap."""
+        ratio = seconds / self.measured_pass(rows)
+        for i, v in enumerate((1.0, float(rows), ratio, float(rows * rows), rows * ratio)):
+            self._pass[i] = COST_DECAY * self._pass[i] + v
 
-    def pass_excess(self, rows: float) -> float:
-        """The fitted excess at ``rows``, at least 0 (the fit only adds to the measured curve); 0 until
-        PASS_MIN_ROUNDS rounds were seen. Rounds of one size only: their mean excess. The slope is shrunk toward 0
-        (PASS_SLOPE_RIDGE) unless the rounds' sizes vary by several nodes."""
+    def pass_ratio(self, rows: float) -> float:
+        """The fitted ratio at ``rows``, at least PASS_MIN_RATIO; 1 until PASS_MIN_ROUNDS rounds were seen. Rounds
+        of one size only: their mean ratio. The slope is shrunk toward 0 (PASS_SLOPE_RIDGE) unless the rounds' sizes
+        vary by several nodes."""
         n, sx, sy, sxx, sxy = self._pass
         if n < PASS_MIN_ROUNDS - 0.5:  # n: the decayed count (PASS_MIN_ROUNDS rounds make about 0.1 less)
-            return 0.0
+            return 1.0
         spread = n * sxx - sx * sx + PASS_SLOPE_RIDGE * n * n
         slope = (n * sxy - sx * sy) / spread
-        return max((sy - slope * sx) / n + slope * rows, 0.0)
+        return max((sy - slope * sx) / n + slope * rows, PASS_MIN_RATIO)
 
     def draft_cost(self, rows: float) -> float:
         """A later draft step of a round over ``rows`` nodes."""
