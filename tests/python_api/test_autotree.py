@@ -218,7 +218,9 @@ def test_a_uniform_slowdown_leaves_the_choice_unchanged() -> None:
     the spell. (A fitted difference instead, with the steps' plain means, moves the choice here from one level of
     two siblings to two levels: it grows a one-node pass and a larger tree's alike, so the larger tree looks cheap.)"""
     good = AcceptanceModel()
-    for _ in range(300):  # the first child accepted half the time, the second a third of the rest, at every depth
+    # first level: the first child accepted half the time, the second half of the rest, later ones almost never;
+    # second level: the first child a third of the time, the second almost never; third level almost never
+    for _ in range(300):
         for ranks, n in (([0, 0], 2), ([1], 1), ([], 0), ([0], 1)):
             good.observe((4, 2, 2), ranks, n, 3)
     measured = {1: 1.0, 2: 1.05, 4: 1.15, 8: 1.5, 16: 2.4, 64: 9.6}
