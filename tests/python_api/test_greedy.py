@@ -113,12 +113,19 @@ def test_eos_stops_rows_independently(setup) -> None:
 def test_generation_config_and_decoder_reuse(setup) -> None:
     transformers = pytest.importorskip("transformers")
     target, draft, prompts, refs = setup
-    decoder = specdec.SpeculativeDecoder(target, draft, method="spechub")
     config = transformers.GenerationConfig(do_sample=False, max_new_tokens=12)
     ids, mask = left_pad(prompts[1:4])
-    first = decoder.generate(ids, mask, generation_config=config)
-    stats_first = decoder.last_stats
-    second = decoder.generate(ids, mask, generation_config=config)
+    # With the default auto trees each call's shapes follow the machine's timings, so only the tokens repeat.
+    auto = specdec.SpeculativeDecoder(target, draft, method="spechub")
+    first = auto.generate(ids, mask, generation_config=config)
+    second = auto.generate(ids, mask, generation_config=config)
+    assert first.new_tokens == second.new_tokens == [r[:12] for r in refs[1:4]]
+    assert auto.last_stats is second.stats and second.stats.new_tokens == first.stats.new_tokens
+    # A fixed tree makes the rounds repeat too: the second call's stats are its own, not added to the first's.
+    fixed = specdec.SpeculativeDecoder(target, draft, method="spechub", **METHODS["spechub"])
+    first = fixed.generate(ids, mask, generation_config=config)
+    stats_first = fixed.last_stats
+    second = fixed.generate(ids, mask, generation_config=config)
     assert first.new_tokens == second.new_tokens == [r[:12] for r in refs[1:4]]
     assert stats_first is not None and stats_first.target_calls == second.stats.target_calls
 
