@@ -76,16 +76,9 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
 
 
 def machine() -> str:
-    model = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{platform.machine()} {model} ({os.cpu_count()} cores)"
+    import specdec_kernels
+
+    return f"{platform.machine()} {specdec_kernels.cpu_model() or 'cpu'} ({os.cpu_count()} cores)"
 
 
 #: the CPU flags that decide which kernel variant runs (specdec_kernels.native loads the best one the CPU allows)

@@ -9,7 +9,7 @@ from . import reference as _reference  # noqa: F401  (registers the torch backen
 from . import triton as _triton  # noqa: F401  (registers triton when the package is installed)
 from ._registry import BACKENDS, BackendUnavailableError, available_backends, implementation, implementations
 from ._version import __version__
-from .native import cpu_isa, crop_slots, skinny_linear_isa
+from .native import cpu_isa, cpu_model, crop_slots, skinny_linear_isa
 from .ops import (
     ChainVerdict,
     GumbelTopK,
@@ -68,6 +68,7 @@ __all__ = [
     "check_parents",
     "child_counts",
     "cpu_isa",
+    "cpu_model",
     "crop_slots",
     "decode_attention",
     "decoder_layer",

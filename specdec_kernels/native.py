@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import platform
 import warnings
 from collections.abc import Sequence
 
@@ -48,6 +49,18 @@ def cpu_flags() -> set[str] | None:
     except OSError:
         pass
     return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else platform.processor() (possibly empty)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def runnable_isas() -> list[str]:

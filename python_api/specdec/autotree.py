@@ -2,10 +2,10 @@
 curve and the acceptance seen so far, in the spirit of Sequoia (Chen et al., 2024, arXiv:2402.12374).
 
 * :class:`CostCurve`: seconds of a target forward over n new rows (a verification pass of n tree nodes, summed
-  over the batch) and of a draft step over r rows, measured once per (model, dtype, CPU variant, threads) and cached
-  as JSON under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``) ``/costs``. The draft step is re-estimated from
-  the rounds as they run (a mean per row count, recent rounds weighing more), since drafters differ in what one
-  step does.
+  over the batch) and of a draft step over r rows, measured once per (model, dtype, CPU model and variant, threads)
+  and cached as JSON under ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``) ``/costs``. The draft step is
+  re-estimated from the rounds as they run (a mean per row count, recent rounds weighing more), since drafters
+  differ in what one step does.
 * :class:`AcceptanceModel`: g[d][k] = P(the child of sibling rank k is accepted | a node at depth d - 1 was reached,
   has more than k children, and its children of ranks below k were rejected), counted from the verifier's accepted
   ranks with a few prior pseudo-counts. Recursive rejection tries the siblings in rank order, so the chance that
@@ -184,13 +184,15 @@ MEASUREMENT = "interleaved-sweeps"
 
 
 def curve_key(model: torch.nn.Module, threads: int) -> str:
-    """What a cost curve depends on: the model's class, size and dtype, the CPU variant, the thread count, the
-    package version and the adapter's forward path."""
+    """What a cost curve depends on: the model's class, size and dtype, the CPU (its model name: a cache directory
+    shared by machines of one instruction set, such as a cluster's home directory, must not lend one machine's
+    curve to another), the CPU variant, the thread count, the package version and the adapter's forward path."""
     import specdec_kernels as sk
 
     p = next(model.parameters())
     n = sum(q.numel() for q in model.parameters())
-    raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_isa()}|{sk.skinny_linear_isa()}|{threads}"
+    raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_model()}|{sk.cpu_isa()}"
+    raw += f"|{sk.skinny_linear_isa()}|{threads}"
     raw += f"|{sk.__version__}|{FORWARD_PATH}|{MEASUREMENT}|{CURVE_ROWS}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 

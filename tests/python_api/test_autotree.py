@@ -13,6 +13,8 @@ from specdec import autotree
 from specdec.autotree import AcceptanceModel, CostCurve, choose, round_cost, shapes
 from tiny_models import tiny_llama
 
+import specdec_kernels as sk
+
 FLAT = CostCurve(target={1: 0.040, 2: 0.041, 4: 0.042, 8: 0.044, 16: 0.050, 32: 0.090}, draft={1: 0.002, 8: 0.003})
 STEEP = CostCurve(target={1: 0.040, 2: 0.060, 4: 0.100, 8: 0.180, 16: 0.340, 32: 0.660}, draft={1: 0.002, 8: 0.003})
 
@@ -283,6 +285,19 @@ def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) 
     path.write_text("{not json")
     autotree.load_or_measure("k1", lambda n: calls.append(n))  # a damaged file is measured again
     assert len(calls) > n_calls
+
+
+def test_curve_key_names_the_processor_model(monkeypatch) -> None:
+    """Two machines of one instruction set (a cache directory shared across a cluster's nodes) get two curves."""
+    model = tiny_llama(0, vocab=32, hidden=32)
+    keys = set()
+    for name in ("CPU model A", "CPU model B", "CPU model A"):
+        monkeypatch.setattr(sk, "cpu_model", lambda name=name: name)
+        keys.add(autotree.curve_key(model, 1))
+    assert len(keys) == 2
+    assert autotree.curve_key(model, 1) != autotree.curve_key(model, 2)
+    monkeypatch.undo()
+    assert isinstance(sk.cpu_model(), str) and sk.cpu_model() == sk.native.cpu_model()
 
 
 def test_measured_curve_never_falls_with_more_rows(monkeypatch) -> None:
