@@ -17,9 +17,9 @@ one weight that stays in cache (its calls' dispatch included, so an upper bound)
 floor, the pass cannot stay close to a one-token step.
 ``--draft NAME`` (default ``smollm2-eagle``; ``none`` skips it) also times one cached step of that shipped draft
 as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
-included), in two cases: right after a target step (the first draft call of a round, its weights evicted from the
-caches by the target's) and repeated (the later levels of a round); with int8 weights (as the demo loads it) unless
-``--no-draft-int8``.
+included), in two cases: right after a target step (the first draft call of a round, whose data the target's
+weights have pushed out of the caches) and repeated (the later levels of a round); with int8 weights (as the demo
+loads it) unless ``--no-draft-int8``.
 Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops] [--draft NAME]
 """
 

@@ -114,7 +114,7 @@ class CostCurve:
     draft: dict[int, float] = field(default_factory=dict)
     _draft_seen: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     #: the first draft step of a round by rows: it also reads the newly committed tokens into the draft and finds
-    #: its weights evicted by the target's pass, so it costs more than the later steps (draft_cost)
+    #: its data pushed out of the caches by the target's pass, so it costs more than the later steps (draft_cost)
     _first_seen: dict[int, tuple[float, float]] = field(default_factory=dict, repr=False)
     #: decayed sums (count, rows, ratio, rows^2, rows * ratio) of the rounds seen by observe_pass
     _pass: list[float] = field(default_factory=lambda: [0.0] * 5, repr=False)
