@@ -39,28 +39,28 @@ _NEEDS = {
 }
 
 
-def cpu_flags() -> set[str] | None:
-    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo), or None where they cannot be read."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first ``field`` line of Linux /proc/cpuinfo, or None where it cannot be read."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(field):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return None
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo), or None where they cannot be read."""
+    flags = _cpuinfo("flags")
+    return None if flags is None else set(flags.split())
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux /proc/cpuinfo), else platform.processor() (possibly empty)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    name = _cpuinfo("model name")
+    return platform.processor() if name is None else name
 
 
 def runnable_isas() -> list[str]:
