@@ -198,3 +198,31 @@ def test_data_dir_comes_from_the_environment_only(tmp_path, monkeypatch):
         shared_data_dir()
     monkeypatch.setenv("SPECDEC_DATA_DIR", str(tmp_path))
     assert shared_data_dir() == tmp_path
+
+
+def test_retrain_command_carries_the_sampled_questions_and_their_cue():
+    """A draft trained on the target's own answers to GSM8K questions (with a cue after each) records a retrain
+    command that asks for the same data: the counts and the cue, quoted so that a shell reads it back whole."""
+    import shlex
+
+    from specdec.train.assets import retrain_command
+    from specdec.train.data import DataConfig
+
+    cue = "Let's think step by step."
+    data = DataConfig(n_gsm8k_sample=4000, n_gsm8k_label=0, n_magpie=0, gsm8k_cue=cue)
+    manifest = {"data": {"config": data.__dict__}}
+    distill = {"seed": 0, "steps": 1200, "draft": {**TINY_DRAFT.__dict__}}
+    argv = shlex.split(retrain_command(manifest, distill, "d"))
+    assert argv[argv.index("--gsm8k-sample") + 1] == "4000"
+    assert argv[argv.index("--gsm8k-cue") + 1] == cue
+    assert argv[argv.index("--gsm8k-label") + 1] == "0"
+    plain = retrain_command({"data": {"config": DataConfig().__dict__}}, distill, "d")
+    assert "--gsm8k-sample" not in plain and "--gsm8k-cue" not in plain
+
+
+def test_train_cli_rejects_a_negative_sample_count(capsys):
+    from specdec.train.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["data", "--gsm8k-sample", "-1"])
+    assert "--gsm8k-sample must be >= 0" in capsys.readouterr().err

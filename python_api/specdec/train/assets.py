@@ -7,6 +7,7 @@ the target embedding it was trained against; the embedding table itself is taken
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,10 @@ def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str
     flags = [f"--seed {distill['seed']}", f"--name {name}", f"--steps {distill['steps']}"]
     if data:
         flags += [f"--gsm8k-label {data['n_gsm8k_label']}", f"--magpie {data['n_magpie']}"]
+        if data.get("n_gsm8k_sample"):
+            flags.append(f"--gsm8k-sample {data['n_gsm8k_sample']}")
+        if data.get("gsm8k_cue"):
+            flags.append(f"--gsm8k-cue {shlex.quote(data['gsm8k_cue'])}")
     flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
     flags.append(f"--head-vocab {draft['head_vocab']}")
     return "python -m specdec.train all " + " ".join(flags)

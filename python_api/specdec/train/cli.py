@@ -61,6 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     plain = ap.add_argument_group("plain draft size and data (data, distill; defaults: DataConfig, DraftConfig)")
     plain.add_argument("--gsm8k-label", type=int, default=None, help="GSM8K-train solutions labelled by the target")
     plain.add_argument(
+        "--gsm8k-sample",
+        type=int,
+        default=None,
+        help="GSM8K-train questions answered by the target itself (T = 1), other questions than --gsm8k-label's",
+    )
+    plain.add_argument(
+        "--gsm8k-cue",
+        default=None,
+        help='text appended on a new line to each --gsm8k-sample question (e.g. "Let\'s think step by step.")',
+    )
+    plain.add_argument(
         "--magpie",
         type=int,
         default=None,
@@ -72,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     plain.add_argument("--head-vocab", type=int, default=None, help="tokens of the plain draft's reduced head")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    for flag in ("steps", "head_steps", "gsm8k_label", "magpie", "layers", "width", "head_vocab"):
+    counts = ("gsm8k_label", "gsm8k_sample", "magpie")
+    for flag in ("steps", "head_steps", *counts, "layers", "width", "head_vocab"):
         value = getattr(args, flag)
-        if value is not None and value < (0 if flag in ("gsm8k_label", "magpie") else 1):
-            ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in ('gsm8k_label', 'magpie') else 1}")
+        if value is not None and value < (0 if flag in counts else 1):
+            ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in counts else 1}")
     set_threads(args.threads)
     workdir = args.workdir or default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             dcfg = DataConfig(seed=args.seed)
             if args.gsm8k_label is not None:
                 dcfg.n_gsm8k_label = args.gsm8k_label
+            if args.gsm8k_sample is not None:
+                dcfg.n_gsm8k_sample = args.gsm8k_sample
+            if args.gsm8k_cue is not None:
+                dcfg.gsm8k_cue = args.gsm8k_cue
             if args.magpie is not None:
                 dcfg.n_magpie = args.magpie
             info = build_data(model, tok, workdir, dcfg, progress=progress)

@@ -48,6 +48,9 @@ class DataConfig:
     n_magpie: int = 128
     n_gsm8k_sample: int = 0
     n_gsm8k_label: int = 320
+    # appended on a new line to each question the target answers itself (gsm8k_sample), e.g. the zero-shot
+    # chain-of-thought cue of an evaluation, so that the answers are written as they are there
+    gsm8k_cue: str = ""
     max_instruction_tokens: int = 48
     # sampling temperature of the self-written instructions only (answers are always T = 1)
     instruction_temperature: float = 1.0
@@ -244,7 +247,8 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
             shard = _sample_shard(model, tok, prompts, cfg, sub_seed(seed, "response"))
         elif source == "gsm8k_sample":
             qs = sample_q[i * cfg.shard_size : i * cfg.shard_size + n]
-            shard = _sample_shard(model, tok, [chat_ids(tok, r["question"]) for r in qs], cfg, seed)
+            texts = [f"{r['question']}\n{cfg.gsm8k_cue}" if cfg.gsm8k_cue else r["question"] for r in qs]
+            shard = _sample_shard(model, tok, [chat_ids(tok, t) for t in texts], cfg, seed)
         else:
             rows = label_q[i * cfg.shard_size : i * cfg.shard_size + n]
             seqs = [chat_ids(tok, r["question"], clean_gsm8k_answer(r["answer"])) for r in rows]
