@@ -216,6 +216,9 @@ def test_retrain_command_carries_the_sampled_questions_and_their_cue():
     assert argv[argv.index("--gsm8k-sample") + 1] == "4000"
     assert argv[argv.index("--gsm8k-cue") + 1] == cue
     assert argv[argv.index("--gsm8k-label") + 1] == "0"
+    odd = DataConfig(n_gsm8k_sample=8, gsm8k_cue='Pay $5 "now"!').__dict__
+    argv = shlex.split(retrain_command({"data": {"config": odd}}, distill, "d"))
+    assert argv[argv.index("--gsm8k-cue") + 1] == 'Pay $5 "now"!'
     plain = retrain_command({"data": {"config": DataConfig().__dict__}}, distill, "d")
     assert "--gsm8k-sample" not in plain and "--gsm8k-cue" not in plain
 

@@ -126,10 +126,16 @@ def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str
         if data.get("n_gsm8k_sample"):
             flags.append(f"--gsm8k-sample {data['n_gsm8k_sample']}")
         if data.get("gsm8k_cue"):
-            flags.append(f"--gsm8k-cue {shlex.quote(data['gsm8k_cue'])}")
+            flags.append(f"--gsm8k-cue {_shell_word(data['gsm8k_cue'])}")
     flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
     flags.append(f"--head-vocab {draft['head_vocab']}")
     return "python -m specdec.train all " + " ".join(flags)
+
+
+def _shell_word(text: str) -> str:
+    """``text`` as one shell word: in double quotes where none of the characters a shell expands there occurs (a
+    sentence with an apostrophe reads as written), else single-quoted by shlex."""
+    return f'"{text}"' if not any(c in text for c in '"$`\\!') else shlex.quote(text)
 
 
 def load_cascade(
