@@ -69,6 +69,27 @@ def test_feature_draft_fused_matrices_carry_int8_and_the_lean_path_matches_the_m
     torch.testing.assert_close(lean, hf.last_hidden_state, atol=1e-4, rtol=1e-4)
 
 
+def test_plain_draft_input_projection_runs_the_decode_kernels_and_keeps_autograd():
+    from specdec.train.draft import ProjectedEmbedding
+
+    torch.manual_seed(0)
+    table = torch.randn(32, 24)
+    emb = ProjectedEmbedding(table, 16)
+    ids = torch.tensor([[3, 5, 31]])
+    ref = table[ids] @ emb.proj.weight.T
+    # training: the projection's gradient flows as through nn.Linear
+    emb(ids).sum().backward()
+    assert emb.proj.weight.grad is not None
+    torch.testing.assert_close(emb.proj.weight.grad, table[ids].sum((0, 1))[None, :].expand(16, -1))
+    specdec.int8_weights(emb)
+    q, s, _ = getattr(emb.proj.weight, models.INT8_ATTR)
+    with torch.no_grad(), models.skinny_linears():
+        got = emb(ids)
+    # a decode step's few rows: the int8 kernel on the packed matrix, as the head's rows
+    assert torch.equal(got, sk.skinny_linear_int8(table[ids], q, s))
+    torch.testing.assert_close(got, ref, atol=float(s.max()) * table.abs().sum(-1).max().item(), rtol=0)
+
+
 def test_a_tensor_shared_with_another_model_keeps_its_values():
     """A weight the model shares (here: its head tied to another model's head) gets a new quantized Parameter; the
     shared tensor, and so the other model, stays as it was."""

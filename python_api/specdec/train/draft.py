@@ -50,7 +50,9 @@ class ProjectedEmbedding(nn.Module):
         return self.proj.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.table[input_ids].to(self.proj.weight.dtype))
+        # a decode step's few rows go to the skinny kernels (int8 where int8_weights packed the projection), as
+        # the head's do: PyTorch's small-batch linear costs several times more here
+        return decode_linear(self.table[input_ids].to(self.proj.weight.dtype), self.proj.weight)
 
 
 class ReducedHead(nn.Module):
