@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install everything, then run lint and the default test suite (what CI runs; < 20 min on 2 cores).
+# Install everything, then run lint and the default test suite (what CI runs; about 25 min of tests on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
