@@ -183,17 +183,18 @@ FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache"
 MEASUREMENT = "interleaved-sweeps"
 
 
-def curve_key(model: torch.nn.Module, threads: int) -> str:
+def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = None) -> str:
     """What a cost curve depends on: the model's class, size and dtype, the CPU (its model name: a cache directory
     shared by machines of one instruction set, such as a cluster's home directory, must not lend one machine's
-    curve to another), the CPU variant, the thread count, the package version and the adapter's forward path."""
+    curve to another), the CPU variant, the thread count, the package version and the adapter's forward path,
+    including the most rows a pass runs on the decode kernels (``decode_rows``)."""
     import specdec_kernels as sk
 
     p = next(model.parameters())
     n = sum(q.numel() for q in model.parameters())
     raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_model()}|{sk.cpu_isa()}"
     raw += f"|{sk.skinny_linear_isa()}|{threads}"
-    raw += f"|{sk.__version__}|{FORWARD_PATH}|{MEASUREMENT}|{CURVE_ROWS}"
+    raw += f"|{sk.__version__}|{FORWARD_PATH}|{MEASUREMENT}|{CURVE_ROWS}|{decode_rows}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

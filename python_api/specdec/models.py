@@ -49,12 +49,24 @@ _SOFTCAPPED_ATTENTION = ("gemma2",)
 _SOFTCAPPED_LOGITS = ("gemma2", "gemma3_text")
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 
+
+def decode_rows(isa: str, torch_amx: bool) -> int:
+    """The most rows of a bf16 decode call (a tree pass, a batch of them) that our kernels take, for the bf16 path
+    ``isa`` of :func:`specdec_kernels.skinny_linear_isa` and whether the CPU gives PyTorch AMX (``torch_amx``)."""
+    return 16 if isa == "amx" or (isa == "avx512bf16" and not torch_amx) else 8
+
+
 # Up to this many rows, inference linears run specdec_kernels.skinny_linear, which reads each weight once for all
 # rows: a decode step reads its weights from DRAM, and BLAS's small-batch paths read them at a fraction of copy
 # speed, so a verification pass of a few tree nodes would cost several one-token steps (benchmarks/
-# bench_skinny_linear.py, bench_target_step.py). With bf16 dot products PyTorch's linear wins beyond about 8 rows;
-# AMX tiles multiply up to 16 rows in the time of one.
-DECODE_ROWS = 16 if sk.skinny_linear_isa() == "amx" else 8
+# bench_skinny_linear.py, bench_target_step.py). Where PyTorch's bf16 linear has AMX (the CPU has it, whichever
+# variant of ours is loaded) it wins beyond about 8 rows; our AMX tiles multiply up to 16 rows in the time of one.
+# With AVX-512-BF16 but no AMX in the CPU (AMD Zen 4), PyTorch's small-batch bf16 linear is slower than ours at every
+# row count up to about 24, so decode calls go up to 16 rows there too (a pass of 16 nodes then costs about two
+# one-token steps instead of four).
+DECODE_ROWS = decode_rows(sk.skinny_linear_isa(), bool(torch.cpu._is_amx_tile_supported()))
+# fp32 calls: without AMX our fp32 tiles lose to PyTorch's fp32 linear from about 8 rows on
+FP32_ROWS = 16 if sk.skinny_linear_isa() == "amx" else 8
 # bf16 calls: where skinny_linear runs its AVX2 or AVX-512F tiles, the CPU has no bf16 dot products and PyTorch's
 # bf16 linear is several times slower than its fp32 one; the tiles then win at every row count (prefill included), so
 # all rows go to skinny_linear.
@@ -64,10 +76,11 @@ _NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention wo
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` (no bias); calls on at most :data:`DECODE_ROWS` rows (bf16: :data:`BF16_ROWS`)
-    without autograd go to :func:`specdec_kernels.skinny_linear` (0: never)."""
+    """``F.linear(x, weight)`` (no bias); calls on at most :data:`BF16_ROWS` rows (bf16) or
+    ``min(DECODE_ROWS, FP32_ROWS)`` rows (other dtypes) without autograd go to :func:`specdec_kernels.skinny_linear`
+    (0: never)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    limit = BF16_ROWS if x.dtype == torch.bfloat16 else DECODE_ROWS
+    limit = BF16_ROWS if x.dtype == torch.bfloat16 else min(DECODE_ROWS, FP32_ROWS)
     if (
         rows > limit
         or x.dtype != weight.dtype
@@ -394,7 +407,7 @@ def native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
         or not getattr(_skinny, "on", False)
         or h.device.type != "cpu"
         or h.dtype not in (torch.bfloat16, torch.float32)
-        or b * n > DECODE_ROWS
+        or b * n > (DECODE_ROWS if h.dtype == torch.bfloat16 else min(DECODE_ROWS, FP32_ROWS))
         or n == 0
         or mask is None
         or mask.dim() != 4

@@ -328,6 +328,48 @@ def test_a_verification_pass_gives_the_bits_of_one_token_steps(dtype: torch.dtyp
     assert torch.equal(tree, steps)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_pass_of_decode_rows_nodes_gives_the_bits_of_one_token_steps(dtype: torch.dtype) -> None:
+    """The same at the widest pass the kernels take: a chain of DECODE_ROWS nodes in bf16 (16 where the CPU's bf16
+    path is AMX or AVX-512-BF16 without AMX in PyTorch), FP32_ROWS in fp32, against as many one-token steps."""
+    import specdec.models as models
+
+    from specdec_kernels import native
+
+    if native.skinny_linear_isa() == "none":
+        pytest.skip("needs the cpu extension")
+    lm = HFCausalLM(tiny_llama(3, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype))
+    n = models.DECODE_ROWS if dtype == torch.bfloat16 else min(models.DECODE_ROWS, models.FP32_ROWS)
+    context = [[5, 9, 2, 7, 11, 3, 8, 1, 6, 12, 4, 10, 13]]
+    tokens = torch.arange(14, 14 + n).unsqueeze(0)
+    with torch.no_grad():
+        state = lm.new_state(1)
+        lm.forward_chain(state, context, last_logits=False)
+        live = torch.ones_like(tokens, dtype=torch.bool)
+        tree = lm.forward_tree(state, tokens, torch.arange(-1, n - 1).unsqueeze(0), live, torch.arange(n).unsqueeze(0))
+        state = lm.new_state(1)
+        lm.forward_chain(state, context, last_logits=False)
+        steps = torch.stack([lm.forward_chain(state, [[t]], last_logits=True)[0] for t in tokens[0].tolist()])
+    assert tree.shape == (1, n, 40) and torch.equal(tree[0], steps)
+
+
+def test_decode_rows_follow_the_cpu() -> None:
+    """16 rows where our bf16 tiles beat PyTorch's linear up to there (AMX, or AVX-512-BF16 on a CPU without AMX,
+    where PyTorch has no fast small-batch bf16 path), 8 elsewhere; the cost curves of the auto trees are keyed by it."""
+    import specdec.autotree as autotree
+    import specdec.models as models
+
+    from specdec_kernels import native
+
+    assert models.decode_rows("amx", True) == 16
+    assert models.decode_rows("avx512bf16", False) == 16
+    assert models.decode_rows("avx512bf16", True) == 8  # our variant forced below AMX: PyTorch's AMX linear wins
+    assert {models.decode_rows(isa, amx) for isa in ("baseline", "avx2", "avx512") for amx in (False, True)} == {8}
+    assert models.DECODE_ROWS == models.decode_rows(native.skinny_linear_isa(), torch.cpu._is_amx_tile_supported())
+    model = tiny_llama(0, vocab=32, hidden=32)
+    assert autotree.curve_key(model, 1, 8) != autotree.curve_key(model, 1, 16)
+
+
 def test_hf_attention_rounds_a_verification_pass_differently(monkeypatch) -> None:
     """The power check of the test above, kept as a test: with HF's own sdpa attention instead of the routed one,
     the bf16 tree pass and the one-token steps round differently, so the equality above is the routing's doing."""

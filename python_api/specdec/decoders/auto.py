@@ -81,7 +81,7 @@ class AutoTreeBuilder(TreeBuilder):
                     target.forward_chain(state, [ctx], last_logits=False)
                 target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
 
-        self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads()), forward)
+        self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads(), self.max_nodes), forward)
 
     def start_call(self) -> None:
         self._first_round = True
