@@ -319,8 +319,10 @@ def block_target_step(results: Path) -> str:
     drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
     news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
     with_draft = any(drafts)
+    several = len({run[0]["machine"] for run in runs}) > 1  # then each variant's rows name their machine
     lines = []
     for run, draft, lin, arith in zip(steps, drafts, alone, cached, strict=True):
+        label = f"{run[0]['cpu_isa']} ({run[0]['machine']})" if several else run[0]["cpu_isa"]
         cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
         torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
         if 1 not in cpu:
@@ -335,13 +337,13 @@ def block_target_step(results: Path) -> str:
             f"{100 * float(draft[k]['median_ms']) / one:.1f} % ({num(draft[k]['median_ms'])} ms)" if k in draft else "-"
             for k in ("step", "repeated")
         ]
-        lines.append([run[0]["cpu_isa"], f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
+        lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
         blank = ["-", "-"] if with_draft else []
         if 1 in lin:  # the same run's linears alone, from memory
-            lines.append([f"{run[0]['cpu_isa']}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
+            lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
         if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
             cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
-            lines.append([f"{run[0]['cpu_isa']}: linears in cache", "-", *cells, "-", *blank])
+            lines.append([f"{label}: linears in cache", "-", *cells, "-", *blank])
     head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
     if with_draft:
         name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
