@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-#: (label, method, parameters): every registered method, trees of up to 8 nodes, and the machine-chosen trees
+#: (label, method, parameters): every registered method, trees of 5 to 11 nodes, and the machine-chosen trees
 SPECDEC_METHODS: list[tuple[str, str, dict[str, Any]]] = [
     ("ar", "ar", {}),
     ("sd", "sd", {"draft_length": 4}),
