@@ -538,14 +538,16 @@ def block_end_to_end_headline(results: Path) -> str:
 
 
 def block_demo_runs(results: Path) -> str:
-    """One line per recorded demo run (the newest of each prompt set, temperature, thread count, CPU variant and
-    draft): our AR, the fastest method against it and against transformers' generate, the slowest method, and the
-    machine's load average before the run where it was recorded."""
+    """One line per recorded demo run (the newest of each prompt set, temperature, thread count, CPU variant, draft
+    and machine): our AR, the fastest method against it and against transformers' generate, the slowest method, and
+    the machine's load average before the run where it was recorded. Where runs of several machines are shown, the
+    variant's cell names the machine."""
     rows = read_csv(results, "demo")
-    newest: dict[tuple[str, str, str, str, str], str] = {}
+    newest: dict[tuple[str, str, str, str, str, str], str] = {}
     for r in rows:
-        key = (r["prompt_set"], r["temperature"], r["threads"], r["draft"], r.get("cpu_isa") or "-")
+        key = (r["prompt_set"], r["temperature"], r["threads"], r["draft"], r.get("cpu_isa") or "-", r["machine"])
         newest[key] = max(newest.get(key, ""), r["timestamp"])
+    several = len({key[5] for key in newest}) > 1
     lines, runs = [], []
     for key, stamp in sorted(newest.items()):
         run = [r for r in rows if r["timestamp"] == stamp]
@@ -564,7 +566,7 @@ def block_demo_runs(results: Path) -> str:
                 key[0].removesuffix(".jsonl"),
                 mode,
                 key[2],
-                key[4],
+                f"{key[4]} ({key[5]})" if several else key[4],
                 f"`{key[3]}`",
                 num(ar["tokens_per_second"]),
                 f"{best['label']} {float(best['speed_ratio']):.2f}x",
