@@ -75,12 +75,19 @@ _skinny = threading.local()
 _NATIVE_ATTENTION = "cpu" in sk.available_backends()  # else decode_attention would be the slow fp32 reference
 
 
+def decode_row_limit(dtype: torch.dtype) -> int:
+    """The most rows of a ``dtype`` pass that runs in one native call per layer (:func:`native_ready`); fp32 calls
+    beyond :data:`FP32_ROWS` go to PyTorch's linear. Read at call time, so a caller that sets DECODE_ROWS = 0 turns
+    both off."""
+    return DECODE_ROWS if dtype == torch.bfloat16 else min(DECODE_ROWS, FP32_ROWS)
+
+
 def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``F.linear(x, weight)`` (no bias); calls on at most :data:`BF16_ROWS` rows (bf16) or
-    ``min(DECODE_ROWS, FP32_ROWS)`` rows (other dtypes) without autograd go to :func:`specdec_kernels.skinny_linear`
+    :func:`decode_row_limit` rows (other dtypes) without autograd go to :func:`specdec_kernels.skinny_linear`
     (0: never)."""
     rows = x.numel() // max(x.shape[-1], 1)
-    limit = BF16_ROWS if x.dtype == torch.bfloat16 else min(DECODE_ROWS, FP32_ROWS)
+    limit = BF16_ROWS if x.dtype == torch.bfloat16 else decode_row_limit(x.dtype)
     if (
         rows > limit
         or x.dtype != weight.dtype
@@ -407,7 +414,7 @@ def native_ready(h: torch.Tensor, mask: torch.Tensor | None) -> bool:
         or not getattr(_skinny, "on", False)
         or h.device.type != "cpu"
         or h.dtype not in (torch.bfloat16, torch.float32)
-        or b * n > (DECODE_ROWS if h.dtype == torch.bfloat16 else min(DECODE_ROWS, FP32_ROWS))
+        or b * n > decode_row_limit(h.dtype)
         or n == 0
         or mask is None
         or mask.dim() != 4

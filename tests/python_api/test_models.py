@@ -339,7 +339,7 @@ def test_a_pass_of_decode_rows_nodes_gives_the_bits_of_one_token_steps(dtype: to
     if native.skinny_linear_isa() == "none":
         pytest.skip("needs the cpu extension")
     lm = HFCausalLM(tiny_llama(3, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype))
-    n = models.DECODE_ROWS if dtype == torch.bfloat16 else min(models.DECODE_ROWS, models.FP32_ROWS)
+    n = models.decode_row_limit(dtype)
     context = [[5, 9, 2, 7, 11, 3, 8, 1, 6, 12, 4, 10, 13]]
     tokens = torch.arange(14, 14 + n).unsqueeze(0)
     with torch.no_grad():
