@@ -300,6 +300,11 @@ def _runs_by_isa(rows: Rows) -> list[Rows]:
     return [[r for r in rows if r["timestamp"] == stamp] for stamp in sorted(newest.values())]
 
 
+def _variant_cell(isa: str, machine: str, several: bool) -> str:
+    """A CPU variant's table cell; with runs of several machines in one table, it names the machine too."""
+    return f"{isa} ({machine})" if several else isa
+
+
 def _new_cells(by_n: dict[int, dict[str, str]], news: list[int]) -> list[str]:
     """Table cells of timings by token count: n = 1 in ms, every other n as a ratio to it ("-" where missing)."""
     one = float(by_n[1]["median_ms"])
@@ -322,7 +327,7 @@ def block_target_step(results: Path) -> str:
     several = len({run[0]["machine"] for run in runs}) > 1  # then each variant's rows name their machine
     lines = []
     for run, draft, lin, arith in zip(steps, drafts, alone, cached, strict=True):
-        label = f"{run[0]['cpu_isa']} ({run[0]['machine']})" if several else run[0]["cpu_isa"]
+        label = _variant_cell(run[0]["cpu_isa"], run[0]["machine"], several)
         cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
         torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
         if 1 not in cpu:
@@ -566,7 +571,7 @@ def block_demo_runs(results: Path) -> str:
                 key[0].removesuffix(".jsonl"),
                 mode,
                 key[2],
-                f"{key[4]} ({key[5]})" if several else key[4],
+                _variant_cell(key[4], key[5], several),
                 f"`{key[3]}`",
                 num(ar["tokens_per_second"]),
                 f"{best['label']} {float(best['speed_ratio']):.2f}x",
