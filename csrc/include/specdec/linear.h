@@ -173,16 +173,16 @@ inline void sweep_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile& ti
 }
 
 // The three regimes every vector path tiles by: one or two rows (an AR step, a draft step) with OFew W rows per
-// tile; 3 to 6 rows (verification passes) all at once with OMid W rows; more, 8 rows at a time with OMany W rows,
-// so a pass of up to 8 tokens reads W once.
-template <int OFew, int OMid, int OMany, typename Tile>
+// tile; 3 to 6 rows (verification passes) all at once with OMid W rows; more, RMany rows at a time with OMany W
+// rows (W read from memory once by the first group of a tile, from L1 by the others).
+template <int OFew, int OMid, int OMany, int RMany = 8, typename Tile>
 inline void sweep_by_rows(int64_t n, int64_t o_begin, int64_t o_end, const Tile& tile) {
   if (n <= 2)
     sweep_rows<OFew, 2>(n, o_begin, o_end, tile);
   else if (n <= 6)
     sweep_rows<OMid, 6>(n, o_begin, o_end, tile);
   else
-    sweep_rows<OMany, 8>(n, o_begin, o_end, tile);
+    sweep_rows<OMany, RMany>(n, o_begin, o_end, tile);
 }
 
 #if defined(SPECDEC_LINEAR_AVX512BF16)
@@ -495,10 +495,11 @@ inline void skinny_linear_block_avx512f(const float* xf, const TW* w, const floa
 // widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a W row is widened in registers and used for up
 // to eight rows of x, so the extra rows of a verification pass cost arithmetic, not another trip through W. Every
 // row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call equals a call on
-// row r alone. The weights are prefetched kPrefetchBytes ahead: once each chunk feeds several rows'
-// FMAs, the hardware prefetcher alone no longer keeps the stream at memory speed (a 4-row pass of SmolLM2's
-// linears took 1.45x a 1-row one without it, 1.15x with it, on a 2-core AVX2 EPYC).
-constexpr int kPrefetchBytes = 4096;  // a prefetch never faults, so running past the end of W is harmless
+// row r alone. The weights are prefetched into L2 kPrefetchBytes ahead: the hardware prefetcher alone does not keep
+// the stream at memory speed, and prefetches into L1 (whose few fill buffers cap the misses in flight) fall well
+// short of it. SmolLM2's linears read once from memory (270 MB, one row, a 2-core Zen 4 EPYC running this path):
+// 43 ms with no prefetch, 31 ms into L1 4 KB ahead, 16-17 ms into L2 8 or 16 KB ahead.
+constexpr int kPrefetchBytes = 8192;  // a prefetch never faults, so running past the end of W is harmless
 
 inline __m256 widen_bf16x8(const uint16_t* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -537,7 +538,7 @@ inline void skinny_tile_avx2(const float* xf, const TW* w, const float* scale, i
     for (int j = 0; j < O; ++j) u[j] = widen_x8(wr[j] + i);
     if ((i & (kLine - 1)) == 0)  // one prefetch per line; W's rows are contiguous, so this runs into later tiles'
 #pragma GCC unroll 8
-      for (int j = 0; j < O; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytes, _MM_HINT_T0);
+      for (int j = 0; j < O; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + i) + kPrefetchBytes, _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int q = 0; q < R; ++q) {
       __m256 v = _mm256_loadu_ps(xf + (r0 + q) * in + i);
@@ -563,16 +564,17 @@ inline void skinny_tile_avx2(const float* xf, const TW* w, const float* scale, i
 
 // One or two rows (an AR step, a draft step): 4 W rows per tile, the widening amortised over few FMAs but the
 // loop lean. 3 to 6 rows (verification passes): 2 W rows x all rows (12 accumulators in the 16 ymm registers), so
-// each widened chunk feeds up to 12 FMAs. More: 2 W rows x 8 rows at a time, so a pass of up to 8 tokens reads W
-// once; its 16 accumulators overflow the registers (GCC keeps three on the stack), and it still beats 1 W row x 8
-// rows, whose 9 loads per 8 FMAs bound the loop.
+// each widened chunk feeds up to 12 FMAs. More: 2 W rows x 4 rows at a time, the next 4 rows reading the same two
+// W rows again from L1. A tile of 2 x 8 (16 accumulators) overflows the registers and runs the FMAs at ~0.75x
+// the rate of two 2 x 4 tiles (a 960 x 576 weight in cache, 8 rows, Zen 4); 1 W row x 8 rows is bound by its 9
+// loads per 8 FMAs.
 template <typename TW, typename TY>
 inline void skinny_linear_block_avx2(const float* xf, const TW* w, const float* scale, int64_t n, int64_t in,
                                      int64_t out, int64_t o_begin, int64_t o_end, TY* y) {
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
     skinny_tile_avx2<R, O>(xf, w, scale, in, out, r0, o0, m, y);
   };
-  sweep_by_rows<4, 2, 2>(n, o_begin, o_end, tile);
+  sweep_by_rows<4, 2, 2, 4>(n, o_begin, o_end, tile);
 }
 #endif
 
