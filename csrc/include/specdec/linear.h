@@ -269,8 +269,10 @@ inline void skinny_tile_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_
 
 // One or two rows (an AR step, a draft step): 8 W rows per tile (8 or 16 independent accumulators). 3 to 6 rows
 // (verification passes): 4 W rows x all rows (up to 24 accumulators and 4 chunks of W in the 32 zmm registers).
-// More: 2 W rows x 8 rows at a time, so a pass of up to 8 tokens reads W once. W is prefetched by the first group
-// of rows of a tile only; later groups find it in L1.
+// More: 4 W rows x 8 rows at a time, so a pass of up to 8 tokens reads W once. Its 32 accumulators overflow the
+// registers, yet on Zen 4 it runs 7-16 rows ~1.1x faster than 2 W rows x 8 rows, in cache and from memory (each
+// chunk of x feeds twice the products). W is prefetched by the first group of rows of a tile only; later groups
+// find it in L1.
 inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w, int64_t n, int64_t in,
                                             int64_t out, int64_t o_begin, int64_t o_end, uint16_t* y) {
   const auto tile = [&]<int R, int O>(int64_t r0, int64_t o0, int64_t m) {
@@ -279,7 +281,7 @@ inline void skinny_linear_block_bf16_avx512(const uint16_t* x, const uint16_t* w
     else
       skinny_tile_bf16_avx512<R, O, false>(x, w, in, out, r0, o0, m, y);
   };
-  sweep_by_rows<8, 4, 2>(n, o_begin, o_end, tile);
+  sweep_by_rows<8, 4, 4>(n, o_begin, o_end, tile);
 }
 #endif
 
