@@ -176,9 +176,9 @@ class CostCurve:
         return cls(target={int(k): float(v) for k, v in data["target"].items()})
 
 
-#: the adapter's forward path (which layers run fused, how the cache grows); changing what a pass costs changes this,
-#: so that curves measured on another path are not reused
-FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache"
+#: the adapter's forward path (which layers run fused, how the cache grows, how the linear kernels tile and prefetch);
+#: changing what a pass costs changes this, so that curves measured on another path are not reused
+FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache/linear-l2-prefetch-wide-tiles"
 #: how a curve is measured (measure_target); a change re-measures the cached curves
 MEASUREMENT = "interleaved-sweeps"
 
