@@ -495,7 +495,8 @@ inline void skinny_linear_block_avx512f(const float* xf, const TW* w, const floa
 #if defined(SPECDEC_LINEAR_AVX2)
 // AVX2 + FMA, no bf16 dot-product instruction (the bf16 loop above would widen every weight once per row): x comes
 // widened to fp32 once per call (xf [n, in]); each 8-wide chunk of a W row is widened in registers and used for up
-// to eight rows of x, so the extra rows of a verification pass cost arithmetic, not another trip through W. Every
+// to six rows of x (more rows: four at a time, W from L1 after the first), so the extra rows of a verification pass
+// cost arithmetic, not another trip through W. Every
 // row's sum runs the same lanes in the same order whichever rows share its call, so row r of a call equals a call on
 // row r alone. The weights are prefetched into L2 kPrefetchBytes ahead: the hardware prefetcher alone does not keep
 // the stream at memory speed, and prefetches into L1 (whose few fill buffers cap the misses in flight) fall well
