@@ -82,11 +82,13 @@ at::Tensor decoder_stack(const at::Tensor& h, at::TensorList weights, at::Tensor
   const size_t per = weights.size() / layers;
   TORCH_CHECK(scales.empty() || scales.size() == weights.size(), "scales must be empty or one per weight, got ",
               scales.size());
-  // the layers one after another, each as decoder_layer computes it (and checks its arguments)
+  // the layers one after another, each as decoder_layer computes it (and checks its arguments); the mask in fp32
+  // once for all of them, as decode_attention would convert it in every layer
+  const at::Tensor mask32 = mask.to(at::kFloat).contiguous();
   at::Tensor x = h;
   for (size_t i = 0; i < layers; ++i)
     x = decoder_layer(x, weights.slice(i * per, per), scales.empty() ? scales : scales.slice(i * per, per), ln1[i],
-                      ln2[i], cos, sin, k_caches[i], v_caches[i], length, mask, eps1, eps2, scale);
+                      ln2[i], cos, sin, k_caches[i], v_caches[i], length, mask32, eps1, eps2, scale);
   return x;
 }
 

@@ -39,6 +39,19 @@ def test_stack_is_decoder_layer_in_turn(
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_mask_shared_by_the_batch_rows_is_their_own_mask(dtype: torch.dtype, backend: str) -> None:
+    # the stack converts the mask to fp32 once for all its layers: a [1, 1, n, S] mask must give what that mask
+    # expanded to every batch row gives
+    case = stack_case((2, 3, 40, 4, 2, 10, 72, 5, 9), dtype, True, False, layers=2, seed=4)
+    shared = case["mask"][:1].clone()
+    want = run_stack({**case, "mask": shared.expand_as(case["mask"]).contiguous()}, backend)
+    got = run_stack({**case, "mask": shared}, backend)
+    for g, w in zip([got[0], *got[1], *got[2]], [want[0], *want[1], *want[2]], strict=True):
+        assert_same_bits(g, w)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_unvalidated_call_is_the_same_op(backend: str) -> None:
     case = stack_case((2, 3, 40, 4, 2, 10, 72, 5, 9), torch.bfloat16, True, True, layers=2, seed=2)
     want = run_stack(case, backend)
