@@ -227,6 +227,9 @@ def block_kernel_headline(results: Path) -> str:
     if not lines:
         return "No kernel microbenchmark is recorded in benchmarks/results.\n"
     head = ["op", "case", "cpu ms", "torch ms", "speed-up", "cpu GB/s (memcpy GB/s)"]
+    if len({r["machine"] for r in used}) > 1:  # each op's newest run: name where each row ran
+        head.append("machine")
+        lines = [[*line, r["machine"]] for line, r in zip(lines, used, strict=True)]
     return table(head, lines) + "\n\n" + kernel_provenance(used) + "\n"
 
 
