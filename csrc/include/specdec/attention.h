@@ -150,9 +150,9 @@ inline float decode_attention_softmax_bf16(const float* mask, int64_t s_len, flo
   // (weight 0) drop out, so a tree node's total equals that of a one-token step over the same visible keys wherever
   // the blocked slots fall (lanes indexed by cache slot would group the terms by their position in the cache, which
   // differs between a tree pass and a chain of one-token steps). NaN weights are kept. The packing compresses into a
-  // register and stores all 16 lanes: a compress straight to memory is microcoded on Zen 4, where it took most of
-  // the softmax's time. The lanes past the kept ones land in room the next group overwrites (np <= s0, so a store
-  // ends within the padded copy).
+  // register and stores all 16 lanes: a compress straight to memory is microcoded on Zen 4, slow enough there to
+  // cost more than the rest of the softmax. The lanes past the kept ones land where a later group writes or the
+  // total does not read (np <= s0, so every store ends within the padded copy).
   const int64_t padded = (s_len + 15) / 16 * 16;
   float* packed = scores + padded;
   int64_t np = 0;
