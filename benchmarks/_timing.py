@@ -154,16 +154,7 @@ def time_fn(
 ) -> list[float]:
     """Seconds per call: one warm-up, then calls until ``budget`` seconds are spent (min/max repetitions);
     ``before`` runs untimed ahead of every call (e.g. what evicts the call's data from the caches)."""
-    fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start < budget):
-        if before is not None:
-            before()
-        t0 = CLOCK()
-        fn()
-        times.append(CLOCK() - t0)
-    return times
+    return time_fns_interleaved({0: fn}, budget, min_reps, max_reps, before)[0]
 
 
 def time_fns_interleaved(
@@ -171,11 +162,12 @@ def time_fns_interleaved(
     budget: float,
     min_reps: int = 5,
     max_reps: int = 200,
+    before: Callable[[], Any] | None = None,
 ) -> dict[Any, list[float]]:
     """Seconds per call of each function, taking turns: one warm-up each, then rounds that call every function once,
-    in an order rotated per round, until ``budget`` seconds per function are spent (min/max repetitions). A load or a
-    memory speed that drifts during the run then hits every function alike, so their ratios hold where medians taken
-    one after another would not."""
+    in an order rotated per round, until ``budget`` seconds per function are spent (min/max repetitions); ``before``
+    runs untimed ahead of every call. A load or a memory speed that drifts during the run then hits every function
+    alike, so their ratios hold where medians taken one after another would not."""
     keys = list(fns)
     for k in keys:
         fns[k]()
@@ -184,6 +176,8 @@ def time_fns_interleaved(
     while rnd < max_reps and (rnd < min_reps or time.perf_counter() - start < total):
         for i in range(len(keys)):
             k = keys[(i + rnd) % len(keys)]
+            if before is not None:
+                before()
             t0 = CLOCK()
             fns[k]()
             times[k].append(CLOCK() - t0)

@@ -65,6 +65,13 @@ def test_interleaved_timing_takes_turns_in_a_rotated_order() -> None:
     assert all(t >= 0 for ts in times.values() for t in ts)
 
 
+def test_single_function_timing_runs_before_ahead_of_every_timed_call() -> None:
+    calls: list[str] = []
+    times = _timing.time_fn(lambda: calls.append("f"), 0.0, min_reps=3, max_reps=3, before=lambda: calls.append("b"))
+    assert len(times) == 3
+    assert calls == ["f", "b", "f", "b", "f", "b", "f"]  # the warm-up call, then before + call per repetition
+
+
 def test_interleaved_cases_record_one_row_per_case_and_backend() -> None:
     import argparse
 
