@@ -35,10 +35,10 @@ from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 from .models import DECODE_ROWS, int8_weights
+from .smollm2 import CODE_INSTRUCTION
 
 PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
 DEFAULT_DRAFT = "smollm2-eagle+ngram"
-CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 
 
 def _prompt_text(record: dict[str, Any], path: str, line: int) -> str:

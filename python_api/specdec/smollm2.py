@@ -20,6 +20,8 @@ import torch
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "SmolLM2-135M-Instruct"
+#: put before each HumanEval problem by the demo, and before each code stub of the draft-training data
+CODE_INSTRUCTION = "Complete the following Python function. Reply with the full function in a code block.\n\n"
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
 

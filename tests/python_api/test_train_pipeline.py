@@ -220,7 +220,12 @@ def test_retrain_command_carries_the_sampled_questions_and_their_cue():
     argv = shlex.split(retrain_command({"data": {"config": odd}}, distill, "d"))
     assert argv[argv.index("--gsm8k-cue") + 1] == 'Pay $5 "now"!'
     plain = retrain_command({"data": {"config": DataConfig().__dict__}}, distill, "d")
-    assert "--gsm8k-sample" not in plain and "--gsm8k-cue" not in plain
+    assert "--gsm8k-sample" not in plain and "--gsm8k-cue" not in plain and "--code-sample" not in plain
+    assert "--answer-temperature" not in plain
+    code = DataConfig(n_gsm8k_sample=8, n_code_sample=1500, answer_temperature=0.7).__dict__
+    argv = shlex.split(retrain_command({"data": {"config": code}}, distill, "d"))
+    assert argv[argv.index("--code-sample") + 1] == "1500"
+    assert argv[argv.index("--answer-temperature") + 1] == "0.7"
 
 
 def test_train_cli_rejects_a_negative_sample_count(capsys):
@@ -229,3 +234,71 @@ def test_train_cli_rejects_a_negative_sample_count(capsys):
     with pytest.raises(SystemExit):
         main(["data", "--gsm8k-sample", "-1"])
     assert "--gsm8k-sample must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["data", "--code-sample", "-2"])
+    assert "--code-sample must be >= 0" in capsys.readouterr().err
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            main(["data", "--answer-temperature", bad])
+        assert "--answer-temperature must be a positive finite number" in capsys.readouterr().err
+
+
+def _write(path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_code_stubs_are_documented_public_signatures_in_a_seeded_order(tmp_path):
+    """The code source's prompts: public functions and public classes' public methods with a docstring of 20 to
+    600 characters, as a signature plus that docstring (valid Python), none from test folders; the same seed gives
+    the same list, another seed another order of the same stubs; asking for more than there are is an error."""
+    import ast
+
+    from specdec.train.data import code_stubs
+
+    doc = "Return the sum of a and b, both integers."
+    _write(
+        tmp_path / "mod.py",
+        f'''
+def add(a: int, b: int = 2) -> int:
+    """{doc}"""
+    return a + b
+
+def _private(x):
+    """A private helper with a long enough docstring."""
+
+def terse(x):
+    """Too short."""
+
+class Box:
+    def put(self, item, *, where=None):
+        """Put item into the box.
+
+        Where: an optional slot.
+        """
+
+    def _hidden(self):
+        """Hidden method with a long enough docstring."""
+
+class _Internal:
+    def run(self):
+        """Run the internal thing, never listed."""
+''',
+    )
+    _write(tmp_path / "test" / "t.py", 'def shown_nowhere(x):\n    """A test helper that must be skipped."""\n')
+    _write(tmp_path / "broken.py", "def (:\n")
+    stubs = code_stubs(2, 0, root=tmp_path)
+    assert sorted(stubs) == sorted(
+        [
+            f'def add(a: int, b: int=2) -> int:\n    """{doc}\n    """\n',
+            'class Box:\n    def put(self, item, *, where=None):\n        """Put item into the box.\n\n'
+            '        Where: an optional slot.\n        """\n',
+        ]
+    )
+    for stub in stubs:
+        ast.parse(stub + ("        pass\n" if stub.startswith("class") else "    pass\n"))
+    assert code_stubs(2, 0, root=tmp_path) == stubs
+    assert {tuple(code_stubs(2, s, root=tmp_path)) for s in range(8)} == {tuple(stubs), tuple(stubs[::-1])}
+    assert code_stubs(1, 0, root=tmp_path)[0] in stubs
+    with pytest.raises(ValueError, match="3 code stubs asked for.*has 2"):
+        code_stubs(3, 0, root=tmp_path)

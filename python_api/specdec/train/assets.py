@@ -127,6 +127,10 @@ def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str
             flags.append(f"--gsm8k-sample {data['n_gsm8k_sample']}")
         if data.get("gsm8k_cue"):
             flags.append(f"--gsm8k-cue {_shell_word(data['gsm8k_cue'])}")
+        if data.get("n_code_sample"):
+            flags.append(f"--code-sample {data['n_code_sample']}")
+        if data.get("answer_temperature", 1.0) != 1.0:
+            flags.append(f"--answer-temperature {data['answer_temperature']}")
     flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
     flags.append(f"--head-vocab {draft['head_vocab']}")
     return "python -m specdec.train all " + " ".join(flags)

@@ -72,6 +72,18 @@ def main(argv: list[str] | None = None) -> int:
         help='text appended on a new line to each --gsm8k-sample question (e.g. "Let\'s think step by step.")',
     )
     plain.add_argument(
+        "--code-sample",
+        type=int,
+        default=None,
+        help="Python stubs (signature + docstring) from the standard library answered by the target (T = 1)",
+    )
+    plain.add_argument(
+        "--answer-temperature",
+        type=float,
+        default=None,
+        help="temperature at which the target's answers are drawn (default 1; the stored labels are its T = 1 law)",
+    )
+    plain.add_argument(
         "--magpie",
         type=int,
         default=None,
@@ -83,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     plain.add_argument("--head-vocab", type=int, default=None, help="tokens of the plain draft's reduced head")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
-    counts = ("gsm8k_label", "gsm8k_sample", "magpie")
+    counts = ("gsm8k_label", "gsm8k_sample", "code_sample", "magpie")
     for flag in ("steps", "head_steps", *counts, "layers", "width", "head_vocab"):
         value = getattr(args, flag)
         if value is not None and value < (0 if flag in counts else 1):
             ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in counts else 1}")
+    t = args.answer_temperature
+    if t is not None and not (0 < t < float("inf")):
+        ap.error(f"--answer-temperature must be a positive finite number, got {t}")
     set_threads(args.threads)
     workdir = args.workdir or default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                 dcfg.gsm8k_cue = args.gsm8k_cue
             if args.magpie is not None:
                 dcfg.n_magpie = args.magpie
+            if args.code_sample is not None:
+                dcfg.n_code_sample = args.code_sample
+            if args.answer_temperature is not None:
+                dcfg.answer_temperature = args.answer_temperature
             info = build_data(model, tok, workdir, dcfg, progress=progress)
         elif stage == "evalset":
             from .evalset import build_eval_set

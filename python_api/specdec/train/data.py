@@ -1,22 +1,30 @@
 """Stage ``data``: distillation data from the target.
 
-Three sources, each written as resumable shards ``<workdir>/data/<source>_<i>.pt``:
+Four sources, each written as resumable shards ``<workdir>/data/<source>_<i>.pt``:
 
 * ``magpie``: the target writes an instruction itself (chat template cut at the user turn, Magpie-style), then
   answers it; in-domain for chat prompts and costs nothing but target time.
 * ``gsm8k_sample``: target answers to GSM8K *train* questions.
 * ``gsm8k_label``: GSM8K train question + reference solution, teacher-forced through the target (~4x cheaper per
   position than sampling: one forward labels a whole sequence).
+* ``code_sample``: target answers to Python stubs (a signature and its docstring, the shape of a HumanEval problem)
+  taken from the public functions and methods of the Python standard library that runs the stage
+  (:func:`code_stubs`), after the demo's instruction for HumanEval problems; HumanEval itself is never read, so it
+  stays a held-out set.
 
-Sampling is plain T = 1 from the target's softmax (no top-k/top-p), and every response position stores the
-target's top-k log-probs (free during sampling), so the draft learns from soft labels, not just one sampled token.
+Sampling is plain T = 1 from the target's softmax (no top-k/top-p; ``answer_temperature`` draws the answers at another
+temperature), and every response position stores the target's T = 1 top-k log-probs (free during sampling), so the
+draft learns from soft labels, not just one sampled token.
 Each shard has its own seed derived from (seed, source, shard), so an interrupted run resumes to the same data.
 GSM8K train is read from ``$SPECDEC_DATA_DIR/gsm8k_train.jsonl`` (:func:`specdec.train.common.shared_data_dir`).
 """
 
 from __future__ import annotations
 
+import ast
 import math
+import platform
+import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from itertools import zip_longest
@@ -27,6 +35,7 @@ import torch
 from tqdm import tqdm
 
 from ..models import cache_argument
+from ..smollm2 import CODE_INSTRUCTION
 from .common import (
     chat_ids,
     clean_gsm8k_answer,
@@ -48,12 +57,18 @@ class DataConfig:
     n_magpie: int = 128
     n_gsm8k_sample: int = 0
     n_gsm8k_label: int = 320
+    n_code_sample: int = 0
+    # put before each code stub, as the demo puts it before each HumanEval problem
+    code_instruction: str = CODE_INSTRUCTION
     # appended on a new line to each question the target answers itself (gsm8k_sample), e.g. the zero-shot
     # chain-of-thought cue of an evaluation, so that the answers are written as they are there
     gsm8k_cue: str = ""
     max_instruction_tokens: int = 48
-    # sampling temperature of the self-written instructions only (answers are always T = 1)
+    # sampling temperature of the self-written instructions
     instruction_temperature: float = 1.0
+    # sampling temperature of the answers: below 1 the answers read more like what greedy or T < 1 decoding writes
+    # (a small target's T = 1 text drifts off topic); the stored labels are the T = 1 law either way
+    answer_temperature: float = 1.0
     max_new_tokens: int = 96
     batch_size: int = 64
     label_batch_size: int = 16
@@ -170,6 +185,52 @@ def gsm8k_splits(cfg: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, 
     return sample, label
 
 
+#: standard-library folders whose code is not library code (tests, demos, the IDE, vendored packages)
+_STUB_SKIP = frozenset({"test", "tests", "idlelib", "site-packages", "lib2to3", "turtledemo", "__phello__"})
+
+
+def _stub(fn: ast.FunctionDef, doc: str, owner: str | None) -> str:
+    """``def name(args) -> ret:`` and its docstring, inside ``class owner:`` for a method."""
+    ret = f" -> {ast.unparse(fn.returns)}" if fn.returns is not None else ""
+    body = "\n".join("    " + line if line.strip() else "" for line in doc.splitlines())
+    text = f'def {fn.name}({ast.unparse(fn.args)}){ret}:\n    """{body.lstrip()}\n    """\n'
+    if owner is None:
+        return text
+    return f"class {owner}:\n" + "".join("    " + line if line.strip() else line for line in text.splitlines(True))
+
+
+def code_stubs(n: int, seed: int, root: Path | None = None) -> list[str]:
+    """``n`` Python stubs, seed-shuffled: the public top-level functions and public classes' public methods of the
+    standard library under ``root`` (default: the running Python's) whose docstrings have 20 to 600 characters,
+    each a signature and its docstring (a method inside its class line), unique and in a fixed order before the
+    shuffle. Fewer than ``n`` is an error."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
+    stubs: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        if _STUB_SKIP.intersection(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                found = [(node, None)]
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found = [(m, node.name) for m in node.body if isinstance(m, ast.FunctionDef)]
+            else:
+                continue
+            for fn, owner in found:
+                doc = ast.get_docstring(fn)
+                if not fn.name.startswith("_") and doc and 20 <= len(doc) <= 600:
+                    stubs.add(_stub(fn, doc, owner))
+    if len(stubs) < n:
+        raise ValueError(f"{n} code stubs asked for, the standard library under {root} has {len(stubs)}")
+    ordered = sorted(stubs)
+    g = torch.Generator().manual_seed(sub_seed(seed, "code_order"))
+    return [ordered[i] for i in torch.randperm(len(ordered), generator=g)[:n].tolist()]
+
+
 def _shard_path(workdir: Path, source: str, i: int) -> Path:
     return workdir / "data" / f"{source}_{i:04d}.pt"
 
@@ -187,6 +248,7 @@ def _sample_shard(model: Any, tok: Any, prompts: list[list[int]], cfg: DataConfi
             eos_id=int(tok.eos_token_id),
             generator=g,
             top_k=cfg.top_k,
+            temperature=cfg.answer_temperature,
         )
         for i, (toks, ids, lp) in zip(idx, res, strict=True):
             recs.append(
@@ -230,8 +292,10 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
     torch.manual_seed(cfg.seed)
     t0 = time.time()
     sample_q, label_q = gsm8k_splits(cfg)
+    stubs = code_stubs(cfg.n_code_sample, cfg.seed) if cfg.n_code_sample else []
     per_source: list[list[tuple[str, int, int]]] = []  # (source, shard index, number of prompts)
-    for source, n in (("gsm8k_label", len(label_q)), ("magpie", cfg.n_magpie), ("gsm8k_sample", len(sample_q))):
+    sources = (("gsm8k_label", len(label_q)), ("magpie", cfg.n_magpie), ("gsm8k_sample", len(sample_q)))
+    for source, n in (*sources, ("code_sample", len(stubs))):
         starts = range(0, n, cfg.shard_size)
         per_source.append([(source, i, min(cfg.shard_size, n - lo)) for i, lo in enumerate(starts)])
     # Round-robin over sources, so a run cut short still has a mix of every source.
@@ -248,6 +312,9 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
         elif source == "gsm8k_sample":
             qs = sample_q[i * cfg.shard_size : i * cfg.shard_size + n]
             texts = [f"{r['question']}\n{cfg.gsm8k_cue}" if cfg.gsm8k_cue else r["question"] for r in qs]
+            shard = _sample_shard(model, tok, [chat_ids(tok, t) for t in texts], cfg, seed)
+        elif source == "code_sample":
+            texts = [cfg.code_instruction + t for t in stubs[i * cfg.shard_size : i * cfg.shard_size + n]]
             shard = _sample_shard(model, tok, [chat_ids(tok, t) for t in texts], cfg, seed)
         else:
             rows = label_q[i * cfg.shard_size : i * cfg.shard_size + n]
@@ -277,6 +344,8 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
         "sequences": len(records),
         "positions": int(sum(r["topk_ids"].shape[0] for r in records)),
         "positions_by_source": _count_by_source(workdir),
+        # the code stubs come from the running Python's standard library, which differs between Python versions
+        "python": platform.python_version(),
         "data_sha256": tensors_sha256(t for r in records for t in (r["tokens"], r["topk_ids"])),
         "seconds_this_run": round(time.time() - t0, 1),
     }
