@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         "--gsm8k-sample",
         type=int,
         default=None,
-        help="GSM8K-train questions answered by the target itself (T = 1), other questions than --gsm8k-label's",
+        help="GSM8K-train questions answered by the target itself (at --answer-temperature), other questions "
+        "than --gsm8k-label's",
     )
     plain.add_argument(
         "--gsm8k-cue",
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "--code-sample",
         type=int,
         default=None,
-        help="Python stubs (signature + docstring) from the standard library answered by the target (T = 1)",
+        help="Python stubs (signature + docstring) from the standard library answered by the target (at "
+        "--answer-temperature)",
     )
     plain.add_argument(
         "--answer-temperature",

@@ -293,6 +293,11 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
     t0 = time.time()
     sample_q, label_q = gsm8k_splits(cfg)
     stubs = code_stubs(cfg.n_code_sample, cfg.seed) if cfg.n_code_sample else []
+    # the user turns of the sources whose prompts are fixed texts, which the target answers
+    asked = {
+        "gsm8k_sample": [f"{r['question']}\n{cfg.gsm8k_cue}" if cfg.gsm8k_cue else r["question"] for r in sample_q],
+        "code_sample": [cfg.code_instruction + stub for stub in stubs],
+    }
     per_source: list[list[tuple[str, int, int]]] = []  # (source, shard index, number of prompts)
     sources = (("gsm8k_label", len(label_q)), ("magpie", cfg.n_magpie), ("gsm8k_sample", len(sample_q)))
     for source, n in (*sources, ("code_sample", len(stubs))):
@@ -309,12 +314,8 @@ def build_data(model: Any, tok: Any, workdir: Path, cfg: DataConfig, *, progress
         if source == "magpie":
             prompts = _magpie_prompts(model, tok, n, cfg, seed)
             shard = _sample_shard(model, tok, prompts, cfg, sub_seed(seed, "response"))
-        elif source == "gsm8k_sample":
-            qs = sample_q[i * cfg.shard_size : i * cfg.shard_size + n]
-            texts = [f"{r['question']}\n{cfg.gsm8k_cue}" if cfg.gsm8k_cue else r["question"] for r in qs]
-            shard = _sample_shard(model, tok, [chat_ids(tok, t) for t in texts], cfg, seed)
-        elif source == "code_sample":
-            texts = [cfg.code_instruction + t for t in stubs[i * cfg.shard_size : i * cfg.shard_size + n]]
+        elif source in asked:
+            texts = asked[source][i * cfg.shard_size : i * cfg.shard_size + n]
             shard = _sample_shard(model, tok, [chat_ids(tok, t) for t in texts], cfg, seed)
         else:
             rows = label_q[i * cfg.shard_size : i * cfg.shard_size + n]
