@@ -302,3 +302,76 @@ class _Internal:
     assert code_stubs(1, 0, root=tmp_path)[0] in stubs
     with pytest.raises(ValueError, match="3 code stubs asked for.*has 2"):
         code_stubs(3, 0, root=tmp_path)
+
+
+def _layer_draft(target, layers, head_vocab=VOCAB):
+    from specdec.train.draft import init_from_target
+
+    cfg = DraftConfig.from_target_layers(target.config, layers, head_vocab)
+    table = target.get_input_embeddings().weight.detach()
+    draft = build_draft(cfg, target.config, table, torch.arange(VOCAB)[:head_vocab])
+    init_from_target(draft, table, target)
+    return cfg, draft.eval()
+
+
+def test_a_draft_of_all_target_layers_starts_as_the_target():
+    """Every layer, in order, with a full head: the draft's first forward is the target's (identity projection,
+    copied layers, final norm and output rows); a subset copies exactly the named layers in the given order."""
+    target = tiny_llama(3, vocab=VOCAB, hidden=64, layers=3, std=0.1)
+    cfg, draft = _layer_draft(target, (0, 1, 2))
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads) == (64, 128, 4, 2)
+    x = torch.tensor([[3, 9, 4, 17, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(draft(x).logits, target(x).logits, atol=1e-4, rtol=1e-4)
+    _, sub = _layer_draft(target, (2, 0))
+    for mine, theirs in zip(sub.model.layers, (target.model.layers[2], target.model.layers[0]), strict=True):
+        for (k, a), b in zip(mine.state_dict().items(), theirs.state_dict().values(), strict=True):
+            assert torch.equal(a, b), k
+
+
+def test_target_layers_are_checked(target):
+    for bad in ((), (0, 0), (2,), (-1,)):
+        with pytest.raises(ValueError, match="target_layers"):
+            DraftConfig.from_target_layers(target.config, bad, 16)
+    from specdec.train.draft import init_from_target
+
+    cfg = DraftConfig.from_target_layers(target.config, (1,), 16)
+    table = target.get_input_embeddings().weight.detach()
+    draft = build_draft(cfg, target.config, table, torch.arange(16))
+    with pytest.raises(ValueError, match="pass target"):
+        init_from_target(draft, table)
+    narrow = DraftConfig(**{**TINY_DRAFT.__dict__, "target_layers": (0,)})
+    with pytest.raises(ValueError, match="target's layer shape"):
+        init_from_target(build_draft(narrow, target.config, table, torch.arange(48)), table, target)
+    with pytest.raises(ValueError, match="from_target_layers"):
+        run_distill(None, DistillConfig(draft=narrow), target=target, records=[{"x": 1}], progress=False)
+
+
+def test_retrain_command_of_a_draft_from_target_layers_names_them_and_its_learning_rate(target):
+    import shlex
+
+    from specdec.train.assets import retrain_command
+
+    layered = DraftConfig.from_target_layers(target.config, (0, 1), 32).__dict__
+    argv = shlex.split(retrain_command({}, {"seed": 0, "steps": 9, "lr": 1e-3, "draft": layered}, "d"))
+    assert argv[argv.index("--from-target-layers") + 1] == "0,1"
+    assert argv[argv.index("--lr") + 1] == "0.001"
+    assert "--layers" not in argv and "--width" not in argv
+    plain = shlex.split(
+        retrain_command({}, {"seed": 0, "steps": 9, "lr": DistillConfig().lr, "draft": TINY_DRAFT.__dict__}, "d")
+    )
+    assert "--lr" not in plain and "--from-target-layers" not in plain and "--layers" in plain
+
+
+def test_train_cli_rejects_bad_target_layers_and_learning_rates(capsys):
+    from specdec.train.cli import main
+
+    for argv, msg in (
+        (["distill", "--from-target-layers", "0,1", "--layers", "2"], "do not give --layers or --width"),
+        (["distill", "--from-target-layers", "0,one"], "comma-separated layer indices"),
+        (["distill", "--lr", "0"], "--lr must be a positive finite number"),
+        (["distill", "--lr", "nan"], "--lr must be a positive finite number"),
+    ):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert msg in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from .common import file_sha256, write_json_atomic
+from .distill import DistillConfig
 from .draft import (
     DraftConfig,
     build_draft,
@@ -121,6 +122,9 @@ def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str
     data = manifest.get("data", {}).get("config", {})
     draft = distill["draft"]
     flags = [f"--seed {distill['seed']}", f"--name {name}", f"--steps {distill['steps']}"]
+    default_lr = DistillConfig().lr
+    if distill.get("lr", default_lr) != default_lr:
+        flags.append(f"--lr {distill['lr']}")
     if data:
         flags += [f"--gsm8k-label {data['n_gsm8k_label']}", f"--magpie {data['n_magpie']}"]
         if data.get("n_gsm8k_sample"):
@@ -131,7 +135,10 @@ def retrain_command(manifest: dict[str, Any], distill: dict[str, Any], name: str
             flags.append(f"--code-sample {data['n_code_sample']}")
         if data.get("answer_temperature", 1.0) != 1.0:
             flags.append(f"--answer-temperature {data['answer_temperature']}")
-    flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
+    if draft.get("target_layers"):
+        flags.append("--from-target-layers " + ",".join(str(i) for i in draft["target_layers"]))
+    else:
+        flags += [f"--layers {draft['num_layers']}", f"--width {draft['hidden_size']}"]
     flags.append(f"--head-vocab {draft['head_vocab']}")
     return "python -m specdec.train all " + " ".join(flags)
 

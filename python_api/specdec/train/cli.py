@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="distillation steps (default: DistillConfig)")
+    ap.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate of distillation (default: DistillConfig)"
+    )
     ap.add_argument("--head-steps", type=int, default=None, help="acceptance-head steps (default: HeadConfig)")
     ap.add_argument(
         "--name",
@@ -95,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     plain.add_argument("--layers", type=int, default=None, help="decoder layers of the plain draft")
     plain.add_argument("--width", type=int, default=None, help="hidden size of the plain draft (MLP: 3x)")
     plain.add_argument("--head-vocab", type=int, default=None, help="tokens of the plain draft's reduced head")
+    plain.add_argument(
+        "--from-target-layers",
+        type=_layer_list,
+        default=None,
+        metavar="I,J,...",
+        help="start the plain draft's body as these decoder layers of the target (its width, heads and MLP; "
+        "then trained); excludes --layers and --width",
+    )
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     counts = ("gsm8k_label", "gsm8k_sample", "code_sample", "magpie")
@@ -102,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None and value < (0 if flag in counts else 1):
             ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in counts else 1}")
+    if args.from_target_layers is not None and (args.layers is not None or args.width is not None):
+        ap.error("--from-target-layers takes the target's layer shape: do not give --layers or --width with it")
+    if args.lr is not None and not (0 < args.lr < float("inf")):
+        ap.error(f"--lr must be a positive finite number, got {args.lr}")
     t = args.answer_temperature
     if t is not None and not (0 < t < float("inf")):
         ap.error(f"--answer-temperature must be a positive finite number, got {t}")
@@ -145,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
             info = {"eval_sequences": len(ev["records"])}
         elif stage == "distill":
             from .distill import DistillConfig, run_distill
+            from .draft import DraftConfig
 
             cfg = DistillConfig(seed=args.seed)
             if args.steps is not None:
                 cfg.steps = args.steps
+            if args.lr is not None:
+                cfg.lr = args.lr
             if args.layers is not None:
                 cfg.draft.num_layers = args.layers
             if args.width is not None:
@@ -159,7 +177,16 @@ def main(argv: list[str] | None = None) -> int:
                 cfg.draft.intermediate_size = 3 * args.width
             if args.head_vocab is not None:
                 cfg.draft.head_vocab = args.head_vocab
-            info = run_distill(workdir, cfg, progress=progress)
+            target = None
+            if args.from_target_layers is not None:
+                target, _ = _target()
+                try:
+                    cfg.draft = DraftConfig.from_target_layers(
+                        target.config, args.from_target_layers, cfg.draft.head_vocab
+                    )
+                except ValueError as e:
+                    ap.error(f"--from-target-layers: {e}")
+            info = run_distill(workdir, cfg, target=target, progress=progress)
         elif stage == "eval":
             from .evaluate import run_eval
 
@@ -216,6 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"stage": stage, "seconds": round(time.time() - t0, 1), **_brief(info)}, default=str))
     print(f"[specdec.train] done in {time.time() - t_all:.0f} s", flush=True)
     return 0
+
+
+def _layer_list(text: str) -> tuple[int, ...]:
+    """``"0,1,2"`` -> (0, 1, 2) for --from-target-layers."""
+    try:
+        layers = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated layer indices such as 0,1,2, got {text!r}"
+        ) from None
+    return layers
 
 
 def _brief(info: dict) -> dict:

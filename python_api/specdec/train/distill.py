@@ -245,6 +245,10 @@ def run_distill(
         from ..smollm2 import load_smollm2
 
         target, _ = load_smollm2("bf16")
+    if cfg.draft.target_layers and cfg.draft != DraftConfig.from_target_layers(
+        target.config, cfg.draft.target_layers, cfg.draft.head_vocab
+    ):
+        raise ValueError("a draft with target_layers takes its shape from the target; set it with from_target_layers")
     records = load_records(workdir) if records is None else records
     if not records:
         raise ValueError(f"no training data under {workdir}/data; run the data stage first")
@@ -252,7 +256,7 @@ def run_distill(
     vocab = int(target.config.vocab_size)
     table, head_ids = embedding_and_head_ids(target, train, cfg.draft.head_vocab)
     draft = build_draft(cfg.draft, target.config, table, head_ids)
-    init_from_target(draft, table)
+    init_from_target(draft, table, target)
     hmap = head_index_map(head_ids, vocab)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)

@@ -35,6 +35,31 @@ class DraftConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     head_vocab: int = 8192
+    #: the target's decoder layers the body starts from (copied in this order, then trained; the shape fields must
+    #: then be the target's); empty: a fresh narrow body initialised from the embedding's principal directions
+    target_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.target_layers = tuple(int(i) for i in self.target_layers)  # JSON gives a list
+
+    @classmethod
+    def from_target_layers(cls, target_config: Any, layers: tuple[int, ...], head_vocab: int) -> DraftConfig:
+        """The shape of a draft whose body starts as the target's decoder ``layers`` (ValueError when an index is
+        out of range, repeats or none is given)."""
+        n = int(target_config.num_hidden_layers)
+        if not layers:
+            raise ValueError("target_layers must name at least one of the target's decoder layers")
+        if any(not 0 <= i < n for i in layers) or len(set(layers)) != len(layers):
+            raise ValueError(f"target_layers must be distinct indices in [0, {n}), got {list(layers)}")
+        return cls(
+            hidden_size=int(target_config.hidden_size),
+            num_layers=len(layers),
+            intermediate_size=int(target_config.intermediate_size),
+            num_heads=int(target_config.num_attention_heads),
+            num_kv_heads=int(getattr(target_config, "num_key_value_heads", target_config.num_attention_heads)),
+            head_vocab=head_vocab,
+            target_layers=tuple(layers),
+        )
 
 
 class ProjectedEmbedding(nn.Module):
@@ -143,10 +168,18 @@ def draft_from_checkpoint(path: Path, target: Any) -> Any:
 
 
 @torch.no_grad()
-def init_from_target(draft: Any, embed_table: torch.Tensor) -> None:
-    """SVD initialisation: project onto the top-H principal directions of the target embedding; the head starts
-    as the target's tied output embedding seen through the same projection (a head that starts close to
-    the target's helps the first steps of training)."""
+def init_from_target(draft: Any, embed_table: torch.Tensor, target: Any = None) -> None:
+    """Initialise the draft from the target.
+
+    A fresh narrow body (no ``target_layers``): project onto the top-H principal directions of the target
+    embedding; the head starts as the target's tied output embedding seen through the same projection (a head that
+    starts close to the target's helps the first steps of training). With ``target_layers`` (``target`` needed):
+    the body is a copy of those layers and of the final norm, the projection the identity, and the head the
+    target's output rows of ``head_ids``: the draft starts as the target with the other layers skipped."""
+    cfg = DraftConfig(**draft.config.specdec_draft)
+    if cfg.target_layers:
+        _init_from_target_layers(draft, cfg, target)
+        return
     table = embed_table.float()
     _, _, vt = torch.linalg.svd(
         table[torch.randperm(table.shape[0], generator=torch.Generator().manual_seed(0))[:8192]], full_matrices=False
@@ -156,6 +189,21 @@ def init_from_target(draft: Any, embed_table: torch.Tensor) -> None:
     draft.model.embed_tokens.proj.weight.copy_(basis)
     head = draft.lm_head
     head.reduced_weight.copy_(table[head.head_ids] @ basis.T)
+
+
+def _init_from_target_layers(draft: Any, cfg: DraftConfig, target: Any) -> None:
+    if target is None:
+        raise ValueError("a draft with target_layers is initialised from the target model: pass target")
+    want = DraftConfig.from_target_layers(target.config, cfg.target_layers, cfg.head_vocab)
+    if want != cfg:
+        raise ValueError(f"draft config {cfg} does not have the target's layer shape {want}")
+    src = target.model
+    for dst, i in zip(draft.model.layers, cfg.target_layers, strict=True):
+        dst.load_state_dict({k: v.float() for k, v in src.layers[i].state_dict().items()})
+    draft.model.norm.weight.copy_(src.norm.weight.float())
+    draft.model.embed_tokens.proj.weight.copy_(torch.eye(cfg.hidden_size))
+    out = target.get_output_embeddings().weight.detach()
+    draft.lm_head.reduced_weight.copy_(out[draft.lm_head.head_ids].float())
 
 
 def select_head_ids(
