@@ -451,8 +451,6 @@ def block_shipped_drafts(results: Path) -> str:
         dist = man.get("distill", {})
         cfg = dist.get("config", {}).get("draft", {})
         kind = "feature (EAGLE-style)" if "extra_layers" in cfg else "plain LM"
-        if cfg.get("target_layers"):
-            kind += ", from target layers " + ", ".join(str(i) for i in cfg["target_layers"])
         lines.append(
             [
                 f"`{path.stem}`",

@@ -115,11 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{flag.replace('_', '-')} must be >= {0 if flag in counts else 1}")
     if args.from_target_layers is not None and (args.layers is not None or args.width is not None):
         ap.error("--from-target-layers takes the target's layer shape: do not give --layers or --width with it")
-    if args.lr is not None and not (0 < args.lr < float("inf")):
-        ap.error(f"--lr must be a positive finite number, got {args.lr}")
-    t = args.answer_temperature
-    if t is not None and not (0 < t < float("inf")):
-        ap.error(f"--answer-temperature must be a positive finite number, got {t}")
+    for flag in ("lr", "answer_temperature"):
+        value = getattr(args, flag)
+        if value is not None and not (0 < value < float("inf")):
+            ap.error(f"--{flag.replace('_', '-')} must be a positive finite number, got {value}")
     set_threads(args.threads)
     workdir = args.workdir or default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
