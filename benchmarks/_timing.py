@@ -230,6 +230,10 @@ class Recorder:
         for name, per in cases.items():
             self._record(name, {b: times[(name, b)] for b in per}, nbytes, bytes_kind, roof)
 
+    def samples(self, name: str, timed: dict[str, list[float]], nbytes: int) -> None:
+        """Timings taken elsewhere (seconds per call, per backend; e.g. inside a decoding run), recorded as a case."""
+        self._record(name, timed, nbytes, "read", copy_gbps(nbytes, self.args.budget))
+
     def _record(self, name: str, timed: dict[str, list[float]], nbytes: int, bytes_kind: str, roof: float) -> None:
         medians = {backend: statistics.median(times) for backend, times in timed.items()}
         for backend, times in timed.items():

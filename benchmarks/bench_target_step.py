@@ -20,7 +20,12 @@ floor, the pass cannot stay close to a one-token step.
 as the decoders run it (``HFCausalLM.forward_level`` of one node over a 200-token context, its reduced head
 included), in two cases: right after a target step (the first draft call of a round, whose data the target's
 weights have pushed out of the caches) and repeated (the later levels of a round); with int8 weights (as the demo
-loads it) unless ``--no-draft-int8``.
+loads it) unless ``--no-draft-int8``. The same draft's steps are also timed as decoding runs them
+(``--decode-prompts``, default 4 HumanEval prompts, 0 skips): greedy ``rsd_c`` with trees chosen for the machine,
+``--decode-tokens`` new tokens per prompt, each step of the drafter (``propose_root``: the first of a round, which
+reads the newly committed tokens after the target's pass and the verification; ``propose_level``: the later ones,
+each with its head) and each target pass (``forward_tree``) timed as it runs; the first step of a prompt, which reads
+the whole prompt, is left out.
 Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops] [--draft NAME]
 """
 
@@ -31,6 +36,7 @@ import csv
 import os
 from functools import partial
 
+import _timing
 import specdec.models as models
 import torch
 from _timing import RESULTS, Recorder, parse_args
@@ -141,6 +147,42 @@ class DraftStep:
         st.valid = st.valid[:, : st.length - 1]
 
 
+def decoding_steps(target: torch.nn.Module, tokenizer: object, draft: torch.nn.Module, prompts: int, tokens: int
+                   ) -> dict[str, list[float]]:  # fmt: skip
+    """Seconds of the draft's steps (first of a round, later) and of the target's passes in greedy ``rsd_c`` decoding
+    with trees chosen for the machine, over the first ``prompts`` HumanEval prompts, ``tokens`` new tokens each."""
+    from specdec import SpeculativeDecoder
+    from specdec.cli import load_prompts
+
+    dec = SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
+    drafter, lm = dec.drafter, dec.target
+    assert drafter is not None
+    out: dict[str, list[float]] = {"first": [], "later": [], "pass": []}
+    seen = [0]  # drafter steps of the current prompt (its first reads the whole prompt: left out)
+
+    def timed(fn, key):  # noqa: ANN001, ANN202 - a wrapper of the instance's own method
+        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            t0 = _timing.CLOCK()
+            result = fn(*args, **kwargs)
+            if key != "first" or seen[0]:
+                out[key].append(_timing.CLOCK() - t0)
+            seen[0] += key == "first"
+            return result
+
+        return call
+
+    drafter.propose_root = timed(drafter.propose_root, "first")
+    drafter.propose_level = timed(drafter.propose_level, "later")
+    lm.forward_tree = timed(lm.forward_tree, "pass")
+    ids = [smollm2.chat_prompt(tokenizer, text) for text in load_prompts(None, prompts)]
+    dec.generate(torch.tensor([ids[0][:16]]), max_new_tokens=4)  # warm-up (and the cost curve, if not cached)
+    out = {k: [] for k in out}
+    for prompt in ids:
+        seen[0] = 0
+        dec.generate(torch.tensor([prompt]), max_new_tokens=tokens)
+    return out
+
+
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target dtype")
     ap.add_argument("--ops", action="store_true", help="also record the per-op profile of each cpu pass")
@@ -152,12 +194,16 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default=True,
         help="the draft with int8 weights (specdec.int8_weights), as the demo loads it",
     )
+    ap.add_argument("--decode-prompts", type=int, default=4, help="HumanEval prompts of the in-decoding draft steps")
+    ap.add_argument("--decode-tokens", type=int, default=64, help="new tokens per prompt of the in-decoding steps")
 
 
 def main() -> None:
     args = parse_args(__doc__, add_args)
     args.budget = max(args.budget, 1.5)  # a forward takes tens of milliseconds
-    target, _ = smollm2.load_smollm2(args.dtype)
+    if args.decode_prompts < 0 or args.decode_tokens < 1:
+        raise SystemExit("--decode-prompts must be >= 0 and --decode-tokens >= 1")
+    target, tokenizer = smollm2.load_smollm2(args.dtype)
     lm = models.HFCausalLM(target, name="target")
     g = torch.Generator().manual_seed(0)
     state = lm.new_state(1)
@@ -202,6 +248,12 @@ def main() -> None:
         name = f"{args.draft}/int8" if args.draft_int8 else args.draft  # one word: the report reads it back
         rec.case(f"draft {name} after a target step", {"cpu": step}, step.nbytes, before=one)
         rec.case(f"draft {name} repeated", {"cpu": step}, step.nbytes)
+        if args.decode_prompts:
+            # in decoding: "decoding draft first|later" and "decoding target pass" (the report's ratios of the two)
+            times = decoding_steps(target, tokenizer, step.draft, args.decode_prompts, args.decode_tokens)
+            for key, case in (("first", "draft first"), ("later", "draft later"), ("pass", "target pass")):
+                if times[key]:
+                    rec.samples(f"decoding {case}", {"cpu": times[key]}, step.nbytes if key != "pass" else nbytes)
     rec.save()
     if args.ops and ops_rows and not args.no_csv:
         save_ops(rec, ops_rows)

@@ -321,15 +321,20 @@ def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
         return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
-    steps = [[r for r in run if not r["case"].startswith("draft ") and " linears " not in r["case"]] for run in runs]
+    steps = [[r for r in run if not r["case"].startswith(("draft ", "decoding ")) and " linears " not in r["case"]]
+             for run in runs]  # fmt: skip
     alone = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " linears new " in r["case"]} for run in runs]
     cached = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " in cache " in r["case"]} for run in runs]
     drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
+    # the draft's steps and the target's passes as a decoding ran them (bench_target_step --decode-prompts)
+    decoding = [
+        {r["case"].removeprefix("decoding "): r for r in run if r["case"].startswith("decoding ")} for run in runs
+    ]
     news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
-    with_draft = any(drafts)
+    with_draft, with_decoding = any(drafts), any(decoding)
     several = len({run[0]["machine"] for run in runs}) > 1  # then each variant's rows name their machine
     lines = []
-    for run, draft, lin, arith in zip(steps, drafts, alone, cached, strict=True):
+    for run, draft, lin, arith, dec in zip(steps, drafts, alone, cached, decoding, strict=True):
         label = _variant_cell(run[0]["cpu_isa"], run[0]["machine"], several)
         cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
         torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
@@ -345,8 +350,18 @@ def block_target_step(results: Path) -> str:
             f"{100 * float(draft[k]['median_ms']) / one:.1f} % ({num(draft[k]['median_ms'])} ms)" if k in draft else "-"
             for k in ("step", "repeated")
         ]
-        lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else [])])
-        blank = ["-", "-"] if with_draft else []
+        # a draft step in decoding as a share of the target's passes of the same decoding
+        dec_cells = [
+            f"{100 * float(dec[k]['median_ms']) / float(dec['target pass']['median_ms']):.1f} % "
+            f"({num(dec[k]['median_ms'])} ms)"
+            if k in dec and "target pass" in dec
+            else "-"
+            for k in ("draft first", "draft later")
+        ]
+        dec_pass = [f"{num(dec['target pass']['median_ms'])} ms" if "target pass" in dec else "-"]
+        lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else []),
+                      *(dec_pass + dec_cells if with_decoding else [])])  # fmt: skip
+        blank = ["-"] * (2 * with_draft + 3 * with_decoding)
         if 1 in lin:  # the same run's linears alone, from memory
             lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
         if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
@@ -356,6 +371,8 @@ def block_target_step(results: Path) -> str:
     if with_draft:
         name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
         head += [f"draft step ({name}), after a target step", "draft step, repeated"]
+    if with_decoding:
+        head += ["target pass in decoding", "draft step in decoding, first of a round", "later in a round"]
     r0 = runs[-1][0]
     extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
     if any(cached):
@@ -364,6 +381,8 @@ def block_target_step(results: Path) -> str:
         extra += "; 'linears alone': the pass's linears over the model's weights from memory, the rest left out"
     if with_draft:
         extra += "; a draft step as a share of the one-token target step of the same run"
+    if with_decoding:
+        extra += "; in decoding: medians over greedy rsd_c(auto) rounds, a draft step as a share of the target pass"
     prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
 

@@ -83,6 +83,16 @@ def test_interleaved_cases_record_one_row_per_case_and_backend() -> None:
     assert rec.rows[0]["speedup_vs_torch"] != "" and rec.rows[2]["speedup_vs_torch"] == ""
 
 
+def test_samples_timed_elsewhere_are_recorded_as_a_case() -> None:
+    import argparse
+
+    rec = _timing.Recorder("op", argparse.Namespace(budget=0.0, clock="wall", no_csv=True))
+    rec.samples("decoding draft first", {"cpu": [0.003, 0.001, 0.002]}, 64)
+    (row,) = rec.rows
+    assert row["case"] == "decoding draft first" and row["backend"] == "cpu" and row["reps"] == 3
+    assert row["median_ms"] == 2.0 and row["p10_ms"] == 1.0 and row["p90_ms"] == 3.0
+
+
 def _write(path: Path, fields: list[str], rows: list[dict]) -> None:
     _timing.append_csv(path, fields, rows)
 
@@ -139,6 +149,18 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
     # the compute floor sits on its own row, in ms, and stays out of the pass ratios and the memory floor
     assert "| avx2: linears alone | - | 30.0 ms | 1.10x | - | - | - |" in out
     assert "| avx2: linears in cache | - | 6.00 ms | 9.50 ms | - | - | - |" in out
+    # the draft's steps as a decoding ran them: shares of that decoding's target passes, in three more columns
+    rows += [
+        {**base, "case": "decoding target pass", "median_ms": 16.0},
+        {**base, "case": "decoding draft first", "median_ms": 0.8, "bytes": 10},
+        {**base, "case": "decoding draft later", "median_ms": 0.4, "bytes": 10},
+    ]
+    (tmp_path / "target_step.csv").unlink()
+    _write(tmp_path / "target_step.csv", fields, rows)
+    out = report.block_target_step(tmp_path)
+    assert "| target pass in decoding | draft step in decoding, first of a round | later in a round |" in out
+    assert "| 2.5 % (1.00 ms) | 16.0 ms | 5.0 % (0.800 ms) | 2.5 % (0.400 ms) |" in out
+    assert "| avx2: linears alone | - | 30.0 ms | 1.10x | - | - | - | - | - | - |" in out
 
 
 def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
