@@ -27,6 +27,7 @@ reads the newly committed tokens after the target's pass and the verification; `
 each with its head) and each target pass (``forward_tree``) timed as it runs; the first step of a prompt, which reads
 the whole prompt, is left out.
 Run: python benchmarks/bench_target_step.py [--threads 1] [--dtype bf16] [--no-csv] [--ops] [--draft NAME]
+     [--decode-prompts N] [--decode-tokens T]
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import _timing
 import specdec.models as models
@@ -160,8 +163,8 @@ def decoding_steps(target: torch.nn.Module, tokenizer: object, draft: torch.nn.M
     out: dict[str, list[float]] = {"first": [], "later": [], "pass": []}
     seen = [0]  # drafter steps of the current prompt (its first reads the whole prompt: left out)
 
-    def timed(fn, key):  # noqa: ANN001, ANN202 - a wrapper of the instance's own method
-        def call(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def timed(fn: Callable[..., Any], key: str) -> Callable[..., Any]:  # wraps the instance's own method
+        def call(*args: Any, **kwargs: Any) -> Any:
             t0 = _timing.CLOCK()
             result = fn(*args, **kwargs)
             if key != "first" or seen[0]:
