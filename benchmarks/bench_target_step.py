@@ -179,7 +179,8 @@ def decoding_steps(target: torch.nn.Module, tokenizer: object, draft: torch.nn.M
     lm.forward_tree = timed(lm.forward_tree, "pass")
     ids = [smollm2.chat_prompt(tokenizer, text) for text in load_prompts(None, prompts)]
     dec.generate(torch.tensor([ids[0][:16]]), max_new_tokens=4)  # warm-up (and the cost curve, if not cached)
-    out = {k: [] for k in out}
+    for times in out.values():
+        times.clear()
     for prompt in ids:
         seen[0] = 0
         dec.generate(torch.tensor([prompt]), max_new_tokens=tokens)

@@ -317,6 +317,12 @@ def _new_cells(by_n: dict[int, dict[str, str]], news: list[int]) -> list[str]:
     ]
 
 
+def _share_cell(row: dict[str, str], base_ms: float) -> str:
+    """A timed row as a share of ``base_ms``, with its own time: ``5.0 % (0.800 ms)``."""
+    ms = float(row["median_ms"])
+    return f"{100 * ms / base_ms:.1f} % ({num(ms)} ms)"
+
+
 def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
@@ -346,21 +352,16 @@ def block_target_step(results: Path) -> str:
         t1 = torch_rows.get(1)
         torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
         # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
-        draft_cells = [
-            f"{100 * float(draft[k]['median_ms']) / one:.1f} % ({num(draft[k]['median_ms'])} ms)" if k in draft else "-"
-            for k in ("step", "repeated")
-        ]
-        # a draft step in decoding as a share of the target's passes of the same decoding
-        dec_cells = [
-            f"{100 * float(dec[k]['median_ms']) / float(dec['target pass']['median_ms']):.1f} % "
-            f"({num(dec[k]['median_ms'])} ms)"
-            if k in dec and "target pass" in dec
-            else "-"
-            for k in ("draft first", "draft later")
-        ]
-        dec_pass = [f"{num(dec['target pass']['median_ms'])} ms" if "target pass" in dec else "-"]
+        draft_cells = [_share_cell(draft[k], one) if k in draft else "-" for k in ("step", "repeated")]
+        # the decoding's target pass, and a draft step in decoding as a share of it
+        passed = dec.get("target pass")
+        dec_cells = ["-"] * 3
+        if passed is not None:
+            base = float(passed["median_ms"])
+            dec_cells = [f"{num(base)} ms"]
+            dec_cells += [_share_cell(dec[k], base) if k in dec else "-" for k in ("draft first", "draft later")]
         lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else []),
-                      *(dec_pass + dec_cells if with_decoding else [])])  # fmt: skip
+                      *(dec_cells if with_decoding else [])])  # fmt: skip
         blank = ["-"] * (2 * with_draft + 3 * with_decoding)
         if 1 in lin:  # the same run's linears alone, from memory
             lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
