@@ -71,3 +71,22 @@ def test_sdist_carries_the_kernel_sources(tmp_path):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"csrc/torch_bindings.cpp", "csrc/include/specdec/verify.h", "csrc/cuda/verify.cu", "LICENSE"} <= names
     assert {"specdec_kernels/py.typed", "python_api/specdec/py.typed"} <= names
+
+
+#: What a run on a lent GPU machine receives is the tracked tree, capped at 64 MiB per call together with the carried
+#: paths (wheels the machine lacks): the tracked files keep under 40 MiB to leave room for them.
+TRACKED_LIMIT = 40 * 2**20
+
+
+def test_tracked_files_fit_one_device_call():
+    res = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60)
+    if res.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = [p for p in res.stdout.decode().split("\0") if p]
+    sizes = {p: os.path.getsize(os.path.join(ROOT, p)) for p in paths if os.path.isfile(os.path.join(ROOT, p))}
+    total = sum(sizes.values())
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+    assert len(sizes) > 100, f"git ls-files listed only {len(sizes)} files"
+    assert total <= TRACKED_LIMIT, (
+        f"tracked files hold {total / 2**20:.1f} MiB, over {TRACKED_LIMIT / 2**20:.0f} MiB; largest: {largest}"
+    )

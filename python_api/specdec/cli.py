@@ -11,7 +11,7 @@ bf16 copy of the target: high acceptance, not faster; for exercising long accept
 LM with the target's vocabulary, or another distilled draft by asset name or file; any neural one of these followed
 by ``+ngram`` gets the Max-Gram track. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head
 (every shipped draft has one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``) with the
-cascade of --cascade (``smollm2-cascade``: ``smollm2-csd-l1`` and ``-l2`` above Max-Gram and its bigram table).
+cascade of --cascade (``smollm2-cascade``: ``smollm2-csd-l2`` above Max-Gram and its bigram table).
 """
 
 from __future__ import annotations
@@ -610,8 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--cascade",
         default="smollm2-cascade",
-        help=f"the draft cascade of {_with_cascade()}: a recipe asset (smollm2-cascade: two math and code drafts "
-        "above Max-Gram with its bigram table; smollm2-cascade-math: two math drafts) or a JSON recipe file "
+        help=f"the draft cascade of {_with_cascade()}: a recipe asset (smollm2-cascade: a math and code draft "
+        "above Max-Gram with its bigram table) or a JSON recipe file "
         "(specdec.train.load_cascade)",
     )
     demo.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="target and draft dtype")

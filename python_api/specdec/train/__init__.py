@@ -8,7 +8,7 @@ Use the shipped draft::
     draft = load_draft("smollm2-distill", target)        # HF LlamaForCausalLM, full-vocab logits (-inf off-head)
     head, h = load_head("smollm2-distill-head")          # SpecDec++ acceptance head + its default threshold
     eagle = load_draft("smollm2-eagle", target)          # feature draft: reads the target's hidden states
-    cascade = load_cascade("smollm2-cascade", target)    # CS Drafting (method "csd"): two drafts + Max-Gram
+    cascade = load_cascade("smollm2-cascade", target)    # CS Drafting (method "csd"): a draft above Max-Gram
 
 Retrain: ``python -m specdec.train all`` (stages: data, evalset, distill, eval, head, ship; see train/README.md).
 """

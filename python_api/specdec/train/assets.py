@@ -29,7 +29,7 @@ from .draft import (
 from .store import ASSETS_DIR, resolve_asset
 
 DEFAULT_DRAFT = "smollm2-distill"
-#: the shipped CS Drafting cascade: smollm2-distill above Max-Gram with its bigram table (specdec/assets)
+#: the shipped CS Drafting cascade: smollm2-csd-l2 above Max-Gram with its bigram table (specdec/assets)
 DEFAULT_CASCADE = "smollm2-cascade"
 
 
