@@ -3,7 +3,7 @@
 // see raw pointers. Built only when torch has CUDA (setup.py); nothing here can be compiled with the CPU wheel.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>  // the stream alone: CUDAContext.h would need the cuBLAS/cuSPARSE headers too
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -24,7 +24,7 @@ void check(int err, const char* op) {
   TORCH_CHECK(err == 0, "specdec::", op, " CUDA launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-void* stream() { return at::cuda::getCurrentCUDAStream().stream(); }
+void* stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 Tensor f32(const Tensor& t) { return t.to(at::kFloat).contiguous(); }
 Tensor i64(const Tensor& t) { return t.to(at::kLong).contiguous(); }

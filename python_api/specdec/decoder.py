@@ -359,6 +359,10 @@ class SpeculativeDecoder:
             # draws its noise from its own Philox stream on the tensors' device
             generator = torch.Generator()
             generator.manual_seed(seed)
+        if sampling.greedy:
+            # greedy output reads no noise, but a drafter's op may still ask for a seed: it comes from a private
+            # generator, so no generator of the user's (nor torch's global one) advances, as under model.generate
+            generator = torch.Generator()
         mask = model_kwargs.get("attention_mask")
         prompts = _prompts(input_ids, mask, vocab)
         # the last new token is never fed back: the longest sequence a forward sees is one shorter

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -267,6 +268,10 @@ def tensor_version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
+#: rotary_rows' cos/sin tables, beside the user's rotary modules rather than on them (gone with the module)
+_ROTARY_TABLES: weakref.WeakKeyDictionary[Any, tuple[Any, torch.Tensor, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
 def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``rotary(h, positions)`` of a HF rotary-embedding module: cos/sin [B, n, D] of ``positions``, as rows of a
     table cached on the module (one gather instead of ~10 ops). The table is the module's own output on arange(L),
@@ -277,12 +282,12 @@ def rotary_rows(rotary: Any, positions: torch.Tensor, h: torch.Tensor) -> tuple[
     need = int(positions.max()) + 1 if positions.numel() else 1
     inv = rotary.inv_freq
     key = (inv.data_ptr(), tensor_version(inv), getattr(rotary, "attention_scaling", None), h.dtype, h.device)
-    hit = getattr(rotary, "_specdec_table", None)
+    hit = _ROTARY_TABLES.get(rotary)
     if hit is None or hit[0] != key or hit[1].shape[0] < need:
         size = max(1024, 1 << (need - 1).bit_length())
         cos, sin = rotary(h, torch.arange(size, device=h.device)[None])
         hit = (key, cos[0], sin[0])
-        rotary._specdec_table = hit
+        _ROTARY_TABLES[rotary] = hit
     return hit[1][positions], hit[2][positions]
 
 

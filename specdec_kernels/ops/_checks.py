@@ -125,11 +125,13 @@ class NoisePlan:
       stream of ``specdec_kernels._rng`` itself, in its kernels; every backend computes the same bits.
     """
 
-    def __init__(self, generator: torch.Generator | None, seed: int | None) -> None:
+    def __init__(self, generator: torch.Generator | None, seed: int | None, *, needed: bool = True) -> None:
         if generator is not None and seed is not None:
             raise ValueError("pass either generator= or seed=, not both")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if not needed:  # the call reads no noise (greedy): draw nothing from the caller's or torch's generator
+            generator, seed = None, 0 if seed is None else seed
         self.generator = generator
         if generator is None:
             if seed is None:

@@ -245,7 +245,7 @@ def verify_chain(
                 _check_candidates(draft.reshape(-1, 1), in_use.reshape(-1, 1), p.reshape(-1, vocab), vocab)
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
     # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
-    plan = NoisePlan(generator, seed)
+    plan = NoisePlan(generator, seed, needed=not greedy)
     u = plan.noise("accept_u", accept_u, (batch, length), q.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
@@ -420,7 +420,7 @@ def verify_tree(
             )
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
     # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
-    plan = NoisePlan(generator, seed)
+    plan = NoisePlan(generator, seed, needed=not greedy)
     u_shape = (batch, n, max(kmax, 1) if accept_u is None else accept_u.shape[2])
     u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)

