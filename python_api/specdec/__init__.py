@@ -16,14 +16,16 @@ law (:class:`HybridDrafter`), or a feature draft that reads the target's hidden 
 :class:`CascadeDrafter` (``specdec.train.load_cascade("smollm2-cascade")``).
 """
 
+import logging
 from typing import Any
 
 from specdec_kernels import __version__
 
-from . import methods
+from . import errors, methods
 from .cascade import CascadeDrafter
 from .config import MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
+from .decoders.auto import calibrate
 from .drafting import (
     Drafter,
     DraftLogits,
@@ -37,8 +39,13 @@ from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState, int8_weights
 from .tree import DraftTree
 
+# a library's logger: silent unless the application configures logging (INFO: the auto trees' one-time measurement)
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 __all__ = [
     "__version__",
+    "calibrate",
+    "errors",
     "METHODS",
     "SUPPORTED_ATTENTION",
     "SUPPORTED_MODEL_TYPES",

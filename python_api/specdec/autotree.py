@@ -27,13 +27,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from .errors import CacheDirError
+
+log = logging.getLogger(__name__)
 
 #: deepest auto tree (levels below the root)
 AUTO_MAX_DEPTH = 6
@@ -184,6 +190,25 @@ FORWARD_PATH = "decoder-stack-plan/lean-head/slot-cache/linear-l2-prefetch-wide-
 MEASUREMENT = "interleaved-sweeps"
 
 
+def _progress(total: int, show: bool) -> Any:
+    """A tqdm bar on stderr (``TQDM_DISABLE=1`` hides it; ``show`` False or no tqdm: a bar that draws nothing)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        show = False
+    if not show:
+        return _NoBar()
+    return tqdm(total=total, desc="specdec: measuring the pass cost for auto trees (once)", unit="pass", leave=False)
+
+
+class _NoBar:
+    def update(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = None) -> str:
     """What a cost curve depends on: the model's class, size and dtype, the CPU (its model name: a cache directory
     shared by machines of one instruction set, such as a cluster's home directory, must not lend one machine's
@@ -200,21 +225,25 @@ def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = No
 
 
 def measure_target(
-    forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 5
+    forward: Callable[[int], None], rows: tuple[int, ...] = CURVE_ROWS, reps: int = 5, *, progress: bool = False
 ) -> dict[int, float]:
     """Median seconds of ``forward(n)`` (a target pass over n new rows) at each n, after one warm-up call each;
     the ``reps`` timings of each n are taken in sweeps over all the row counts, so that a machine whose speed drifts
     during the measurement shifts every n alike instead of the row counts measured last. Then cost(n) = min over
     m >= n of the medians, since a pass over more rows cannot cost less (a spike from machine load at one row count
     would otherwise steer every choice away from it)."""
+    bar = _progress(len(rows) * (reps + 1), progress)
     for n in rows:
         forward(n)
+        bar.update()
     times: dict[int, list[float]] = {n: [] for n in rows}
     for _ in range(reps):
         for n in rows:
             t0 = time.perf_counter()
             forward(n)
             times[n].append(time.perf_counter() - t0)
+            bar.update()
+    bar.close()
     out = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
     low = float("inf")
     for n in sorted(out, reverse=True):
@@ -222,20 +251,43 @@ def measure_target(
     return out
 
 
-def load_or_measure(key: str, forward: Callable[[int], None]) -> CostCurve:
-    """The cached curve of ``key``, or a fresh measurement written to the cache."""
-    path = cache_dir() / f"{key}.json"
+def curve_path(key: str) -> Path:
+    """Where the curve of ``key`` is cached."""
+    return cache_dir() / f"{key}.json"
+
+
+def load_or_measure(key: str, forward: Callable[[int], None], *, progress: bool = True) -> CostCurve:
+    """The cached curve of ``key``, or a fresh measurement written to the cache (a log line at INFO on the
+    ``specdec`` logger and, with ``progress``, a tqdm bar on stderr while it runs). Raises
+    :class:`~specdec.errors.CacheDirError` naming the directory when the cache cannot be written."""
+    path = curve_path(key)
     if path.is_file():
         try:
             return CostCurve.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError):
             pass  # a damaged cache file is measured again
-    curve = CostCurve(target=measure_target(forward))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # before the measurement: a cache that cannot be written is reported without the wait
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _cache_error(path.parent, err) from err
+    log.info("measuring this machine's target pass cost for branching='auto' (once; cached at %s)", path)
+    t0 = time.perf_counter()
+    curve = CostCurve(target=measure_target(forward, progress=progress))
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_json()))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(curve.to_json()))
+        tmp.replace(path)
+    except OSError as err:
+        raise _cache_error(path.parent, err) from err
+    log.info("measured the pass cost in %.1f s", time.perf_counter() - t0)
     return curve
+
+
+def _cache_error(folder: Path, err: OSError) -> CacheDirError:
+    return CacheDirError(
+        f"cannot write the auto trees' cost curve under {folder} ({type(err).__name__}: {err}); set SPECDEC_CACHE "
+        "to a writable directory, or pass a fixed branching (e.g. branching=(2, 1)), which measures nothing"
+    )
 
 
 class AcceptanceModel:

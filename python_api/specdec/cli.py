@@ -715,11 +715,44 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="print the settings and the rows as one JSON document on stdout"
     )
     demo.set_defaults(check=lambda a: check_args(demo, a))  # its errors then read "specdec demo: error: ..."
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure the pass cost curve that branching='auto' measures on its first call, ahead (cached under "
+        "$SPECDEC_CACHE, default ~/.cache/specdec)",
+        formatter_class=_DefaultsHelp,
+    )
+    cal.add_argument("--model", help="an HF causal LM directory or a .gguf file (default: SmolLM2-135M-Instruct)")
+    cal.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="the dtype the model will run in")
+    cal.add_argument("--threads", type=int, default=1, help="torch threads the model will run with (a curve each)")
+    cal.set_defaults(check=lambda a: check_calibrate(cal, a))
     return parser
+
+
+def check_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The calibrate flags, checked before the model loads (one line naming the flag, exit code 2)."""
+    if args.threads < 1:
+        _fail(parser, f"--threads must be >= 1, got {args.threads}")
+    if args.model is not None:
+        why, _ = _check_model(args)
+        if why is not None:
+            _fail(parser, f"--model {why}")
+
+
+def run_calibrate(args: argparse.Namespace) -> Path:
+    from .decoders.auto import calibrate
+
+    torch.set_num_threads(args.threads)
+    model, _, name = load_target(args.model, torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    path = calibrate(model)
+    print(f"{name} ({args.dtype}, {args.threads} thread(s)): pass cost curve at {path}")
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         run_demo(args, args.check(args))
+    elif args.command == "calibrate":
+        args.check(args)
+        run_calibrate(args)
     return 0

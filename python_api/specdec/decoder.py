@@ -33,6 +33,7 @@ from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .decoders.base import op_seed, seed_block
 from .decoders.cascade import check_cascade
 from .drafting import Drafter, HiddenStateDrafter, as_drafter
+from .errors import UnsupportedSettingError
 from .generation import check_config, check_processors, sampling_from_hf, split_criteria, token_id, token_ids
 from .metrics import GenerationStats
 from .models import HFCausalLM
@@ -45,11 +46,51 @@ class GenerationOutput:
 
     Shape: sequences [B, P + T]: the input ids as given (left padding kept) followed by each row's new tokens,
     right-padded with ``pad_token_id`` to the longest row (T). ``new_tokens[b]``: row b's generated ids.
+
+    It reads as transformers' ``GenerateDecoderOnlyOutput`` does (what ``generate(..., return_dict_in_generate=True)``
+    returns): ``out["sequences"]``, ``out[0]``, ``out.to_tuple()``, ``out.keys()``, and the attributes of outputs a
+    speculative run does not produce (``scores``, ``logits``, ``attentions``, ``hidden_states``,
+    ``past_key_values`` / ``cache``) are None and left out of the keys, as unrequested ones are there; the
+    speculative ``new_tokens`` and ``stats`` follow ``sequences``.
     """
 
     sequences: torch.Tensor
     new_tokens: list[list[int]]
     stats: GenerationStats
+    scores: None = None
+    logits: None = None
+    attentions: None = None
+    hidden_states: None = None
+    past_key_values: None = None
+    cache: None = None
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(self.values())
+
+    def __getitem__(self, key: str | int | slice) -> Any:
+        if isinstance(key, str):
+            if key not in self.keys():
+                raise KeyError(key)
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
 
 
 def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden: bool = False) -> Drafter | None:
@@ -228,7 +269,7 @@ class SpeculativeDecoder:
         procs = kwargs.get("logits_processor")
         if procs:
             names = ", ".join(type(p).__name__ for p in procs)
-            raise ValueError(
+            raise UnsupportedSettingError(
                 f"logits_processor=[{names}] is not supported by speculative generation: the driver cannot know the "
                 "law it gives each draft node (set the generation settings instead)"
             )
@@ -330,9 +371,10 @@ class SpeculativeDecoder:
         for key, value in model_kwargs.items():
             if key in ("attention_mask", "position_ids", "use_cache", "logits_to_keep"):
                 continue
-            if key == "cache" and (value is None or value.get_seq_length() == 0):
+            # an empty cache as transformers prepares it (named past_key_values before transformers 5.20)
+            if key in ("cache", "past_key_values") and (value is None or value.get_seq_length() == 0):
                 continue
-            raise ValueError(f"generate argument {key}= is not supported by speculative generation")
+            raise UnsupportedSettingError(f"generate argument {key}= is not supported by speculative generation")
         vocab = self.target.vocab_size
         eos = _eos_list(gc.eos_token_id, vocab)
         width = int(input_ids.shape[1])
@@ -664,15 +706,35 @@ def _hidden_stop_strings(config: Any) -> Iterator[None]:
         config.stop_strings = stops
 
 
+#: the arguments of transformers' ``generate`` that it does not hand a custom_generate callable
+GENERATE_LOCALS = ("assistant_model", "streamer")
+
+
 def _generate_call() -> dict[str, Any]:
     """``assistant_model`` and ``streamer`` of the transformers ``generate`` call that runs a custom_generate
-    callable: transformers hands such a callable neither (it sends the streamer the prompt only), so they are read
-    from its frame. Empty when not called from there."""
+    callable. transformers hands such a callable neither (it sends the streamer the prompt only; it passes on only
+    the keyword arguments that ``GenerationMixin._sample`` does not name) and offers no other route to them, so they
+    are read from that call's frame: the one kept reach into transformers' internals. Empty when not called from
+    transformers' generate; a RuntimeError when called from it but its frame no longer holds both names, so that a
+    transformers release that renames them fails loudly instead of dropping the draft or the streamer
+    (``tests/python_api/test_hf_generate.py`` pins it in CI at both ends of the supported range)."""
     frame = sys._getframe(1)
+    inside = False
     while frame is not None:
-        if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
-            return {k: frame.f_locals.get(k) for k in ("assistant_model", "streamer")}
+        module = frame.f_globals.get("__name__", "")
+        if module == "transformers.generation.utils":
+            inside = True
+            if frame.f_code.co_name == "generate" and all(k in frame.f_locals for k in GENERATE_LOCALS):
+                return {k: frame.f_locals[k] for k in GENERATE_LOCALS}
         frame = frame.f_back
+    if inside:
+        import transformers
+
+        raise RuntimeError(
+            f"specdec.custom_generate cannot find {' and '.join(GENERATE_LOCALS)} in transformers "
+            f"{transformers.__version__}'s generate (a release outside the supported range?); pass the draft as "
+            "draft= and call specdec.generate(..., streamer=...) instead"
+        )
     return {}
 
 
@@ -748,7 +810,8 @@ def custom_generate(
     speculative statistics. A decoder built once (:class:`SpeculativeDecoder`) offers the same hook as
     ``decoder.custom_generate`` without rebuilding per call. transformers hands such a callable no tokenizer, so
     ``stop_strings`` go in as ``stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]``."""
-    assistant = _generate_call().get("assistant_model")
+    call = _generate_call()
+    assistant = call.get("assistant_model")
     if assistant is not None and draft is not None:
         raise ValueError("pass the draft as assistant_model= or draft=, not both")
     decoder = SpeculativeDecoder(
@@ -771,6 +834,6 @@ def custom_generate(
         generation_config,
         seed=seed,
         generator=generator,
-        streamer=_generate_call().get("streamer"),
+        streamer=call.get("streamer"),
         **model_kwargs,
     )

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .config import SamplingConfig
+from .errors import UnsupportedSettingError
 
 #: fields whose values the driver implements
 SUPPORTED_FIELDS = frozenset(
@@ -69,6 +70,22 @@ INERT_FIELDS = frozenset(
     }
 )
 
+#: values of unsupported settings that transformers itself runs as plain decoding (nothing suppressed, no guidance,
+#: no contrastive search, top-h off): accepted as the defaults are
+NO_OP_VALUES: dict[str, Any] = {
+    "suppress_tokens": [],
+    "begin_suppress_tokens": [],
+    "guidance_scale": 1.0,
+    "penalty_alpha": 0.0,
+    "top_h": 1.0,
+}
+
+#: processors that suppress the tokens of one attribute: with none listed they change no logit
+EMPTY_SUPPRESSION = {
+    "SuppressTokensLogitsProcessor": "suppress_tokens",
+    "SuppressTokensAtBeginLogitsProcessor": "begin_suppress_tokens",
+}
+
 #: transformers' processors whose law SamplingConfig reproduces, by class name
 KNOWN_PROCESSORS = frozenset(
     {
@@ -94,7 +111,9 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
             continue
         if value is None or value is False or value == defaults.get(name):
             continue
-        raise ValueError(
+        if name in NO_OP_VALUES and _no_op(value, NO_OP_VALUES[name]):
+            continue
+        raise UnsupportedSettingError(
             f"generation setting {name}={value!r} is not supported by speculative generation "
             f"(supported: {', '.join(sorted(SUPPORTED_FIELDS))})"
         )
@@ -103,6 +122,12 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
         value = getattr(generation_config, name, None)
         if value is not None and token_id(value) is None:
             raise ValueError(f"{name} must be an int, got {value!r}")
+
+
+def _no_op(value: Any, no_op: Any) -> bool:
+    if isinstance(no_op, list):  # an empty list, tuple or tensor of token ids
+        return len(token_ids(value)) == 0 if not isinstance(value, (str, bytes, int, float)) else False
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == no_op
 
 
 def token_id(value: Any) -> int | None:
@@ -180,18 +205,22 @@ def check_processors(
     seen: set[str] = set()
     for proc in logits_processor or ():
         name = type(proc).__name__
+        if name in EMPTY_SUPPRESSION and _no_op(getattr(proc, EMPTY_SUPPRESSION[name], None), []):
+            continue  # transformers builds them from suppress_tokens=[] / begin_suppress_tokens=[]: they change nothing
         if name not in KNOWN_PROCESSORS:
-            raise ValueError(
+            raise UnsupportedSettingError(
                 f"logits processor {name} is not supported by speculative generation (it comes from "
                 "logits_processor=, prefix_allowed_tokens_fn= or a generation setting without a speculative law)"
             )
         if name in seen:
-            raise ValueError(f"logits processor {name} appears twice; a logits_processor= list is not supported")
+            raise UnsupportedSettingError(
+                f"logits processor {name} appears twice; a logits_processor= list is not supported"
+            )
         seen.add(name)
         for attr, (setting, want) in _expected(name, generation_config, eos, width, mask).items():
             got = getattr(proc, attr, None)
             if not _same(got, want, attr == "eos_token_id"):
-                raise ValueError(
+                raise UnsupportedSettingError(
                     f"logits processor {name} has {attr}={got!r} where the generation settings give {setting}="
                     f"{want!r}: a logits_processor= list is not supported by speculative generation (set the "
                     "generation setting instead)"
@@ -228,12 +257,12 @@ def split_criteria(stopping_criteria: Any, generation_config: Any, eos: Sequence
     for c in stopping_criteria or ():
         name = type(c).__name__
         if name == "MaxLengthCriteria" and getattr(c, "max_length", None) != generation_config.max_length:
-            raise ValueError(
+            raise UnsupportedSettingError(
                 f"stopping criterion MaxLengthCriteria(max_length={c.max_length!r}) differs from the generation "
                 f"settings' max_length={generation_config.max_length!r}: set max_length= or max_new_tokens= instead"
             )
         if name == "EosTokenCriteria" and _ids(getattr(c, "eos_token_id", [])) != set(eos):
-            raise ValueError(
+            raise UnsupportedSettingError(
                 f"stopping criterion EosTokenCriteria(eos_token_id={sorted(_ids(c.eos_token_id))}) differs from the "
                 f"generation settings' eos_token_id={list(eos)}: set eos_token_id= instead"
             )

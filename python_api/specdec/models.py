@@ -32,6 +32,8 @@ from torch.nn.modules import module as _torch_module
 
 import specdec_kernels as sk
 
+from .errors import UnsupportedModelError
+
 # How each family applies ``config.sliding_window``: to no layer, to every layer (one mask), or to the layers that
 # ``config.layer_types`` marks "sliding_attention" (the base model takes a dict of masks keyed by layer type).
 _WINDOWED_LAYERS = {
@@ -1109,13 +1111,13 @@ class HFCausalLM:
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
             hint = "; for Gemma 3 load the text model (Gemma3ForCausalLM)" if model_type == "gemma3" else ""
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"{name}: architecture {model_type!r} is not supported; tree decoding needs a model that takes a 4-D "
                 f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}{hint}"
             )
         attn = getattr(config, "_attn_implementation", None)
         if attn not in SUPPORTED_ATTENTION:
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"{name}: attn_implementation {attn!r} cannot take a custom tree mask; load the model with "
                 f"attn_implementation='sdpa' or 'eager'"
             )

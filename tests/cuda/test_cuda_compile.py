@@ -44,14 +44,14 @@ def test_cuda_source_compiles(source, arch, tmp_path):
 
 
 STUBS = {
-    "ATen/cuda/CUDAContext.h": """#pragma once
+    "c10/cuda/CUDAStream.h": """#pragma once
 struct CUstream_st;
 typedef CUstream_st* cudaStream_t;
 enum cudaError_t { cudaSuccess = 0 };
 inline const char* cudaGetErrorString(cudaError_t) { return ""; }
-namespace at { namespace cuda {
-struct Stream { cudaStream_t stream() const { return nullptr; } };
-inline Stream getCurrentCUDAStream() { return {}; }
+namespace c10 { namespace cuda {
+struct CUDAStream { cudaStream_t stream() const { return nullptr; } };
+inline CUDAStream getCurrentCUDAStream(signed char device = -1) { return {}; }
 } }
 """,
     "c10/cuda/CUDAGuard.h": """#pragma once

@@ -287,6 +287,64 @@ def test_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch) 
     assert len(calls) > n_calls
 
 
+def test_measuring_says_so_and_shows_progress(tmp_path, monkeypatch, caplog, capsys) -> None:
+    import logging
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        autotree.load_or_measure("k2", lambda n: None)
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("specdec")]
+    assert any("measuring this machine's target pass cost" in m and str(tmp_path) in m for m in lines), lines
+    assert "measuring the pass cost for auto trees" in capsys.readouterr().err  # the tqdm bar
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specdec"):
+        autotree.load_or_measure("k2", lambda n: pytest.fail("measured again"))
+    assert not caplog.records  # read from the cache: nothing to say
+
+
+def test_an_unwritable_cache_names_the_directory_and_the_variable(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SPECDEC_CACHE", str(blocker))
+    with pytest.raises(specdec.errors.CacheDirError, match="SPECDEC_CACHE") as exc:
+        autotree.load_or_measure("k3", lambda n: pytest.fail("measured before the cache was checked"))
+    assert str(blocker) in str(exc.value) and isinstance(exc.value, OSError)
+    target = tiny_llama(0, vocab=32, hidden=32)
+    with pytest.raises(specdec.errors.CacheDirError, match="branching="):
+        specdec.SpeculativeDecoder(target, tiny_llama(1, vocab=32, hidden=32), method="rsd_c", branching="auto")
+
+
+def test_calibrate_ahead_then_the_first_call_measures_nothing(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    try:
+        _calibrate_then_decode(tmp_path, monkeypatch, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _calibrate_then_decode(tmp_path, monkeypatch, capsys) -> None:
+    from specdec import cli
+    from test_cli import tiny_model_dir
+
+    folder = tiny_model_dir(tmp_path / "model")
+    assert cli.main(["calibrate", "--model", folder, "--dtype", "fp32", "--threads", "1"]) == 0
+    files = list((tmp_path / "cache" / "costs").glob("*.json"))
+    assert len(files) == 1 and str(files[0]) in capsys.readouterr().out
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    monkeypatch.setattr(autotree, "measure_target", lambda *a, **k: pytest.fail("measured again"))
+    dec = specdec.SpeculativeDecoder(model, "ngram", method="rsd_c", branching="auto")
+    assert dec.builder.curve is not None
+    assert specdec.calibrate(model) == files[0]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["calibrate", "--model", str(tmp_path / "nothing-here")])
+    assert exc.value.code == 2
+
+
 def test_curve_key_names_the_processor_model(monkeypatch) -> None:
     """Two machines of one instruction set (a cache directory shared across a cluster's nodes) get two curves."""
     model = tiny_llama(0, vocab=32, hidden=32)

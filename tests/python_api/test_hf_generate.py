@@ -233,6 +233,27 @@ def test_streamers_get_the_prompt_then_every_new_token(pair) -> None:
         specdec.generate(target, draft, ids, method="sd", attention_mask=mask, streamer=Collect())
 
 
+def test_the_hook_finds_assistant_model_and_streamer_or_fails_loudly(pair, monkeypatch) -> None:
+    """transformers hands a custom_generate callable neither argument; the hook reads both from its generate call.
+    Run in CI with the oldest and the newest supported transformers: a release that renames them fails here."""
+    import specdec.decoder as decoder
+
+    target, draft = pair
+    prompt = torch.tensor([GREEDY_PROMPTS[0]])
+    seen = {}
+
+    def spy(model, input_ids, *args, **kwargs):
+        seen.update(decoder._generate_call())
+        return input_ids
+
+    target.generate(prompt, max_new_tokens=2, custom_generate=spy, assistant_model=draft, streamer=Collect())
+    assert seen["assistant_model"] is draft and isinstance(seen["streamer"], Collect)
+    assert decoder._generate_call() == {}  # not inside transformers' generate
+    monkeypatch.setattr(decoder, "GENERATE_LOCALS", ("assistant_model", "a_renamed_streamer"))
+    with pytest.raises(RuntimeError, match="cannot find assistant_model and a_renamed_streamer in transformers"):
+        target.generate(prompt, max_new_tokens=2, custom_generate=specdec.custom_generate, assistant_model=draft)
+
+
 def test_return_dict_in_generate_carries_the_speculative_stats(pair) -> None:
     target, draft = pair
     ids, mask = batch()
@@ -243,6 +264,34 @@ def test_return_dict_in_generate_carries_the_speculative_stats(pair) -> None:
     assert isinstance(plain, torch.Tensor) and isinstance(out, specdec.GenerationOutput)
     assert torch.equal(out.sequences, plain)
     assert out.stats.new_tokens == sum(len(t) for t in out.new_tokens) and out.stats.block_efficiency >= 1.0
+    # read as transformers' own output of return_dict_in_generate=True is read
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=N_NEW, return_dict_in_generate=True)
+    assert isinstance(ref, transformers.generation.utils.GenerateDecoderOnlyOutput)
+    assert torch.equal(out["sequences"], ref["sequences"]) and torch.equal(out[0], ref[0])
+    assert torch.equal(out.to_tuple()[0], ref.to_tuple()[0]) and "sequences" in out and "scores" not in out
+    assert out.scores is None and out.logits is None and out.attentions is None and out.hidden_states is None
+    assert list(out.keys()) == ["sequences", "new_tokens", "stats"] and out["stats"] is out.stats
+    with pytest.raises(KeyError):
+        out["scores"]
+    assert [k for k in ref.keys() if k != "past_key_values" and k != "cache"] == ["sequences"]
+
+
+def test_values_transformers_runs_as_plain_decoding_are_accepted(pair) -> None:
+    target, draft = pair
+    ids, mask = batch()
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=N_NEW, do_sample=False)
+    noop = {"suppress_tokens": [], "begin_suppress_tokens": [], "guidance_scale": 1.0, "penalty_alpha": 0.0}
+    for key, value in noop.items():
+        out = target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft,
+                              method="sd", max_new_tokens=N_NEW, do_sample=False, **{key: value})  # fmt: skip
+        assert torch.equal(out, ref), key
+        out = specdec.generate(target, draft, ids, attention_mask=mask, method="sd", max_new_tokens=N_NEW,
+                               do_sample=False, **{key: value})  # fmt: skip
+        assert torch.equal(out.sequences, ref), key
+    # the same settings with an effect stay refused
+    for key, value in {"suppress_tokens": [3], "guidance_scale": 1.5, "penalty_alpha": 0.6}.items():
+        with pytest.raises(specdec.errors.UnsupportedSettingError, match=key):
+            specdec.generate(target, draft, ids, attention_mask=mask, method="sd", **{key: value})
 
 
 @pytest.mark.parametrize(
@@ -268,7 +317,7 @@ def test_return_dict_in_generate_carries_the_speculative_stats(pair) -> None:
 def test_unimplemented_settings_are_refused_by_name(pair, kwargs, match) -> None:
     target, draft = pair
     ids, mask = batch()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(specdec.errors.UnsupportedSettingError, match=match):
         specdec.generate(target, draft, ids, method="sd", attention_mask=mask, **kwargs)
     with pytest.raises(ValueError, match=match):
         target.generate(ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -21,6 +22,7 @@ from ..autotree import (
     CostCurve,
     choose,
     curve_key,
+    curve_path,
     load_or_measure,
 )
 from ..drafting import Drafter
@@ -67,21 +69,9 @@ class AutoTreeBuilder(TreeBuilder):
         self._choice: tuple[tuple[int, int], tuple[int, ...], int] | None = None  # (batch, longest), shape, track
 
     def calibrate(self, target: models.HFCausalLM) -> None:
-        """The target's pass cost by rows: from the cache, or measured once (about a second per row count)."""
+        """The target's pass cost by rows: from the cache, or measured once (:func:`target_curve`)."""
         self.max_nodes = models.DECODE_ROWS
-        state: models.KVState | None = None
-
-        def forward(n: int) -> None:
-            nonlocal state
-            with torch.inference_mode():
-                if state is None:
-                    state = target.new_state(1)
-                    g = torch.Generator().manual_seed(0)
-                    ctx = torch.randint(0, target.vocab_size, (CALIBRATION_CONTEXT,), generator=g).tolist()
-                    target.forward_chain(state, [ctx], last_logits=False)
-                target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
-
-        self.curve = load_or_measure(curve_key(target.model, torch.get_num_threads(), self.max_nodes), forward)
+        self.curve = target_curve(target)
 
     def start_call(self) -> None:
         self._first_round = True
@@ -200,3 +190,35 @@ class AutoSpecHubBuilder(AutoTreeBuilder):
     static = SpecHubBuilder
     draw = static.draw
     max_width = 2
+
+
+def _curve_key(target: models.HFCausalLM) -> str:
+    return curve_key(target.model, torch.get_num_threads(), models.DECODE_ROWS)
+
+
+def target_curve(target: models.HFCausalLM, *, progress: bool = True) -> CostCurve:
+    """The pass cost by rows that ``branching="auto"`` reads for ``target`` at torch's current thread count: from
+    the cache, or measured once (about a second per row count, with a log line and a progress bar)."""
+    state: models.KVState | None = None
+
+    def forward(n: int) -> None:
+        nonlocal state
+        with torch.inference_mode():
+            if state is None:
+                state = target.new_state(1)
+                g = torch.Generator().manual_seed(0)
+                ctx = torch.randint(0, target.vocab_size, (CALIBRATION_CONTEXT,), generator=g).tolist()
+                target.forward_chain(state, [ctx], last_logits=False)
+            target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
+
+    return load_or_measure(_curve_key(target), forward, progress=progress)
+
+
+def calibrate(model: Any, *, progress: bool = True) -> Path:
+    """Measure ahead the cost curve that ``branching="auto"`` measures on its first call for ``model`` (an HF
+    causal LM, at its dtype and device, and torch's current thread count), so that the first ``generate`` starts
+    at once; returns the cache file. A curve already cached is kept. ``specdec calibrate`` runs it from the
+    command line."""
+    target = model if isinstance(model, models.HFCausalLM) else models.HFCausalLM(model, name="target")
+    target_curve(target, progress=progress)
+    return curve_path(_curve_key(target))

