@@ -115,7 +115,8 @@ def cpu_isa() -> str:
 
 
 try:
-    from . import _C_cuda  # noqa: F401  (TORCH_LIBRARY_IMPL(specdec, CUDA): built only with a CUDA torch)
+    # TORCH_LIBRARY_IMPL(specdec, CUDA): built only with a CUDA torch; loaded by name as the CPU variants are
+    importlib.import_module("._C_cuda", __package__)
 
     HAVE_CUDA = HAVE_CPU
 except ImportError as exc:  # pragma: no cover - depends on the build

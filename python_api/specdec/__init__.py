@@ -9,7 +9,7 @@ Quick start::
 
 Methods: ``ar``, ``sd``, ``rrs``, ``rrsw``, ``rsd_c``, ``rsd_s``, ``spectr``, ``spechub``, ``specdec_pp``, ``csd``,
 one module each in :mod:`specdec.methods` (``specdec.methods.available()``; their parameters:
-:func:`specdec.config.make_method`). Drafts: an HF model with the target's vocabulary, any :class:`Drafter`,
+:func:`specdec.methods.make_method`). Drafts: an HF model with the target's vocabulary, any :class:`Drafter`,
 ``"ngram"`` (:class:`NGramDrafter`, Max-Gram prompt lookup), a neural drafter with Max-Gram's track mixed into its
 law (:class:`HybridDrafter`), or a feature draft that reads the target's hidden states
 (EAGLE-style, :class:`FeatureDrafter`; ``specdec.train.load_draft("smollm2-eagle")``); ``csd`` drafts with a
@@ -23,9 +23,7 @@ from specdec_kernels import __version__
 
 from . import errors, methods
 from .cascade import CascadeDrafter
-from .config import MethodConfig, SamplingConfig, make_method
 from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
-from .decoders.auto import calibrate
 from .drafting import (
     Drafter,
     DraftLogits,
@@ -35,8 +33,11 @@ from .drafting import (
     NGramDrafter,
     max_gram_proposal,
 )
+from .methods import MethodConfig, make_method
+from .methods.builders.auto import calibrate
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState, int8_weights
+from .sampling import SamplingConfig
 from .tree import DraftTree
 
 # a library's logger: silent unless the application configures logging (INFO: the auto trees' one-time measurement)

@@ -189,7 +189,7 @@ class Block(NamedTuple):
 class _Round:
     """What the cascade needs from the decoder for one round."""
 
-    sampling: Any  # specdec.config.SamplingConfig
+    sampling: Any  # specdec.sampling.SamplingConfig
     seed: Callable[[], int]  # a fresh op seed from the run's generator
 
 
@@ -324,7 +324,7 @@ class CascadeDrafter(Drafter):
     ) -> tuple[list[list[int]], torch.Tensor | None]:
         """The block of at most ``max_len`` tokens per row that the target reviews, and its laws.
 
-        ``sampling``: the run's :class:`~specdec.config.SamplingConfig` (the shared processing of every drafter's
+        ``sampling``: the run's :class:`~specdec.sampling.SamplingConfig` (the shared processing of every drafter's
         logits); ``seed``: a fresh op seed per call. Returns tokens per row and laws [B, L, V] float32 (L = the
         longest row; row b's first ``len(tokens[b])`` rows are the laws of its positions), None in greedy mode.
         """

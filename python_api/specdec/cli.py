@@ -739,7 +739,7 @@ def check_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def run_calibrate(args: argparse.Namespace) -> Path:
-    from .decoders.auto import calibrate
+    from .methods.builders.auto import calibrate
 
     torch.set_num_threads(args.threads)
     model, _, name = load_target(args.model, torch.bfloat16 if args.dtype == "bf16" else torch.float32)

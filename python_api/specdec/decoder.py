@@ -27,16 +27,25 @@ import torch.nn.functional as F
 
 import specdec_kernels as sk
 
-from .config import MethodConfig, RunContext, SamplingConfig, make_method
-from .decoders import make_builder
-from .decoders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
-from .decoders.base import op_seed, seed_block
-from .decoders.cascade import check_cascade
 from .drafting import Drafter, HiddenStateDrafter, as_drafter
 from .errors import UnsupportedSettingError
-from .generation import check_config, check_processors, sampling_from_hf, split_criteria, token_id, token_ids
+from .generation import (
+    check_config,
+    check_processors,
+    repetition_skip,
+    sampling_from_hf,
+    split_criteria,
+    token_id,
+    token_ids,
+)
+from .methods import MethodConfig, make_method
+from .methods.builders import make_builder
+from .methods.builders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
+from .methods.builders.base import op_seed, seed_block
+from .methods.builders.cascade import check_cascade
 from .metrics import GenerationStats
 from .models import HFCausalLM
+from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
 
@@ -170,7 +179,7 @@ class SpeculativeDecoder:
     have), any :class:`~specdec.drafting.Drafter`, the string
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
-    :func:`specdec.config.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
+    :func:`specdec.methods.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
     ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default: the head's own
     ``threshold`` attribute, which :func:`specdec.train.load_head` sets to the tuned h; else 0.7) make the draft
     depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
@@ -378,7 +387,7 @@ class SpeculativeDecoder:
         vocab = self.target.vocab_size
         eos = _eos_list(gc.eos_token_id, vocab)
         width = int(input_ids.shape[1])
-        check_processors(logits_processor, gc, eos, width, model_kwargs.get("attention_mask"))
+        check_processors(logits_processor, gc, eos, width)
         sampling = sampling_from_hf(gc, eos)
         max_new = int(gc.max_length) - width
         if max_new < 1:
@@ -415,7 +424,7 @@ class SpeculativeDecoder:
             streamer.put(input_ids.cpu())
         if sampling.needs_context:
             # transformers' repetition penalty skips each row's leading padding
-            first = [0] * len(rows) if mask is None else (mask != 0).int().argmax(dim=1).tolist()
+            first = repetition_skip(logits_processor, len(rows))
             seen = [r[f:] for r, f in zip(rows, first, strict=True)] if sampling.repetition_penalty != 1.0 else None
             ctx = RunContext([width] * len(rows), seen, vocab, self.target.device)
             sampling = dataclasses.replace(sampling, context=ctx)
@@ -586,7 +595,7 @@ class SpeculativeDecoder:
             q_probs,
             method=verifier,
             valid=tree.valid,
-            hub=tree.hub() if verifier == "spechub" else None,
+            hub=tree.hub() if self.config.spec.hub_pairs else None,
             eos_token_id=eos or None,
             seed=op_seed(generator),
             validate=False,  # the tree and both laws come from the validated processing above

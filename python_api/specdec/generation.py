@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import SamplingConfig
 from .errors import UnsupportedSettingError
+from .sampling import SamplingConfig
 
 #: fields whose values the driver implements
 SUPPORTED_FIELDS = frozenset(
@@ -165,22 +165,17 @@ def _same(got: Any, want: Any, ids: bool) -> bool:
     return got == want
 
 
-def _expected(
-    name: str, gc: Any, eos: Sequence[int], width: int, mask: torch.Tensor | None
-) -> dict[str, tuple[str, Any]]:
+def _expected(name: str, gc: Any, eos: Sequence[int], width: int) -> dict[str, tuple[str, Any]]:
     """What transformers builds a known processor with from ``gc``: attribute -> (the setting it comes from, value).
-    ``mask``: the attention mask of the call (the repetition penalty skips each row's leading padding)."""
-    padding = None if mask is None else (mask != 0).int().argmax(dim=1)
+    The repetition penalty's ``prompt_ignore_length`` is not checked: the loop follows the processor's own
+    (:func:`repetition_skip`)."""
     keep = {"min_tokens_to_keep": ("min_tokens_to_keep", 1), "filter_value": ("filter_value", -math.inf)}
     table: dict[str, dict[str, tuple[str, Any]]] = {
         "TemperatureLogitsWarper": {"temperature": ("temperature", gc.temperature)},
         "TopKLogitsWarper": {"top_k": ("top_k", gc.top_k), **keep},
         "TopPLogitsWarper": {"top_p": ("top_p", gc.top_p), **keep},
         "MinPLogitsWarper": {"min_p": ("min_p", gc.min_p), **keep},
-        "RepetitionPenaltyLogitsProcessor": {
-            "penalty": ("repetition_penalty", gc.repetition_penalty),
-            "prompt_ignore_length": ("the attention mask's leading padding", padding),
-        },
+        "RepetitionPenaltyLogitsProcessor": {"penalty": ("repetition_penalty", gc.repetition_penalty)},
         "MinLengthLogitsProcessor": {
             "min_length": ("min_length", gc.min_length),
             "eos_token_id": ("eos_token_id", eos),
@@ -194,14 +189,32 @@ def _expected(
     return table[name]
 
 
-def check_processors(
-    logits_processor: Any, generation_config: Any, eos: Sequence[int], width: int, mask: torch.Tensor | None
-) -> None:
+def repetition_skip(logits_processor: Any, batch: int) -> list[int]:
+    """How many leading tokens of each row the repetition penalty leaves out, as the processor transformers built
+    says: its ``prompt_ignore_length``, a tensor of one count per row (newer transformers: each row's leading
+    padding) or one int for every row; None (older releases, 5.17 among them) leaves out none, padding included.
+    All zeros without such a processor."""
+    for proc in logits_processor or ():
+        if type(proc).__name__ != "RepetitionPenaltyLogitsProcessor":
+            continue
+        skip = getattr(proc, "prompt_ignore_length", None)
+        if skip is None:
+            break
+        counts = [int(x) for x in skip.flatten().tolist()] if isinstance(skip, torch.Tensor) else [int(skip)] * batch
+        if len(counts) != batch:
+            raise UnsupportedSettingError(
+                f"RepetitionPenaltyLogitsProcessor has prompt_ignore_length for {len(counts)} rows, the batch has "
+                f"{batch}"
+            )
+        return counts
+    return [0] * batch
+
+
+def check_processors(logits_processor: Any, generation_config: Any, eos: Sequence[int], width: int) -> None:
     """Refuse a processor list that is not the one transformers builds from the settings: a processor the driver
     does not reproduce (from ``logits_processor=``, ``prefix_allowed_tokens_fn=`` or a setting without a speculative
     law), or one of a known class built with other values than the settings' (a user's ``logits_processor=`` takes
-    the place of transformers' own, and the driver reads the settings). ``width``: the prompt's length; ``mask``:
-    the call's attention mask."""
+    the place of transformers' own, and the driver reads the settings). ``width``: the prompt's length."""
     seen: set[str] = set()
     for proc in logits_processor or ():
         name = type(proc).__name__
@@ -217,7 +230,7 @@ def check_processors(
                 f"logits processor {name} appears twice; a logits_processor= list is not supported"
             )
         seen.add(name)
-        for attr, (setting, want) in _expected(name, generation_config, eos, width, mask).items():
+        for attr, (setting, want) in _expected(name, generation_config, eos, width).items():
             got = getattr(proc, attr, None)
             if not _same(got, want, attr == "eos_token_id"):
                 raise UnsupportedSettingError(

@@ -306,6 +306,8 @@ def _fast_decoder_layer(
     """The forward of a stock Llama/Mistral decoder layer (:func:`_fast_layer_ok`) inside the adapter's forwards:
     :func:`fused_decoder_layer` with the adapter's attention. Calls it does not cover (another thread's call, extra
     keyword arguments, autograd, another device) run the layer's own forward."""
+    if cache is None and "past_key_values" in kwargs:  # the base model's name for it in older transformers (5.17)
+        cache = kwargs.pop("past_key_values")
     if (
         kwargs
         or position_embeddings is None
@@ -322,7 +324,8 @@ def _fast_decoder_layer(
             position_ids=position_ids,
             use_cache=use_cache,
             position_embeddings=position_embeddings,
-            **{cache_argument(layer): cache},
+            # the class's own keyword: the instance forward routed here names ``cache`` whatever transformers does
+            **{_cache_keyword(type(layer).forward): cache},
             **kwargs,
         )
     cos, sin = position_embeddings
@@ -995,9 +998,9 @@ def _cache_keyword(forward: Any) -> str:
 def crop_cache(cache: Any, remove: int) -> None:
     """Drop the last ``remove`` slots of every layer of a DynamicCache (``cache.crop(-remove)``); a cache of plain
     CPU layers is narrowed in one kernel call (specdec_kernels.crop_slots) instead of two slices per layer."""
-    if remove <= 0:
-        return
     layers = cache.layers
+    if remove <= 0 or not any(getattr(layer, "is_initialized", True) for layer in layers):
+        return  # nothing cached yet (older transformers' crop fails on a layer that holds nothing)
     plain = getattr(cache, "_specdec_plain_layers", None)
     if plain is None and layers and all(layer.is_initialized for layer in layers):
         # layer types never change, so this is decided once per cache (after its first forward)
@@ -1345,7 +1348,7 @@ class HFCausalLM:
                     out = _native_call(layer, h, mask, cos_sin[0], cos_sin[1], cache, None, None)
                 h = out if out is not None else layer(
                     h, attention_mask=mask, position_embeddings=cos_sin, position_ids=position_ids, use_cache=True,
-                    cache=cache,
+                    **{cache_argument(layer): cache},
                 )  # fmt: skip
         return base.norm(h)
 

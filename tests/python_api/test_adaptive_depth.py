@@ -96,7 +96,7 @@ def test_bad_head_inputs():
 def test_a_head_brings_its_own_threshold():
     """Without threshold=, the decoder stops at the head's own h (``head.threshold``, which load_head sets to the
     shipped h), else at DEFAULT_THRESHOLD; an explicit threshold= wins, and a bad h on the head is refused."""
-    from specdec.decoders.adaptive import DEFAULT_THRESHOLD
+    from specdec.methods.builders.adaptive import DEFAULT_THRESHOLD
     from specdec.train import load_head
 
     target = tiny_llama(0, vocab=VOCAB, hidden=32)

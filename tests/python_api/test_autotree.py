@@ -7,7 +7,7 @@ import json
 
 import pytest
 import specdec
-import specdec.decoders.auto as auto_module
+import specdec.methods.builders.auto as auto_module
 import torch
 from specdec import autotree
 from specdec.autotree import AcceptanceModel, CostCurve, choose, round_cost, shapes
@@ -470,7 +470,7 @@ def test_choice_is_the_best_of_every_shape_and_track(curve: CostCurve, batch: in
 def test_shape_is_chosen_in_the_first_rounds_then_every_few_and_on_a_new_batch(tmp_path, monkeypatch) -> None:
     """A choice weighs every shape: the builder makes one in each of its first AUTO_REFRESH rounds, then every
     AUTO_REFRESH-th round and whenever the batch size changes; the rounds between draft the last choice."""
-    from specdec.decoders import auto
+    from specdec.methods.builders import auto
 
     decoder = drafting_auto_decoder(tmp_path, monkeypatch)
     made: list[int] = []

@@ -20,9 +20,10 @@ import specdec.cascade as cascade_mod
 import torch
 from specdec import smollm2
 from specdec.cascade import CascadeDrafter, check_steps, default_steps, load_bigram, save_bigram
-from specdec.config import SamplingConfig, make_method
 from specdec.drafting import bigram_table
+from specdec.methods import make_method
 from specdec.models import HFCausalLM
+from specdec.sampling import SamplingConfig
 from test_law import PROMPTS, TEMPERATURE, VOCAB, first_two_checks, sharpened
 from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 

@@ -71,8 +71,8 @@ def test_static_level_plan_matches_the_template(method, kw):
     """StaticTreeBuilder._plan (host-side, cached) against a direct reading of the template: children wanted per
     node, the child slots that may be filled, and the children's parent and template ids, for random live masks
     and padding nodes (template -1)."""
-    from specdec.config import make_method
-    from specdec.decoders import make_builder
+    from specdec.methods import make_method
+    from specdec.methods.builders import make_builder
 
     cfg = make_method(method, **kw)
     builder = make_builder(cfg)

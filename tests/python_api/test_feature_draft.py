@@ -352,7 +352,7 @@ def test_lean_fused_weights_follow_weight_edits():
 def test_rotary_rows_of_a_module_built_in_inference_mode():
     """A model built under torch.inference_mode has inference buffers (no version counter): the rotary rows are
     still gathered from the table, with the module's bits."""
-    from specdec.models import rotary_rows
+    from specdec.models import _ROTARY_TABLES, rotary_rows
 
     with torch.inference_mode():
         target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
@@ -362,7 +362,7 @@ def test_rotary_rows_of_a_module_built_in_inference_mode():
     pos = torch.tensor([[4, 5, 900]])
     with torch.no_grad():
         got, want = rotary_rows(rotary, pos, h), rotary(h, pos)
-    assert getattr(rotary, "_specdec_table", None) is not None
+    assert rotary in _ROTARY_TABLES and "_specdec_table" not in vars(rotary)  # cached beside the module
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
 
@@ -388,6 +388,7 @@ def test_feature_draft_built_in_inference_mode_drafts():
 def test_lean_rope_table_has_the_modules_bits():
     """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
     that position (the table grows past its first 1024 rows and follows a dtype change)."""
+    from specdec.models import _ROTARY_TABLES
     from specdec.models import rotary_rows as _rope
 
     target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
@@ -403,4 +404,4 @@ def test_lean_rope_table_has_the_modules_bits():
         got, want = _rope(rotary, pos, h), rotary(h, pos)
         for a, c in zip(got, want, strict=True):
             assert a.dtype == dtype and torch.equal(a, c)
-    assert rotary._specdec_table[1].shape[0] == 4096  # rebuilt for bf16: the power of two above 3000
+    assert _ROTARY_TABLES[rotary][1].shape[0] == 4096  # rebuilt for bf16: the power of two above 3000

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import specdec
 import torch
-from specdec.config import SamplingConfig
+from specdec.sampling import SamplingConfig
 from test_law import CASES, PROMPTS, VOCAB, exact_law, sharpened
 from tiny_models import left_pad, noisy_copy, tiny_llama
 

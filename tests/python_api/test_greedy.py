@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import specdec
-import specdec.decoders.auto as auto_module
+import specdec.methods.builders.auto as auto_module
 import torch
 from specdec.autotree import CostCurve
 from specdec.cascade import CascadeDrafter

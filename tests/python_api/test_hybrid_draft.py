@@ -21,11 +21,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import specdec
-import specdec.decoders.auto as auto_module
+import specdec.methods.builders.auto as auto_module
 import torch
 from specdec.autotree import CostCurve
-from specdec.config import SamplingConfig
-from specdec.decoders.auto import AutoTreeBuilder
 from specdec.drafting import (
     Drafter,
     DraftLogits,
@@ -35,6 +33,8 @@ from specdec.drafting import (
     NGramDrafter,
     longest_match,
 )
+from specdec.methods.builders.auto import AutoTreeBuilder
+from specdec.sampling import SamplingConfig
 from specdec.tree import DraftTree
 from test_feature_draft import feature_draft
 from test_law import exact_law, sharpened

@@ -46,8 +46,8 @@ import specdec.decoder
 import torch
 from specdec.autotree import CostCurve
 from specdec.cascade import CascadeDrafter
-from specdec.config import SamplingConfig
-from specdec.decoders.auto import AutoTreeBuilder
+from specdec.methods.builders.auto import AutoTreeBuilder
+from specdec.sampling import SamplingConfig
 from test_train_specdec_pp import random_head
 from tiny_models import left_pad, tiny_llama
 
@@ -277,7 +277,7 @@ def test_ar_follows_the_target_law(models) -> None:
 def test_negative_control_wrong_draft_law_fails(models, monkeypatch) -> None:
     """Draft tokens drawn at half the temperature while the verifier is handed the law at the full temperature:
     the p used to verify is not the p drafted from (transformers #32867). The test must catch it."""
-    import specdec.decoders.base as base
+    import specdec.methods.builders.base as base
 
     real = base.sample_categorical
     monkeypatch.setattr(base, "sample_categorical", lambda logp, **kw: real(2.0 * logp, **kw))

@@ -5,9 +5,9 @@
 * the method modules (``specdec.methods``) and the tree builders (``specdec.decoders``) sit below the loop and the
   CLI: they never import ``specdec.decoder`` or ``specdec.cli``;
 * the benchmarks use no private module of ``specdec_kernels``;
-* neither package has an import cycle, counting imports inside functions (they run too) and leaving out
-  ``if TYPE_CHECKING:`` blocks (they never run) and a module's imports of its own parent packages (initialised
-  first, as a package's ``__init__`` always is);
+* neither package has an import cycle in the static graph: imports inside functions and under
+  ``if TYPE_CHECKING:`` count, and so does a module's import of a name from its own parent package (whose
+  ``__init__`` imports the module back); ``from pkg import sub`` of a submodule counts as an import of ``sub``;
 * every module imports in a fresh interpreter.
 """
 
@@ -78,6 +78,8 @@ def imports(module: str, path: Path) -> list[Import]:
 def targets(imp: Import, known: dict[str, Path]) -> set[str]:
     """The modules an import loads: ``from pkg import sub`` loads ``pkg.sub`` when that is a module."""
     subs = {f"{imp.module}.{n}" for n in imp.names if f"{imp.module}.{n}" in known}
+    if imp.names and len(subs) == len(imp.names):  # only submodules: the package's __init__ merely runs first
+        return subs
     return subs | {imp.module}
 
 
@@ -119,8 +121,12 @@ def test_the_driver_uses_the_public_kernel_api_only() -> None:
 
 @pytest.mark.parametrize(
     ("layer", "above"),
-    [("specdec.methods", ("specdec.decoder", "specdec.cli")), ("specdec.decoders", ("specdec.decoder", "specdec.cli"))],
-    ids=["methods", "decoders"],
+    [
+        ("specdec.methods", ("specdec.decoder", "specdec.cli")),
+        ("specdec.sampling", ("specdec.methods", "specdec.decoder", "specdec.cli")),
+        ("specdec.methods.spec", ("specdec.methods.builders",)),
+    ],
+    ids=["methods", "sampling", "spec"],
 )
 def test_lower_layers_do_not_import_the_loop_or_the_cli(layer: str, above: tuple[str, ...]) -> None:
     known = module_files("specdec")
@@ -147,14 +153,11 @@ def test_the_benchmarks_use_no_private_kernel_module() -> None:
 
 
 def cycles(package: str) -> list[list[str]]:
-    """Strongly connected components (more than one module) of the runtime import graph of ``package``."""
+    """Strongly connected components (more than one module) of the static import graph of ``package``."""
     known = module_files(package)
     graph: dict[str, set[str]] = {}
     for m, path in known.items():
-        parents = {".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)}
-        graph[m] = (
-            {t for imp in imports(m, path) if imp.runtime for t in targets(imp, known) if t in known} - parents - {m}
-        )
+        graph[m] = {t for imp in imports(m, path) for t in targets(imp, known) if t in known} - {m}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -200,7 +203,15 @@ def test_the_cycle_finder_sees_a_cycle(tmp_path, monkeypatch) -> None:
     )
     (pkg / "c.py").write_text("from .b import x\n")
     monkeypatch.setitem(SOURCES, "pkg", pkg)
+    # a <-> b in a function, b <-> c under TYPE_CHECKING: both count
+    assert cycles("pkg") == [["pkg.a", "pkg.b", "pkg.c"]]
+    (pkg / "c.py").write_text("")
     assert cycles("pkg") == [["pkg.a", "pkg.b"]]
+    # the parent-package pattern: the package's __init__ imports d, d takes a name from the package
+    (pkg / "__init__.py").write_text("from .d import h\nNAME = 1\n")
+    (pkg / "d.py").write_text("from . import NAME\n")
+    (pkg / "e.py").write_text("from . import c\n")  # a submodule only: no edge to the package
+    assert cycles("pkg") == [["pkg", "pkg.d"], ["pkg.a", "pkg.b"]]
 
 
 def test_every_module_imports_in_a_fresh_interpreter() -> None:
@@ -214,4 +225,24 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
         """
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_moved_names_keep_working_with_a_deprecation_warning() -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, warnings
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "python_api")!r}]
+        import specdec, specdec.methods, specdec.sampling
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from specdec.config import MethodConfig, RunContext, SamplingConfig, make_method
+        assert any(issubclass(w.category, DeprecationWarning) and "specdec.sampling" in str(w.message)
+                   for w in caught), [str(w.message) for w in caught]
+        assert make_method is specdec.make_method is specdec.methods.make_method
+        assert SamplingConfig is specdec.SamplingConfig is specdec.sampling.SamplingConfig
+        assert MethodConfig is specdec.MethodConfig and RunContext is specdec.sampling.RunContext
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

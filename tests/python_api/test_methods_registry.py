@@ -20,9 +20,8 @@ import specdec
 import torch
 from specdec import cli, methods
 from specdec.cli import build_parser, method_kwargs
-from specdec.config import MethodConfig, make_method
-from specdec.decoders import SWORTreeBuilder
-from specdec.methods import MethodSpec, tree_label
+from specdec.methods import MethodConfig, MethodSpec, make_method, tree_label
+from specdec.methods.builders import SWORTreeBuilder
 from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 
 from specdec_kernels.testing import toy

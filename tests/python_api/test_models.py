@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from specdec.models import HFCausalLM
+from specdec.models import HFCausalLM, cache_argument
 from specdec.tree import DraftTree
 from tiny_models import tiny_llama
 
@@ -111,7 +111,8 @@ def test_keep_path_equals_from_scratch_run(split: bool) -> None:
         for b in range(2):
             seq = PROMPTS[b] + [int(tokens[b, n]) for n in accepted[b, : n_acc[b]]]
             out = model(torch.tensor([seq]), use_cache=True)
-            ref = model(torch.tensor([[nxt[b]]]), cache=out.past_key_values).logits[0, -1]
+            past = getattr(out, "cache", None) or out.past_key_values  # renamed in newer transformers
+            ref = model(torch.tensor([[nxt[b]]]), **{cache_argument(model): past}).logits[0, -1]
             assert float((after[b] - ref).abs().max()) <= 1e-4
             # Filtered cache: the row's valid slots hold exactly the sequential cache (both now end with nxt).
             slots = state.valid[b].nonzero().squeeze(1)
@@ -180,7 +181,7 @@ def test_crop_cache_matches_dynamic_cache_crop():
     caches = [DynamicCache(config=cfg), DynamicCache(config=cfg)]
     with torch.no_grad():
         for c in caches:
-            model(input_ids=ids, cache=c, use_cache=True)
+            model(input_ids=ids, use_cache=True, **{cache_argument(model): c})
         crop_cache(caches[0], 4)
         caches[1].crop(-4)
         for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
@@ -191,7 +192,9 @@ def test_crop_cache_matches_dynamic_cache_crop():
         assert caches[0].get_seq_length() == 5
         more = ids[:, :3]
         pos = torch.arange(5, 8)[None].expand(2, -1)
-        outs = [model(input_ids=more, position_ids=pos, cache=c, use_cache=True).logits for c in caches]
+        outs = [
+            model(input_ids=more, position_ids=pos, use_cache=True, **{cache_argument(model): c}).logits for c in caches
+        ]
         assert torch.equal(outs[0], outs[1])
     # the fallback: a cache whose layers are not all initialised is cropped by DynamicCache.crop
     empty = DynamicCache(config=cfg)

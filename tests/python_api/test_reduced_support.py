@@ -14,9 +14,10 @@ from __future__ import annotations
 import pytest
 import specdec
 import torch
-from specdec.config import SamplingConfig, make_method
-from specdec.decoders import make_builder
 from specdec.drafting import DraftLogits, FeatureDrafter, ModelDrafter
+from specdec.methods import make_method
+from specdec.methods.builders import make_builder
+from specdec.sampling import SamplingConfig
 from test_feature_draft import feature_draft
 from test_train_specdec_pp import reduced_draft
 from tiny_models import left_pad, tiny_llama

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from specdec import SpecDecPPDecoder
-from specdec.config import SamplingConfig
+from specdec.sampling import SamplingConfig
 from specdec.train.draft import DraftConfig, build_draft
 from specdec.train.head import AcceptanceHead
 from tiny_models import assert_target_greedy, left_pad, tiny_llama

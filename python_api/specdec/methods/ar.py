@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import MethodSpec, register
+from .spec import MethodSpec, register
 
 SPEC = register(
     MethodSpec(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..decoders.cascade import CascadeBuilder
-from . import MethodSpec, register
+from .builders.cascade import CascadeBuilder
+from .spec import MethodSpec, register
 
 SPEC = register(
     MethodSpec(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..decoders.auto import AutoIIDTreeBuilder
-from ..decoders.static_trees import IIDTreeBuilder
-from . import MethodSpec, register, tree_label
+from .builders.auto import AutoIIDTreeBuilder
+from .builders.static_trees import IIDTreeBuilder
+from .spec import MethodSpec, register, tree_label
 
 SPEC = register(
     MethodSpec(

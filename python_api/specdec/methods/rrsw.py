@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..decoders.auto import AutoTreeBuilder
-from ..decoders.static_trees import SWORTreeBuilder
-from . import MethodSpec, register, tree_label
+from .builders.auto import AutoTreeBuilder
+from .builders.static_trees import SWORTreeBuilder
+from .spec import MethodSpec, register, tree_label
 
 SPEC = register(
     MethodSpec(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..decoders.beam import BeamTreeBuilder
-from . import MethodSpec, register
+from .builders.beam import BeamTreeBuilder
+from .spec import MethodSpec, register
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig
+    from .spec import MethodConfig
 
 
 def _label(config: MethodConfig) -> str:

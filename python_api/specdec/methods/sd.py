@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import specdec_kernels as sk
 
-from ..decoders.chain import ChainBuilder
-from . import MethodSpec, register
+from .builders.chain import ChainBuilder
+from .spec import MethodSpec, register
 
 SPEC = register(
     MethodSpec(

@@ -1,14 +1,14 @@
 """``specdec_pp``: SD chains whose length adapts per row with an acceptance head (docs/methods.md, SpecDec++).
 
-The stopping rule is :class:`specdec.decoders.adaptive.AdaptiveStop`, attached by the decoder from ``head=``.
+The stopping rule is :class:`specdec.methods.builders.adaptive.AdaptiveStop`, attached by the decoder from ``head=``.
 """
 
 from __future__ import annotations
 
 import specdec_kernels as sk
 
-from ..decoders.chain import ChainBuilder
-from . import MethodSpec, register
+from .builders.chain import ChainBuilder
+from .spec import MethodSpec, register
 
 SPEC = register(
     MethodSpec(

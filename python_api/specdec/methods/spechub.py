@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ..decoders.auto import AutoSpecHubBuilder
-from ..decoders.spechub import SpecHubBuilder
-from . import MethodSpec, register, tree_label
+from .builders.auto import AutoSpecHubBuilder
+from .builders.spechub import SpecHubBuilder
+from .spec import MethodSpec, register, tree_label
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig
+    from .spec import MethodConfig
 
 
 def _binary(config: MethodConfig) -> None:
@@ -42,5 +42,6 @@ SPEC = register(
         allowed=frozenset({"branching", "parents"}),
         auto_builder=AutoSpecHubBuilder,
         check=_binary,
+        hub_pairs=True,
     )
 )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import specdec_kernels as sk
 
-from ..decoders.spectr import SpecTrBuilder
-from . import MethodSpec, register
+from .builders.spectr import SpecTrBuilder
+from .spec import MethodSpec, register
 
 SPEC = register(
     MethodSpec(

@@ -14,7 +14,7 @@ from .spectr import SpecTrBuilder
 from .static_trees import IIDTreeBuilder, SWORTreeBuilder
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig
+    from ..spec import MethodConfig
 
 
 def make_builder(config: MethodConfig) -> TreeBuilder | None:

@@ -14,11 +14,11 @@ import torch
 
 import specdec_kernels as sk
 
-from ..tree import DraftTree
+from ...tree import DraftTree
 from .base import Children, TreeBuilder, greedy_topk, op_seed
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig
+    from ..spec import MethodConfig
 
 
 class BeamTreeBuilder(TreeBuilder):

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..cascade import CascadeDrafter
-from ..drafting import Drafter
-from ..tree import DraftTree
+from ...cascade import CascadeDrafter
+from ...drafting import Drafter
+from ...tree import DraftTree
 from .base import Children, TreeBuilder, op_seed
 
 if TYPE_CHECKING:
-    from ..config import SamplingConfig
+    from ...sampling import SamplingConfig
 
 
 def check_cascade(draft: object) -> None:

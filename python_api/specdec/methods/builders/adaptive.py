@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..drafting import Drafter, HiddenStateDrafter
-from ..tree import DraftTree
+from ...drafting import Drafter, HiddenStateDrafter
+from ...tree import DraftTree
 
 DEFAULT_THRESHOLD = 0.7  # SpecDec++ stopping threshold h when head= is given without threshold=
 

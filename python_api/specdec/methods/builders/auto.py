@@ -13,8 +13,8 @@ import torch
 
 import specdec_kernels as sk
 
-from .. import models
-from ..autotree import (
+from ... import models
+from ...autotree import (
     AUTO_MAX_DEPTH,
     EXPLORE,
     MAX_WIDTH,
@@ -25,14 +25,15 @@ from ..autotree import (
     curve_path,
     load_or_measure,
 )
-from ..drafting import Drafter
-from ..tree import DraftTree
+from ...drafting import Drafter
+from ...tree import DraftTree
 from .base import Children, StaticTreeBuilder, TreeBuilder
 from .spechub import SpecHubBuilder
 from .static_trees import IIDTreeBuilder, SWORTreeBuilder
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig, SamplingConfig
+    from ...sampling import SamplingConfig
+    from ..spec import MethodConfig
 
 #: cached tokens behind the calibration passes (a typical early decoding position)
 CALIBRATION_CONTEXT = 128

@@ -19,11 +19,12 @@ import torch
 
 from specdec_kernels import sample_categorical
 
-from ..drafting import Drafter
-from ..tree import DraftTree, compact
+from ...drafting import Drafter
+from ...tree import DraftTree, compact
 
 if TYPE_CHECKING:
-    from ..config import MethodConfig, SamplingConfig
+    from ...sampling import SamplingConfig
+    from ..spec import MethodConfig
 
 
 class Children(NamedTuple):
