@@ -15,6 +15,7 @@ import time
 
 from _timing import RESULTS, append_csv, run_meta
 from specdec import cli
+from specdec.harness import draft_label
 
 RUN = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "prompt_set", "num_prompts"]
 RUN += ["max_new_tokens", "temperature", "threads", "batch_size", "draft", "dtype", "load_before"]
@@ -36,7 +37,7 @@ def main(argv: list[str]) -> None:
         "temperature": args.temperature,
         "threads": args.threads,
         "batch_size": args.batch_size,
-        "draft": cli.draft_label(args.draft, args.draft_int8),
+        "draft": draft_label(args.draft, args.draft_int8),
         "dtype": args.dtype,
         "load_before": f"{load:.2f}",
     }

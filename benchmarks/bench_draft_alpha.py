@@ -41,7 +41,7 @@ def _records(prompts: list[list[int]], res: list[Any]) -> list[dict[str, Any]]:
 
 def build_sets(target: Any, tok: Any, cache: Path) -> dict[str, list[dict[str, Any]]]:
     """The four held-out sets (cached in ``cache``; built once, in a fixed order of generator calls)."""
-    from specdec.cli import load_prompts
+    from specdec.harness import load_prompts
     from specdec.train.common import chat_ids, default_workdir, read_jsonl, shared_data_dir
     from specdec.train.data import DataConfig, _magpie_prompts, sample_responses
     from specdec.train.evalset import build_eval_set

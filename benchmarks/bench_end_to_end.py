@@ -5,7 +5,7 @@ HF assisted generation (prompt lookup with the n-gram draft and with a hybrid ``
 Same prompts, same model pair and seeds for every method; methods take turns per prompt in rotating order so that
 load drift on a shared machine does not favour one of them. Each decoder is built once and reused over the prompts
 (so ``rsd_c(auto)`` keeps its acceptance counts, as a user's decoder would). SpecDec++ runs as the demo runs it
-(``specdec.cli.head_plan``): with ``--draft`` and the acceptance head shipped for it, else with ``--pp-draft`` and
+(``specdec.harness.head_plan``): with ``--draft`` and the acceptance head shipped for it, else with ``--pp-draft`` and
 ``--head``.
 Reports tokens/s, ratio to specdec AR, block efficiency and MBSU (greedy: also on how many prompts each output equals
 AR's token for token), plus a batch-size sweep of SD and rsd_c(auto) vs AR (where speculation stops paying).
@@ -27,7 +27,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
-from specdec.cli import HYBRID_SUFFIX, draft_label, head_plan, load_prompts, make_draft
+from specdec.harness import HYBRID_SUFFIX, draft_label, head_plan, load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
 

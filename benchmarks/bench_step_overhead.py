@@ -190,7 +190,7 @@ def truncated_draft(n_layers: int, dtype: torch.dtype) -> Any:
 def make_draft(spec: str, target: Any, dtype: torch.dtype) -> Any:
     if spec.startswith("truncated:"):
         return truncated_draft(int(spec.split(":", 1)[1]), dtype)
-    from specdec.cli import make_draft as cli_draft
+    from specdec.harness import make_draft as cli_draft
 
     return cli_draft(spec, target, dtype)
 

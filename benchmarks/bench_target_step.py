@@ -155,7 +155,7 @@ def decoding_steps(target: torch.nn.Module, tokenizer: object, draft: torch.nn.M
     """Seconds of the draft's steps (first of a round, later) and of the target's passes in greedy ``rsd_c`` decoding
     with trees chosen for the machine, over the first ``prompts`` HumanEval prompts, ``tokens`` new tokens each."""
     from specdec import SpeculativeDecoder
-    from specdec.cli import load_prompts
+    from specdec.harness import load_prompts
 
     dec = SpeculativeDecoder(target, draft, method="rsd_c", branching="auto")
     drafter, lm = dec.drafter, dec.target

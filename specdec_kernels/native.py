@@ -150,31 +150,6 @@ def crop_slots(kv: Sequence[torch.Tensor], length: int) -> bool:
     return True
 
 
-#: ops with a C++ CPU implementation (schema in csrc/torch_bindings.cpp)
-CPU_OPS = (
-    "tree_positions",
-    "tree_mask",
-    "filter_kv",
-    "sample_categorical",
-    "gumbel_topk",
-    "process_logits",
-    "sbs_step",
-    "spechub_sample",
-    "kseq_gamma",
-    "verify_chain",
-    "emission_law",
-    "verify_node",
-    "verify_tree",
-    "skinny_linear",
-    "skinny_linear_int8",
-    "decode_attention",
-    "rms_norm",
-    "rotary_embedding",
-    "decoder_layer",
-    "decoder_stack",
-)
-
-
 def _on_cpu(device: torch.device) -> bool:
     return device.type == "cpu"
 

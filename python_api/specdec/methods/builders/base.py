@@ -229,7 +229,7 @@ def iid_children(
 
 
 class StaticTreeBuilder(TreeBuilder):
-    """Trees with a fixed topology (config.parents): node t of the template gets ``child_count[t]`` children,
+    """Trees with a fixed topology (config.parents): node t of the template gets as many children as it has there,
     sampled by ``sample`` in draft order; children that could not be drawn (zero draft mass) drop their whole
     template subtree."""
 
@@ -239,12 +239,6 @@ class StaticTreeBuilder(TreeBuilder):
         kids: list[list[int]] = [[] for _ in parents]
         for node in range(1, len(parents)):
             kids[parents[node]].append(node)
-        width = max(len(c) for c in kids)
-        table = torch.full((len(parents), max(width, 1)), -1, dtype=torch.long)
-        for t, c in enumerate(kids):
-            table[t, : len(c)] = torch.tensor(c, dtype=torch.long)
-        self.children = table
-        self.child_count = torch.tensor([len(c) for c in kids], dtype=torch.long)
         self._kids = kids
         # (device, lo, template ids, live flags) -> the level's index tensors; every round of a batch whose rows
         # are all alive repeats the same few keys, and building these costs tens of tiny torch ops
