@@ -16,7 +16,7 @@ import pytest
 import specdec
 import torch
 from specdec.drafting import FeatureDrafter
-from specdec.models import layer_features
+from specdec.models import cache_argument, layer_features
 from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig
 from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law, random_head
 from tiny_models import assert_target_greedy, left_pad, tiny_llama
@@ -254,11 +254,12 @@ def test_lean_forward_equals_the_hf_stack(dtype, tol):
             cache = DynamicCache(config=draft.config)
             dec = draft.decoder
             dec(ids[:, :past], features=feats[:, :past], cache=cache, use_cache=True)  # causal prefill
-            kw = {"attention_mask": mask, "position_ids": pos, "cache": cache, "use_cache": True}
+            kw = {"attention_mask": mask, "position_ids": pos, "use_cache": True}
             if lean:
-                h = dec(ids[:, past:], features=feats[:, past:], **kw).last_hidden_state
-            else:
-                h = dec.llama(inputs_embeds=dec.pair(feats[:, past:], ids[:, past:]), **kw).last_hidden_state
+                h = dec(ids[:, past:], features=feats[:, past:], cache=cache, **kw).last_hidden_state
+            else:  # the stack under the cache keyword of the installed transformers
+                embeds = dec.pair(feats[:, past:], ids[:, past:])
+                h = dec.llama(inputs_embeds=embeds, **kw, **{cache_argument(dec.llama): cache}).last_hidden_state
             outs.append((h.float(), [t.float() for t in (cache.layers[1].keys, cache.layers[1].values)]))
     (h_lean, kv_lean), (h_hf, kv_hf) = outs
     assert torch.isfinite(h_lean).all() and h_lean.abs().max() > 0.1

@@ -104,9 +104,11 @@ class FeatureDecoder(nn.Module):
             raise ValueError("the feature draft needs features= (the target's hidden states paired with input_ids)")
         _check_pair(features, input_ids)
         mask = kwargs.get("attention_mask")
-        if "past_key_values" in kwargs:  # the driver's and the trainers' name; the Llama stack takes cache=
-            kwargs[cache_argument(self.llama)] = kwargs.pop("past_key_values")
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        own = cache_argument(self.llama)  # cache= in newer transformers, past_key_values= in older ones (5.17)
+        for name in ("cache", "past_key_values"):  # either name from the caller reaches the stack under its own
+            if name != own and name in kwargs:
+                kwargs[own] = kwargs.pop(name)
+        cache = kwargs.get(own)
         positions = kwargs.get("position_ids")
         lean = not (self.training or torch.is_grad_enabled() or kwargs.get("output_hidden_states"))
         lean = lean and not kwargs.get("output_attentions")

@@ -1,0 +1,404 @@
+"""Backend "triton": the kernels and launchers of verify_node and the node verifiers verify_tree shares.
+
+As the C++ and CUDA sources group them; what every kernel shares is in ``common.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import (
+    ACCEPT,
+    FINAL,
+    ZERO_MASS_TOL,
+    ZERO_MASS_TOL_F64,
+    _argmax_chunked,
+    _block,
+    _noise_at,
+    _seed_args,
+    _verify_noise,
+)
+
+# ----------------------------------------------------------------------------------------------------------------
+# node verifiers (docs/methods.md): one row's candidate chain, shared by verify_node and verify_tree
+
+M_RRS = 0  # sd and rrs: residual against the same p every round
+M_RRSW = 1
+M_KSEQ = 2
+M_SPECHUB = 3
+METHOD_CODE = {"sd": M_RRS, "rrs": M_RRS, "rrsw": M_RRSW, "kseq": M_KSEQ, "spechub": M_SPECHUB}
+
+
+@triton.jit
+def _ratio_prob(num, den):
+    """min(1, num/den) = probability of the division-free test U * den < num."""
+    return tl.where(
+        den > 0, tl.minimum(tl.maximum(num / tl.where(den > 0, den, 1.0), 0.0), 1.0), tl.where(num > 0, 1.0, 0.0)
+    )
+
+
+@triton.jit
+def _copy_row(src_ptr, dst_ptr, V, BLOCK_V: tl.constexpr):
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=m, other=0.0).to(tl.float32), mask=m)
+
+
+@triton.jit
+def _residual_inplace(r_ptr, s_ptr, V, BLOCK_V: tl.constexpr):
+    """r <- Norm[(r - s)^+] in place, or r unchanged when the mass is numerically zero."""
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        r = tl.load(r_ptr + offs, mask=m, other=0.0)
+        s = tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tot += tl.sum(tl.maximum(r - s, 0.0), axis=0)
+    if tot > ZERO_MASS_TOL:
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            r = tl.load(r_ptr + offs, mask=m, other=0.0)
+            s = tl.load(s_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(r_ptr + offs, tl.maximum(r - s, 0.0) / tot, mask=m)
+
+
+@triton.jit
+def _remove_and_renormalize(s_ptr, x, V, BLOCK_V: tl.constexpr):
+    """SWOR: s(x) <- 0, s <- Norm[s] (p^(k+1) of RRSw, docs/methods.md)."""
+    tl.store(s_ptr + x, 0.0)
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        tot += tl.sum(tl.load(s_ptr + offs, mask=offs < V, other=0.0), axis=0)
+    if tot > 0:
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            tl.store(s_ptr + offs, tl.load(s_ptr + offs, mask=m, other=0.0) / tot, mask=m)
+
+
+@triton.jit
+def _kseq_sums(p_ptr, q_ptr, g, V, BLOCK_V: tl.constexpr):
+    """(sum min(g p, q), beta(g) = sum min(p, q / g)) in float64."""
+    a = tl.zeros((), tl.float64)
+    be = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
+        a += tl.sum(tl.minimum(g * p, q), axis=0)
+        be += tl.sum(tl.minimum(p, q / g), axis=0)
+    return a, be
+
+
+@triton.jit
+def _pow_int(x, k):
+    out = tl.full((), 1.0, tl.float64)
+    for _ in range(0, k):
+        out = out * x
+    return out
+
+
+@triton.jit
+def _kseq_gamma_row(p_ptr, q_ptr, k, V, BLOCK_V: tl.constexpr):
+    """K-SEQ: smallest g in [1, k] with h(g) >= 0, 40 fp64 bisection steps, upper bracket."""
+    a1, be1 = _kseq_sums(p_ptr, q_ptr, tl.full((), 1.0, tl.float64), V, BLOCK_V)
+    # the rows' masses, summed in the order of be1: p = q gives be1 == mass exactly
+    mp = tl.zeros((), tl.float64)
+    mq = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        mp += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+        mq += tl.sum(tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+    mass = tl.maximum(mp, mq)
+    h1 = a1 - 1.0 + _pow_int(1.0 - be1, k)
+    lo = tl.full((), 1.0, tl.float64)
+    hi = tl.full((), 1.0, tl.float64) * k
+    if (k <= 1) | (be1 >= mass - 1e-12) | (h1 >= 0.0):  # p = q: gamma = 1 (reference KSEQ_EQUAL_TOL)
+        hi = tl.full((), 1.0, tl.float64)
+    else:
+        for _ in range(0, 40):
+            mid = 0.5 * (lo + hi)
+            a, be = _kseq_sums(p_ptr, q_ptr, mid, V, BLOCK_V)
+            ok = (a - 1.0 + _pow_int(1.0 - be, k)) >= 0.0
+            hi = tl.where(ok, mid, hi)
+            lo = tl.where(ok, lo, mid)
+    _, beta = _kseq_sums(p_ptr, q_ptr, hi, V, BLOCK_V)
+    return hi, beta
+
+
+@triton.jit
+def _hub_terms(pa, p, q, rest):
+    """SpecHub's Q(a, i) = p(a) p(i) / rest, q1 = q - min(p, q) and A2 = min(Q(a, i), q1), all fp64."""
+    qai = tl.where(rest > 0.0, pa * p / tl.where(rest > 0.0, rest, 1.0), 0.0)
+    q1 = q - tl.minimum(p, q)
+    return qai, q1, tl.minimum(qai, q1)
+
+
+@triton.jit
+def _verify_node_row(
+    cand_ptr,  # [K] int64 candidate tokens by slot
+    cvalid_ptr,  # [K] int8
+    K,
+    p_ptr,  # [V] fp32 draft law
+    q_ptr,  # [V] fp32 target law
+    u_ptr,  # [K] fp64 acceptance uniforms by slot (unused when RNG)
+    u_row,  # int64 Philox row of the acceptance uniforms (RNG)
+    seed_lo,
+    seed_hi,
+    hub,  # int64 hub token (spechub)
+    r_ptr,  # [V] fp32 scratch: current target residual; holds the final residual on return
+    s_ptr,  # [V] fp32 scratch: current draft law (rrsw)
+    ap_ptr,  # [K] fp32 accept_prob by slot (ANALYTIC)
+    V,
+    METHOD: tl.constexpr,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Returns the accepted slot (-1 = none). The final residual is left normalized in r_ptr.
+
+    The acceptance uniform of slot j is u_ptr[j], or (RNG) element (u_row, j) of the ACCEPT stream."""
+    chosen = tl.full((), -1, tl.int64)
+    _copy_row(q_ptr, r_ptr, V, BLOCK_V)
+    if METHOD == 1:
+        _copy_row(p_ptr, s_ptr, V, BLOCK_V)
+    if METHOD <= 1:
+        j = tl.zeros((), tl.int64)
+        while (j < K) & ((chosen < 0) | ANALYTIC):
+            if tl.load(cvalid_ptr + j) != 0:
+                x = tl.load(cand_ptr + j)
+                if METHOD == 1:
+                    den = tl.load(s_ptr + x)
+                else:
+                    den = tl.load(p_ptr + x).to(tl.float32)
+                num = tl.load(r_ptr + x)
+                if ANALYTIC:
+                    tl.store(ap_ptr + j, _ratio_prob(num, den))
+                if (chosen < 0) & (
+                    _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64)
+                ):
+                    chosen = tl.zeros((), tl.int64) + j
+                if (chosen < 0) | ANALYTIC:
+                    if METHOD == 1:
+                        _residual_inplace(r_ptr, s_ptr, V, BLOCK_V)
+                        _remove_and_renormalize(s_ptr, x, V, BLOCK_V)
+                    else:
+                        _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+            j += 1
+    elif METHOD == 2:
+        n_valid = tl.zeros((), tl.int32)
+        for j in range(0, K):
+            n_valid += (tl.load(cvalid_ptr + j) != 0).to(tl.int32)
+        g, be = _kseq_gamma_row(p_ptr, q_ptr, n_valid, V, BLOCK_V)
+        g32 = g.to(tl.float32)
+        if be > 0.0:
+            for j in range(0, K):
+                if tl.load(cvalid_ptr + j) != 0:
+                    x = tl.load(cand_ptr + j)
+                    den = g32 * tl.load(p_ptr + x).to(tl.float32)
+                    num = tl.load(q_ptr + x).to(tl.float32)
+                    if ANALYTIC:
+                        tl.store(ap_ptr + j, _ratio_prob(num, den))
+                    if (chosen < 0) & (
+                        _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64)
+                        < num.to(tl.float64)
+                    ):
+                        chosen = tl.zeros((), tl.int64) + j
+            c = ((1.0 - _pow_int(1.0 - be, n_valid)) / be).to(tl.float32)
+            tot = tl.zeros((), tl.float32)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                tot += tl.sum(tl.maximum(q - c * tl.minimum(p, q / g32), 0.0), axis=0)
+            if tot > ZERO_MASS_TOL:
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                    tl.store(r_ptr + offs, tl.maximum(q - c * tl.minimum(p, q / g32), 0.0) / tot, mask=m)
+    else:
+        x0 = tl.load(cand_ptr)
+        single = K < 2  # a tree node with one child; never read slot 1 then (it does not exist)
+        if K >= 2:
+            single = tl.load(cvalid_ptr + 1) == 0  # p(hub) ~ 1
+        if single:  # a single-candidate SD node
+            den = tl.load(p_ptr + x0).to(tl.float32)
+            num = tl.load(q_ptr + x0).to(tl.float32)
+            if ANALYTIC:
+                tl.store(ap_ptr, _ratio_prob(num, den))
+            if _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64):
+                chosen = tl.zeros((), tl.int64)
+            _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+        else:
+            # The plan in fp64: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and fp32 rounding
+            # of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the
+            # non-hub mass the sampler drew i from, not 1 - p(a) (docs/exactness.md). The residual alone is stored
+            # in fp32.
+            pa = tl.load(p_ptr + hub).to(tl.float64)
+            qa = tl.load(q_ptr + hub).to(tl.float64)
+            rest = tl.zeros((), tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = (offs < V) & (offs != hub)
+                rest += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+            s_ai = tl.zeros((), tl.float64)
+            s_ia = tl.zeros((), tl.float64)
+            tot = tl.zeros((), tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = (offs < V) & (offs != hub)
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
+                qai, q1, a2 = _hub_terms(pa, p, q, rest)
+                s_ia += tl.sum(p - tl.minimum(p, q), axis=0)
+                s_ai += tl.sum(qai - a2, axis=0)
+                tot += tl.sum(q1 - a2, axis=0)
+            a3 = tl.minimum(qa, s_ai)
+            a4 = tl.minimum(qa - a3, s_ia)
+            fin_a = tl.maximum(qa - a3 - a4, 0.0)
+            tot += fin_a
+            if tot > ZERO_MASS_TOL_F64:
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    p = tl.load(p_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                    q = tl.load(q_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                    _, q1, a2 = _hub_terms(pa, p, q, rest)
+                    fin = tl.where(offs == hub, fin_a, q1 - a2)
+                    tl.store(r_ptr + offs, (fin / tot).to(tl.float32), mask=m)
+            if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
+                i = tl.load(cand_ptr + 1)
+                p_i = tl.load(p_ptr + i).to(tl.float64)
+                q_i = tl.load(q_ptr + i).to(tl.float64)
+                den1, num1, _ = _hub_terms(pa, p_i, q_i, rest)
+                den0 = s_ai
+                num0 = tl.where(s_ai > 0.0, qa, 0.0)  # a hub test with no leftover is never reached
+            else:
+                den0 = tl.load(p_ptr + x0).to(tl.float64)
+                num0 = tl.load(q_ptr + x0).to(tl.float64)
+                den1 = s_ia
+                num1 = tl.where(s_ia > 0.0, qa - a3, 0.0)
+            if ANALYTIC:
+                tl.store(ap_ptr, _ratio_prob(num0, den0).to(tl.float32))
+                tl.store(ap_ptr + 1, _ratio_prob(num1, den1).to(tl.float32))
+            u0 = _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+            u1 = _noise_at(u_ptr, 1, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+            ok0 = u0 * den0 < num0
+            ok1 = u1 * den1 < num1
+            if x0 == hub:
+                chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
+            else:
+                chosen = tl.where(ok0, 0, tl.where(ok1, 1, -1)).to(tl.int64)
+    return chosen
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
+def _verify_node_kernel(
+    cand_ptr,  # [B, K] int64
+    cvalid_ptr,  # [B, K] int8
+    p_ptr,  # [B, V] fp32
+    q_ptr,  # [B, V] fp32
+    u_ptr,  # [B, K] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
+    hub_ptr,  # [B] int64
+    r_ptr,  # [B, V] fp32 scratch -> final residual
+    s_ptr,  # [B, V] fp32 scratch
+    ap_ptr,  # [B, K] fp32
+    slot_ptr,  # [B] int64
+    tok_ptr,  # [B] int64
+    K,
+    V,
+    seed_lo,
+    seed_hi,
+    METHOD: tl.constexpr,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    hub = tl.load(hub_ptr + b)
+    chosen = _verify_node_row(
+        cand_ptr + b * K,
+        cvalid_ptr + b * K,
+        K,
+        p_ptr + b * V,
+        q_ptr + b * V,
+        u_ptr + b * K,
+        b,
+        seed_lo,
+        seed_hi,
+        hub,
+        r_ptr + b * V,
+        s_ptr + b * V,
+        ap_ptr + b * K,
+        V,
+        METHOD,
+        ANALYTIC,
+        RNG,
+        BLOCK_V,
+    )
+    if chosen >= 0:
+        tok = tl.load(cand_ptr + b * K + chosen)
+    else:
+        tok = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
+    tl.store(slot_ptr + b, chosen)
+    tl.store(tok_ptr + b, tok)
+
+
+def verify_node(
+    method: str,
+    cand: torch.Tensor,
+    cand_valid: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    accept_u: torch.Tensor | None,
+    final_noise: torch.Tensor | None,
+    hub: torch.Tensor | None,
+    analytic: bool,
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    batch, k = cand.shape
+    vocab = p.shape[-1]
+    dev = p.device
+    rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, k), (batch, vocab), dev)
+    r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
+    s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method == "rrsw" else r
+    ap = torch.zeros((batch, k), dtype=torch.float32, device=dev)
+    slot = torch.empty(batch, dtype=torch.long, device=dev)
+    tok = torch.empty(batch, dtype=torch.long, device=dev)
+    hub_t = torch.zeros(batch, dtype=torch.long, device=dev) if hub is None else hub.long().contiguous()
+    if batch:
+        _verify_node_kernel[(batch,)](
+            cand.long().contiguous(),
+            cand_valid.to(torch.int8).contiguous(),
+            p.float().contiguous(),
+            q.float().contiguous(),
+            accept_u,
+            final_noise,
+            hub_t,
+            r,
+            s,
+            ap,
+            slot,
+            tok,
+            k,
+            vocab,
+            *_seed_args(seed),
+            METHOD=METHOD_CODE[method],
+            ANALYTIC=bool(analytic),
+            RNG=rng,
+            BLOCK_V=_block(vocab),
+        )
+    if not analytic:
+        return slot, tok, None, None
+    return slot, tok, ap, r
