@@ -15,6 +15,7 @@ import time
 
 from _timing import RESULTS, append_csv, run_meta
 from specdec import cli
+from specdec.demo import run_demo
 from specdec.harness import draft_label
 
 RUN = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "prompt_set", "num_prompts"]
@@ -29,7 +30,7 @@ def main(argv: list[str]) -> None:
     texts = args.check(args)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     load = os.getloadavg()[0]  # the 1-minute load average before the run (blank in rows recorded without it)
-    rows = cli.run_demo(args, texts)
+    rows = run_demo(args, texts)
     settings = {
         "prompt_set": os.path.basename(args.prompts) if args.prompts else "HumanEval",
         "num_prompts": len(texts),

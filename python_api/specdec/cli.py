@@ -17,61 +17,35 @@ cascade of --cascade (``smollm2-cascade``: ``smollm2-csd-l2`` above Max-Gram and
 from __future__ import annotations
 
 import argparse
-import csv
-import functools
 import json
 import math
 import os
-import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from . import methods as registry
-from .baselines import hf_generate, logit_error, sampling_kwargs
-from .decoder import SpeculativeDecoder
+from .demo import (  # noqa: F401 (the demo's pieces, under the names the CLI has always offered)
+    CSV_KEYS,
+    append_csv,
+    default_methods,
+    format_table,
+    json_report,
+    method_kwargs,
+    run_demo,
+    shape_shares,
+)
 from .harness import (
     DEFAULT_DRAFT,
     HYBRID_SUFFIX,
     PLAIN_DRAFT,
     asset_exists,
-    draft_label,
     head_plan,
     load_prompts,
     load_target,
-    make_draft,
 )
-from .metrics import GenerationStats
-from .models import DECODE_ROWS
 from .preflight import check_gguf, check_model_dir, model_vocab
-
-#: one-token steps whose logits the demo compares with an fp32 forward (the numerics line)
-NUMERICS_TOKENS = 16
-
-#: the method parameters the demo's shared tree flags set (--draft-length, --branching, --beam-width, --num-chains);
-#: a parameter without a flag (parents) keeps the method's default
-TREE_FLAGS = ("draft_length", "branching", "beam_width", "num_chains")
-
-
-def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Tree parameters from the command line that apply to ``method`` (its spec's ``cli_params``)."""
-    takes = registry.get(method).cli_params
-    out: dict[str, Any] = {}
-    for name in TREE_FLAGS:
-        value = getattr(args, name)
-        if name in takes and value:
-            if name == "branching":
-                # "auto" goes to the methods whose spec can choose trees per round; the others keep their default
-                if value == "auto":
-                    if registry.get(method).auto_builder is not None:
-                        out[name] = "auto"
-                    continue
-                value = tuple(int(x) for x in value.split(","))
-            out[name] = value
-    return out
 
 
 def _taking(param: str) -> str:
@@ -84,66 +58,9 @@ def _with_head() -> str:
     return ", ".join(m for m in registry.available() if registry.get(m).needs_head)
 
 
-def default_methods() -> list[str]:
-    """The demo's methods by default: every registered one but the cascade methods, which draft with their own
-    cascade (--cascade), not with --draft, and run only when named."""
-    return [m for m in registry.available() if not registry.get(m).cascade]
-
-
 def _with_cascade() -> str:
     """The methods that draft with a cascade, for the help of --cascade."""
     return ", ".join(m for m in registry.available() if registry.get(m).cascade)
-
-
-def shape_shares(used: dict[tuple[int, ...], int]) -> str:
-    """Rounds by tree shape of an auto-tree decoder, most used first: ``2,1 60 %, 1,1 30 %, plain 10 %`` (plain: a
-    round that drafted nothing)."""
-    total = sum(used.values())
-    if not total:
-        return "no rounds"
-    ranked = sorted(used.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(f"{','.join(map(str, s)) or 'plain'} {100 * n / total:.0f} %" for s, n in ranked)
-
-
-def _num(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.2f}"
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """Plain-text table of the demo results."""
-    head = [
-        "method",
-        "tokens",
-        "time s",
-        "tok/s",
-        "vs AR",
-        "block eff",
-        "acc/step",
-        "P(acc>=d) d=1..4",
-        "calls",
-        "= AR",
-    ]
-    lines = [head]
-    for r in rows:
-        depth = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]) or "-"
-        lines.append(
-            [
-                r["label"],
-                str(r["new_tokens"]),
-                f"{r['wall_time']:.1f}",
-                f"{r['tokens_per_second']:.1f}",
-                f"{r['speed_ratio']:.2f}x",
-                _num(r["block_efficiency"]),
-                _num(r["acceptance_rate"]) if r["target_calls"] else "-",
-                depth,
-                str(r["target_calls"] or "-"),
-                r["same_as_ar"],
-            ]
-        )
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
 
 
 def _asset_metadata(spec: str) -> dict[str, str] | None:
@@ -323,221 +240,6 @@ def _fit_assisted(args: argparse.Namespace, need: Need, target_vocab: int | None
         left_out.append(f"hf assisted left out: its draft {why} (--hf-draft runs it)")
     else:
         need(why is None, "--hf-draft", f"{why}: pass a draft model directory")
-
-
-def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]:
-    from tqdm.auto import tqdm
-
-    from .smollm2 import chat_prompt
-
-    # --json: stdout carries the JSON document alone, the human-readable lines go to stderr
-    say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
-    if hasattr(os, "getloadavg"):  # timings on a loaded machine are slower and noisier: say how loaded it is
-        say(f"load average before the run: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
-    torch.set_num_threads(args.threads)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    t0 = time.perf_counter()
-    target, tokenizer, model_name = load_target(args.model, dtype)
-    draft = make_draft(args.draft, target, dtype, int8=args.draft_int8)
-    label = draft_label(args.draft, args.draft_int8)
-    say(f"loaded {model_name} ({args.dtype}) and draft {label!r} in {time.perf_counter() - t0:.1f}s")
-    for line in getattr(args, "left_out", []):
-        say(line)
-    prompts = [chat_prompt(tokenizer, t) for t in texts]
-    eos = tokenizer.eos_token_id
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, eos_token_id=eos)
-    # our decoders get the generate arguments transformers' generate gets (hf_generate builds the same ones)
-    gen = {**sampling_kwargs(args.temperature, args.top_k, args.top_p), "eos_token_id": eos}
-    gen["max_new_tokens"] = args.max_new_tokens
-    hf_settings = {**sampling, "pad_token_id": tokenizer.pad_token_id or 0}
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    extra: dict[str, dict[str, Any]] = {m: {} for m in methods}
-    drafts = {m: draft for m in methods}
-    head_methods = [m for m in methods if registry.get(m).needs_head]
-    if head_methods:
-        pp_name, head_name = head_plan(args)
-        if pp_name != args.draft:  # the head reads the hidden states of the draft it was trained on
-            pp_draft = make_draft(pp_name, target, dtype, int8=args.draft_int8)
-            drafts.update({m: pp_draft for m in head_methods})
-    cascade_methods = [m for m in methods if registry.get(m).cascade]
-    if cascade_methods:
-        from .train import load_cascade
-
-        try:
-            cascade = load_cascade(args.cascade, target, dtype=dtype)
-        except ValueError as err:  # e.g. a --model the shipped drafts were not trained for
-            raise SystemExit(f"--cascade {args.cascade!r}: {err}") from err
-        drafts.update({m: cascade for m in cascade_methods})
-        say(f"{', '.join(cascade_methods)} drafts with the cascade {args.cascade!r}")
-    if head_methods:
-        from .train import load_head
-
-        head, h = load_head(head_name)
-        threshold = h if args.threshold is None else args.threshold
-        extra.update({m: {"head": head, "threshold": threshold} for m in head_methods})
-        say(f"{', '.join(head_methods)} drafts with {pp_name!r}, acceptance head {head_name!r}, h = {threshold:g}")
-    decoders = {
-        m: SpeculativeDecoder(target, drafts[m], method=m, **method_kwargs(m, args), **extra[m]) for m in methods
-    }
-    # transformers' own decoding on the same prompts: plain generate, and assisted generation with the plain draft
-    # (a feature draft is not an HF assistant model: the plain --hf-draft then; the n-gram draft: prompt lookup)
-    hf: dict[str, dict[str, Any]] = {}
-    if not args.no_hf:
-        hf["hf generate"] = {}
-        if args.draft == "ngram" or args.draft.endswith(HYBRID_SUFFIX):
-            hf["hf prompt lookup"] = {"prompt_lookup_num_tokens": 4}
-        if args.draft != "ngram":
-            plain = args.draft
-            helper = draft
-            if not isinstance(draft, torch.nn.Module) or getattr(draft, "reads_target_features", False):
-                plain = args.hf_draft  # None: no plain draft fits the target (check_args said so)
-                helper = None if plain is None else make_draft(plain, target, dtype)
-            if helper is not None:
-                hf[f"hf assisted ({plain})"] = {"assistant_model": helper}
-    # Warm-up: the first forwards of a fresh process are slow (allocator, kernels); keep them out of the timings.
-    warm = torch.tensor([prompts[0][:16]])
-    for dec in decoders.values():
-        dec.generate(warm, **{**gen, "max_new_tokens": 2}, seed=0)
-    for kw in hf.values():
-        hf_generate(target, warm, torch.ones_like(warm), max_new_tokens=2, **hf_settings, seed=0, **kw)
-    # the auto trees' shape counts of the warm-up rounds, left out of what the demo reports
-    warm_shapes = {m: dict(getattr(d.builder, "shapes_used", {})) for m, d in decoders.items()}
-    batches = [prompts[i : i + args.batch_size] for i in range(0, len(prompts), args.batch_size)]
-    results: dict[str, GenerationStats] = {}
-    runs = methods + list(hf)
-    outputs = {m: [[] for _ in prompts] for m in runs}
-    bar = tqdm(total=len(runs) * len(batches), desc="demo", unit="run", file=sys.stderr)
-    for bi, batch in enumerate(batches):
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, p in enumerate(batch):
-            ids[b, width - len(p) :] = torch.tensor(p)
-            mask[b, width - len(p) :] = 1
-        # Methods take turns on each batch, in a rotating order, so that a drifting machine load (shared CPUs)
-        # spreads over all methods instead of favouring whichever ran last.
-        for m in runs[bi % len(runs) :] + runs[: bi % len(runs)]:
-            label = m if m in hf else decoders[m].config.describe()
-            bar.set_postfix_str(f"{label} batch {bi + 1}/{len(batches)}")
-            if m in hf:
-                new, stats = hf_generate(
-                    target, ids, mask, max_new_tokens=args.max_new_tokens, **hf_settings, seed=args.seed + bi,
-                    label=m, **hf[m],
-                )  # fmt: skip
-            else:
-                out = decoders[m].generate(ids, mask, seed=args.seed + bi, **gen)
-                new, stats = out.new_tokens, out.stats
-            start = bi * args.batch_size
-            outputs[m][start : start + len(batch)] = new
-            if m in results:
-                results[m].merge(stats)
-            else:
-                results[m] = stats
-            bar.update(1)
-    bar.close()
-    ar_rate = results["ar"].tokens_per_second if "ar" in results else None
-    greedy = args.temperature == 0
-    rows = []
-    for m in runs:
-        s = results[m]
-        row = s.as_dict()
-        row["label"] = m if m in hf else decoders[m].config.describe()
-        if m in hf and ("assistant_model" in hf[m] or "prompt_lookup_num_tokens" in hf[m]):
-            row["block_efficiency"] = float("nan")  # transformers does not report its target calls
-        row["speed_ratio"] = s.tokens_per_second / ar_rate if ar_rate else float("nan")
-        if greedy and "ar" in outputs:
-            same = sum(a == b for a, b in zip(outputs[m], outputs["ar"], strict=True))
-            row["same_as_ar"] = f"{same}/{len(prompts)}"
-        else:
-            row["same_as_ar"] = "n/a"
-        rows.append(row)
-    say()
-    say(
-        f"{len(prompts)} prompts ({'HumanEval' if args.prompts is None else args.prompts}), "
-        f"{args.max_new_tokens} new tokens max, {args.dtype}, draft {draft_label(args.draft, args.draft_int8)}, "
-        f"{'greedy' if greedy else f'T={args.temperature}'}, batch {args.batch_size}, {args.threads} threads"
-    )
-    say(format_table(rows))
-    say(
-        "block eff = tokens per target call; acc/step = share of verification steps (nodes with drafts) that "
-        "accepted a draft; P(acc>=d) = share of rounds accepting at least d draft tokens; calls = target calls; "
-        "= AR = prompts whose output equals AR's"
-    )
-    for m, dec in decoders.items():
-        used = getattr(dec.builder, "shapes_used", None)
-        if used is not None:
-            timed = {s: n - warm_shapes[m].get(s, 0) for s, n in used.items() if n > warm_shapes[m].get(s, 0)}
-            say(f"{dec.config.describe()} trees (children per level, share of rounds): {shape_shares(timed)}")
-    numerics = None
-    if args.dtype == "bf16" and not args.no_numerics:
-        ref_tokens = outputs["ar" if "ar" in outputs else runs[0]][0][:NUMERICS_TOKENS]
-        if len(ref_tokens) >= 2:
-            reference = load_target(args.model, torch.float32)[0]
-            numerics = logit_error(target, reference, prompts[0], ref_tokens)
-            del reference
-            say(f"\nnumerics: next-token logits of the first prompt's {len(ref_tokens)} steps against an fp32 forward")
-            for path, e in numerics.items():
-                say(
-                    f"  {path:16s} max |err| {e['max_abs']:.3f}  mean |err| {e['mean_abs']:.4f}  "
-                    f"argmax = fp32's at {100 * e['argmax_equal']:.0f} % of steps"
-                )
-            say(
-                "  (specdec's decoders all run the adapter path; transformers' generate runs its own bf16 forward, "
-                "so greedy outputs of the two can part after a near-tie)"
-            )
-    slower = [r["label"] for r in rows if r["label"] != "ar" and r["speed_ratio"] < 1.0]
-    if slower:
-        say(f"\nslower than AR on this machine: {', '.join(slower)}")
-    # transformers' rows differ by their own bf16 forward (the numerics above); ours only where a tree pass rounds
-    # differently from one-token steps
-    ours = [r for r in rows if r["label"] not in hf]
-    if greedy and any(r["same_as_ar"] not in ("n/a", f"{len(prompts)}/{len(prompts)}") for r in ours):
-        say(
-            "note: in bf16, greedy outputs can differ from AR at near-ties of the top-2 logits (checked: a gap of "
-            "one bf16 step) where tree and single-token forwards round differently: the adapter's routed kernels "
-            f"make them equal on CPU sdpa models for trees of up to {DECODE_ROWS} nodes (docs/kernels.md), HF's "
-            "attention does not; use --dtype fp32 to compare token for token"
-        )
-    if args.show:
-        for text, toks in zip(texts, outputs[methods[0]], strict=True):
-            say("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + tokenizer.decode(toks))
-    if args.csv:
-        append_csv(args.csv, rows)
-    if args.json:
-        print(json_report(args, rows, numerics))
-    return rows
-
-
-def json_report(args: argparse.Namespace, rows: list[dict[str, Any]], numerics: dict | None = None) -> str:
-    """The demo's settings and rows as one JSON document (non-finite numbers as null)."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    settings = {k: v for k, v in vars(args).items() if k not in ("check", "command")}
-    return json.dumps(clean({"settings": settings, "rows": rows, "numerics": numerics}), allow_nan=False)
-
-
-CSV_KEYS = ["label", "new_tokens", "wall_time", "tokens_per_second", "speed_ratio", "block_efficiency"]
-CSV_KEYS += ["acceptance_rate", "target_calls", "mbsu"]
-
-
-def append_csv(path: str, rows: list[dict[str, Any]]) -> None:
-    """Append the demo's rows to ``path`` (a header first when the file is new), quoted by the csv module: labels
-    such as ``rsd_c(b=2,1)`` hold commas."""
-    new = not Path(path).exists()
-    with open(path, "a", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
-        if new:
-            writer.writerow(CSV_KEYS)
-        for r in rows:
-            writer.writerow([r[k] for k in CSV_KEYS])
 
 
 class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import specdec
-from specdec import cli
+from specdec import cli, harness
 from specdec.cli import build_parser, format_table, load_prompts, method_kwargs, shape_shares
 
 
@@ -176,9 +176,9 @@ def test_default_methods_are_every_method_but_the_cascade() -> None:
 def test_draft_int8_flag_and_label() -> None:
     assert build_parser().parse_args(["demo"]).draft_int8 is True
     assert build_parser().parse_args(["demo", "--no-draft-int8"]).draft_int8 is False
-    assert cli.draft_label("smollm2-eagle+ngram", True) == "smollm2-eagle+ngram (int8)"
-    assert cli.draft_label("smollm2-eagle", False) == "smollm2-eagle"
-    assert cli.draft_label("ngram", True) == "ngram"  # Max-Gram has no weights
+    assert harness.draft_label("smollm2-eagle+ngram", True) == "smollm2-eagle+ngram (int8)"
+    assert harness.draft_label("smollm2-eagle", False) == "smollm2-eagle"
+    assert harness.draft_label("ngram", True) == "ngram"  # Max-Gram has no weights
 
 
 def test_csv_rows_round_trip_labels_with_commas(tmp_path) -> None:
