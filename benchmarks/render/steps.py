@@ -1,0 +1,173 @@
+"""The step-cost blocks: the per-call overhead of the decoders (step_overhead.csv) and the target's one-token step and
+passes against the read-bandwidth floor (target_step.csv, target_step_ops.csv)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import Rows, _variant_cell, newest_run, num, provenance, read_csv, table
+
+
+def block_step_overhead(results: Path, *, brief: bool = False) -> str:
+    rows = read_csv(results, "step_overhead")
+    run = newest_run(rows, ("timestamp",))
+    if not run:
+        return "No run recorded in `benchmarks/results/step_overhead.csv`.\n"
+    by = {(r["method"], r["backend"]): r for r in run}
+    methods = list(dict.fromkeys(r["method"] for r in run))
+    if brief:
+        methods = [m for m in methods if m == "all"] or methods
+
+    def pct(r: dict[str, str] | None, col: str) -> str:
+        return "-" if r is None else f"{100 * float(r[col]):.1f} %"
+
+    lines = []
+    for m in methods:
+        d, t = by.get((m, "default")), by.get((m, "torch"))
+        if brief:
+            lines.append([m, pct(d, "outside_share_cpu"), pct(t, "outside_share_cpu")])
+        else:
+            lines.append(
+                [
+                    m,
+                    pct(d, "outside_share_cpu"),
+                    pct(d, "ops_share_cpu"),
+                    pct(d, "op_calls_share_cpu"),
+                    pct(t, "outside_share_cpu"),
+                    num(d["block_efficiency"]) if d else "-",
+                ]
+            )
+    r0 = run[0]
+    extra = (
+        f"{r0['model']} {r0['dtype']}, draft {r0['draft']}, {r0['prompts']} prompts, {r0['threads']} thread(s), "
+        "process CPU time"
+    )
+    if brief:
+        label = ", ".join(m for m in dict.fromkeys(r["method"] for r in run) if m != "all")
+        lines = [[label if row[0] == "all" else row[0], *row[1:]] for row in lines]
+        head = ["methods", "outside the forwards, default backend", "same, torch reference backend"]
+    else:
+        head = ["method", "outside, default", "kernels", "all op calls", "outside, torch backend", "block eff."]
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def _runs_by_isa(rows: Rows) -> list[Rows]:
+    """The newest run of each (machine, CPU variant) in a kernel CSV, oldest variant first."""
+    newest: dict[tuple[str, str], str] = {}
+    for r in rows:
+        key = (r["machine"], (r.get("cpu_isa") or "").split(" ")[0])  # a variant's newest run, whatever its path
+        newest[key] = max(newest.get(key, ""), r["timestamp"])
+    return [[r for r in rows if r["timestamp"] == stamp] for stamp in sorted(newest.values())]
+
+
+def _new_cells(by_n: dict[int, dict[str, str]], news: list[int]) -> list[str]:
+    """Table cells of timings by token count: n = 1 in ms, every other n as a ratio to it ("-" where missing)."""
+    one = float(by_n[1]["median_ms"])
+    return [
+        f"{num(one)} ms" if n == 1 else (f"{float(by_n[n]['median_ms']) / one:.2f}x" if n in by_n else "-")
+        for n in news
+    ]
+
+
+def _share_cell(row: dict[str, str], base_ms: float) -> str:
+    """A timed row as a share of ``base_ms``, with its own time: ``5.0 % (0.800 ms)``."""
+    ms = float(row["median_ms"])
+    return f"{100 * ms / base_ms:.1f} % ({num(ms)} ms)"
+
+
+def block_target_step(results: Path) -> str:
+    runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
+    if not runs:
+        return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
+    steps = [[r for r in run if not r["case"].startswith(("draft ", "decoding ")) and " linears " not in r["case"]]
+             for run in runs]  # fmt: skip
+    alone = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " linears new " in r["case"]} for run in runs]
+    cached = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " in cache " in r["case"]} for run in runs]
+    drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
+    # the draft's steps and the target's passes as a decoding ran them (bench_target_step --decode-prompts)
+    decoding = [
+        {r["case"].removeprefix("decoding "): r for r in run if r["case"].startswith("decoding ")} for run in runs
+    ]
+    news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
+    with_draft, with_decoding = any(drafts), any(decoding)
+    several = len({run[0]["machine"] for run in runs}) > 1  # then each variant's rows name their machine
+    lines = []
+    for run, draft, lin, arith, dec in zip(steps, drafts, alone, cached, decoding, strict=True):
+        label = _variant_cell(run[0]["cpu_isa"], run[0]["machine"], several)
+        cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
+        torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
+        if 1 not in cpu:
+            continue
+        one = float(cpu[1]["median_ms"])
+        floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
+        cells = _new_cells(cpu, news)
+        t1 = torch_rows.get(1)
+        torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
+        # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
+        draft_cells = [_share_cell(draft[k], one) if k in draft else "-" for k in ("step", "repeated")]
+        # the decoding's target pass, and a draft step in decoding as a share of it
+        passed = dec.get("target pass")
+        dec_cells = ["-"] * 3
+        if passed is not None:
+            base = float(passed["median_ms"])
+            dec_cells = [f"{num(base)} ms"]
+            dec_cells += [_share_cell(dec[k], base) if k in dec else "-" for k in ("draft first", "draft later")]
+        lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else []),
+                      *(dec_cells if with_decoding else [])])  # fmt: skip
+        blank = ["-"] * (2 * with_draft + 3 * with_decoding)
+        if 1 in lin:  # the same run's linears alone, from memory
+            lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
+        if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
+            cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
+            lines.append([f"{label}: linears in cache", "-", *cells, "-", *blank])
+    head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
+    if with_draft:
+        name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
+        head += [f"draft step ({name}), after a target step", "draft step, repeated"]
+    if with_decoding:
+        head += ["target pass in decoding", "draft step in decoding, first of a round", "later in a round"]
+    r0 = runs[-1][0]
+    extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
+    if any(cached):
+        extra += "; 'linears in cache': the pass's multiply-adds on one weight in cache (compute floor), in ms"
+    if any(alone):
+        extra += "; 'linears alone': the pass's linears over the model's weights from memory, the rest left out"
+    if with_draft:
+        extra += "; a draft step as a share of the one-token target step of the same run"
+    if with_decoding:
+        extra += "; in decoding: medians over greedy rsd_c(auto) rounds, a draft step as a share of the target pass"
+    prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", extra=extra)
+    return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def block_target_step_ops(results: Path) -> str:
+    runs = _runs_by_isa(read_csv(results, "target_step_ops"))
+    if not runs:
+        return "No per-op profile is recorded in `benchmarks/results/target_step_ops.csv`.\n"
+    parts = []
+    for run in runs:
+        news = sorted({int(r["new"]) for r in run})
+        lo, hi = news[0], max(n for n in news if n <= 8)
+        ms = {(r["op"], int(r["new"])): float(r["self_ms"]) for r in run}
+        ops = sorted({r["op"] for r in run}, key=lambda op: -ms.get((op, hi), 0.0))[:8]
+        lines = [
+            [
+                f"`{op}`",
+                num(ms.get((op, lo), 0.0)),
+                num(ms.get((op, hi), 0.0)),
+                num(ms.get((op, hi), 0.0) - ms.get((op, lo), 0.0)),
+            ]
+            for op in ops
+        ]
+        total = [sum(v for (op, n), v in ms.items() if n == k) for k in (lo, hi)]
+        lines.append(["all ops", num(total[0]), num(total[1]), num(total[1] - total[0])])
+        head = ["op (self CPU time)", f"n = {lo}, ms", f"n = {hi}, ms", "growth, ms"]
+        prov = provenance(
+            run,
+            machine="machine",
+            torch="torch",
+            extra=f"CPU variant {run[0]['cpu_isa']}, {run[0]['threads']} thread(s)",
+        )
+        parts.append(table(head, lines) + "\n\n" + prov + "\n")
+    return "\n".join(parts)
