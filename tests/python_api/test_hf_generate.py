@@ -236,20 +236,20 @@ def test_streamers_get_the_prompt_then_every_new_token(pair) -> None:
 def test_the_hook_finds_assistant_model_and_streamer_or_fails_loudly(pair, monkeypatch) -> None:
     """transformers hands a custom_generate callable neither argument; the hook reads both from its generate call.
     Run in CI with the oldest and the newest supported transformers: a release that renames them fails here."""
-    import specdec.decoder as decoder
+    import specdec.edge as edge
 
     target, draft = pair
     prompt = torch.tensor([GREEDY_PROMPTS[0]])
     seen = {}
 
     def spy(model, input_ids, *args, **kwargs):
-        seen.update(decoder._generate_call())
+        seen.update(edge.generate_call())
         return input_ids
 
     target.generate(prompt, max_new_tokens=2, custom_generate=spy, assistant_model=draft, streamer=Collect())
     assert seen["assistant_model"] is draft and isinstance(seen["streamer"], Collect)
-    assert decoder._generate_call() == {}  # not inside transformers' generate
-    monkeypatch.setattr(decoder, "GENERATE_LOCALS", ("assistant_model", "a_renamed_streamer"))
+    assert edge.generate_call() == {}  # not inside transformers' generate
+    monkeypatch.setattr(edge, "GENERATE_LOCALS", ("assistant_model", "a_renamed_streamer"))
     with pytest.raises(RuntimeError, match="cannot find assistant_model and a_renamed_streamer in transformers"):
         target.generate(prompt, max_new_tokens=2, custom_generate=specdec.custom_generate, assistant_model=draft)
 
