@@ -134,6 +134,7 @@ done
 tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo "== summary"
 cat "$out/summary.txt"
+tail -n 20 "$logs"/build.log 2>/dev/null
 tail -n 3 "$logs"/test.log "$logs"/opcheck.log 2>/dev/null
 tail -n 30 "$logs"/bench.log "$logs"/model.log "$logs"/e2e.log 2>/dev/null
 exit "$failed"

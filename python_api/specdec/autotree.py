@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -191,22 +192,14 @@ MEASUREMENT = "interleaved-sweeps"
 
 
 def _progress(total: int, show: bool) -> Any:
-    """A tqdm bar on stderr (``TQDM_DISABLE=1`` hides it; ``show`` False or no tqdm: a bar that draws nothing)."""
+    """A tqdm bar on stderr (``TQDM_DISABLE=1`` hides it; ``show`` False: one that draws nothing). tqdm comes with
+    the ``hf`` extra; without it, a stand-in with the two methods the measurement calls."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
-        show = False
-    if not show:
-        return _NoBar()
-    return tqdm(total=total, desc="specdec: measuring the pass cost for auto trees (once)", unit="pass", leave=False)
-
-
-class _NoBar:
-    def update(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+        return SimpleNamespace(update=lambda: None, close=lambda: None)
+    desc = "specdec: measuring the pass cost for auto trees (once)"
+    return tqdm(total=total, desc=desc, unit="pass", leave=False, disable=not show)
 
 
 def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = None) -> str:

@@ -48,7 +48,7 @@ from .methods.builders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .methods.builders.base import op_seed, seed_block
 from .methods.builders.cascade import check_cascade
 from .metrics import GenerationStats
-from .models import HFCausalLM
+from .models import CACHE_KEYWORDS, HFCausalLM
 from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
@@ -273,8 +273,8 @@ class SpeculativeDecoder:
         for key, value in model_kwargs.items():
             if key in ("attention_mask", "position_ids", "use_cache", "logits_to_keep"):
                 continue
-            # an empty cache as transformers prepares it (named past_key_values before transformers 5.20)
-            if key in ("cache", "past_key_values") and (value is None or value.get_seq_length() == 0):
+            # an empty cache as transformers prepares it, under either of its names
+            if key in CACHE_KEYWORDS and (value is None or value.get_seq_length() == 0):
                 continue
             raise UnsupportedSettingError(f"generate argument {key}= is not supported by speculative generation")
         vocab = self.target.vocab_size

@@ -128,7 +128,6 @@ class _Run:
         self.say(f"loaded {model_name} ({args.dtype}) and draft {label!r} in {time.perf_counter() - t0:.1f}s")
         for line in getattr(args, "left_out", []):
             self.say(line)
-        self.texts = texts
         self.prompts = [chat_prompt(self.tokenizer, t) for t in texts]
         eos = self.tokenizer.eos_token_id
         # our decoders get the generate arguments transformers' generate gets (hf_generate builds the same ones)

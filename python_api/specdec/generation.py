@@ -125,8 +125,9 @@ def check_config(generation_config: Any, defaults: dict[str, Any]) -> None:
 
 
 def _no_op(value: Any, no_op: Any) -> bool:
-    if isinstance(no_op, list):  # an empty list, tuple or tensor of token ids
-        return len(token_ids(value)) == 0 if not isinstance(value, (str, bytes, int, float)) else False
+    """Whether ``value`` is the no-op value ``no_op``: an empty list, tuple or tensor of token ids, or a number."""
+    if isinstance(no_op, list):
+        return value.numel() == 0 if isinstance(value, torch.Tensor) else isinstance(value, (list, tuple)) and not value
     return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value) == no_op
 
 

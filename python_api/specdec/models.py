@@ -982,6 +982,11 @@ def new_cache() -> Any:
     return cache
 
 
+#: the keywords under which transformers passes a KV cache: ``cache`` in current releases, ``past_key_values`` in
+#: older ones (5.17) and as a deprecated alias
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
 def cache_argument(module: Any) -> str:
     """The keyword under which ``module.forward`` takes a KV cache: ``cache`` in current transformers, whose
     ``past_key_values`` is a deprecated alias; ``past_key_values`` for a forward that does not name ``cache``."""

@@ -20,7 +20,7 @@ GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 
 def prompt_text(record: Any, where: str) -> str:
     """The prompt of one JSONL record: its ``prompt``, ``question``, ``instruction`` or ``text`` string, or the first
-    of its ``turns``. ``where``: ``file:line`` for the error."""
+    of its ``turns``. ``where``: the record's place (``line N``) for the error."""
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     for key in ("prompt", "question", "instruction", "text"):

@@ -30,6 +30,7 @@ from specdec_kernels import decode_attention, rms_norm
 
 from ..errors import DraftMismatchError
 from ..models import (
+    CACHE_KEYWORDS,
     cache_argument,
     concat_weights,
     decode_linear,
@@ -104,8 +105,8 @@ class FeatureDecoder(nn.Module):
             raise ValueError("the feature draft needs features= (the target's hidden states paired with input_ids)")
         _check_pair(features, input_ids)
         mask = kwargs.get("attention_mask")
-        own = cache_argument(self.llama)  # cache= in newer transformers, past_key_values= in older ones (5.17)
-        for name in ("cache", "past_key_values"):  # either name from the caller reaches the stack under its own
+        own = cache_argument(self.llama)
+        for name in CACHE_KEYWORDS:  # either name from the caller reaches the stack under the one it takes
             if name != own and name in kwargs:
                 kwargs[own] = kwargs.pop(name)
         cache = kwargs.get(own)
