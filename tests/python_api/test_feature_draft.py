@@ -353,7 +353,7 @@ def test_lean_fused_weights_follow_weight_edits():
 def test_rotary_rows_of_a_module_built_in_inference_mode():
     """A model built under torch.inference_mode has inference buffers (no version counter): the rotary rows are
     still gathered from the table, with the module's bits."""
-    from specdec.models import _ROTARY_TABLES, rotary_rows
+    from specdec.models.fastpath.layers import _ROTARY_TABLES, rotary_rows
 
     with torch.inference_mode():
         target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
@@ -389,8 +389,8 @@ def test_feature_draft_built_in_inference_mode_drafts():
 def test_lean_rope_table_has_the_modules_bits():
     """The lean path gathers cos/sin from a cached table; every row has the bits HF's rotary module computes for
     that position (the table grows past its first 1024 rows and follows a dtype change)."""
-    from specdec.models import _ROTARY_TABLES
     from specdec.models import rotary_rows as _rope
+    from specdec.models.fastpath.layers import _ROTARY_TABLES
 
     target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
     cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)

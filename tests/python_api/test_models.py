@@ -376,9 +376,10 @@ def test_decode_rows_follow_the_cpu() -> None:
 def test_hf_attention_rounds_a_verification_pass_differently(monkeypatch) -> None:
     """The power check of the test above, kept as a test: with HF's own sdpa attention instead of the routed one,
     the bf16 tree pass and the one-token steps round differently, so the equality above is the routing's doing."""
-    import specdec.models as models
 
-    monkeypatch.setattr(models, "_NATIVE_ATTENTION", False)
+    from specdec.models.fastpath import attention
+
+    monkeypatch.setattr(attention, "NATIVE_ATTENTION", False)
     tree, steps = _tree_vs_steps(tiny_llama(3, vocab=32, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=torch.bfloat16))
     assert not torch.equal(tree, steps)
 
@@ -502,26 +503,29 @@ def test_layer_in_one_native_call_gives_the_op_by_op_bits(monkeypatch, dtype, in
     if int8:
         models.int8_weights(model)
 
-    def counting(name: str, calls: list[bool]) -> None:
-        real = getattr(models, name)
+    from specdec.models.fastpath import layers as layer_path
+    from specdec.models.fastpath import stack as stack_path
+
+    def counting(module, name: str, calls: list[bool]) -> None:
+        real = getattr(module, name)
 
         def counted(*args, **kwargs):
             out = real(*args, **kwargs)
             calls.append(out is not None)
             return out
 
-        monkeypatch.setattr(models, name, counted)
+        monkeypatch.setattr(module, name, counted)
 
     stacks: list[bool] = []
-    counting("native_stack", stacks)
+    counting(stack_path, "native_stack", stacks)
     got = _chain_and_tree_logits(HFCausalLM(model))
     assert stacks[-2:] == [True, True] and not any(stacks[:-2])  # the prompt fills the caches: not taken
-    monkeypatch.setattr(models, "native_stack", lambda *args, **kwargs: None)
+    monkeypatch.setattr(stack_path, "native_stack", lambda *args, **kwargs: None)
     layers: list[bool] = []
-    counting("_native_call", layers)
+    counting(layer_path, "native_call", layers)
     by_layer = _chain_and_tree_logits(HFCausalLM(model))
     assert layers[-6:] == [True] * 6 and not any(layers[:-6])  # the step and the tree pass: 3 layers each
-    monkeypatch.setattr(models, "_native_call", lambda *args, **kwargs: None)
+    monkeypatch.setattr(layer_path, "native_call", lambda *args, **kwargs: None)
     by_ops = _chain_and_tree_logits(HFCausalLM(model))
     for a, b, c in zip(got, by_layer, by_ops, strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
@@ -538,15 +542,17 @@ def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None
 
     if not native.HAVE_CPU:
         pytest.skip("the cpu extension is not built")
+    from specdec.models.fastpath import stack as stack_path
+
     taken: list[bool] = []
-    real = models.native_stack
+    real = stack_path.native_stack
 
     def counted(*args, **kwargs):
         out = real(*args, **kwargs)
         taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(models, "native_stack", counted)
+    monkeypatch.setattr(stack_path, "native_stack", counted)
     for case in ("hook", "int8", "eps"):
         model = tiny_llama(4, vocab=40, hidden=64, heads=4, kv_heads=2, std=0.3, layers=3)
         layer = model.model.layers[1]
@@ -562,9 +568,9 @@ def test_stack_call_is_left_to_the_layers_where_they_differ(monkeypatch) -> None
         assert not any(taken), case
         # a hook is looked for on every forward; mixed weight kinds or epsilons leave no stack plan to try
         assert bool(taken) if case == "hook" else lm._plan == (None,), case
-        monkeypatch.setattr(models, "native_stack", lambda *args, **kwargs: None)
+        monkeypatch.setattr(stack_path, "native_stack", lambda *args, **kwargs: None)
         want = _chain_and_tree_logits(HFCausalLM(model))
-        monkeypatch.setattr(models, "native_stack", counted)
+        monkeypatch.setattr(stack_path, "native_stack", counted)
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), case
 

@@ -115,11 +115,11 @@ def test_bf16_greedy_speculation_equals_ar_token_for_token(feature_models):
     """In bf16 too, and for tree methods with siblings: the adapter's routed linears and attention compute every
     node of a verification pass as a one-token step computes it (tests/python_api/test_models.py), so no bf16
     near-tie can split the outputs. Power (checked by hand): with HF's sdpa attention instead
-    (``models._NATIVE_ATTENTION = False``) sd and rsd_c differ from AR on this prompt."""
+    (``specdec.models.fastpath.attention.NATIVE_ATTENTION = False``) sd and rsd_c differ from AR on this prompt."""
     import specdec
-    import specdec.models as models
+    from specdec.models.fastpath import attention
 
-    if not models._NATIVE_ATTENTION:
+    if not attention.NATIVE_ATTENTION:
         pytest.skip("needs the cpu extension (the routed kernels)")
     target, tok, draft = feature_models
     ids = torch.tensor([smollm2.chat_prompt(tok, "Write a Python function that checks whether a number is prime.")])

@@ -26,6 +26,7 @@ from ...autotree import (
     load_or_measure,
 )
 from ...drafting import Drafter
+from ...models.fastpath import linear as fast_linear
 from ...tree import DraftTree
 from .base import Children, StaticTreeBuilder, TreeBuilder
 from .spechub import SpecHubBuilder
@@ -71,7 +72,7 @@ class AutoTreeBuilder(TreeBuilder):
 
     def calibrate(self, target: models.HFCausalLM) -> None:
         """The target's pass cost by rows: from the cache, or measured once (:func:`target_curve`)."""
-        self.max_nodes = models.DECODE_ROWS
+        self.max_nodes = fast_linear.DECODE_ROWS
         self.curve = target_curve(target)
 
     def start_call(self) -> None:
@@ -194,7 +195,7 @@ class AutoSpecHubBuilder(AutoTreeBuilder):
 
 
 def _curve_key(target: models.HFCausalLM) -> str:
-    return curve_key(target.model, torch.get_num_threads(), models.DECODE_ROWS)
+    return curve_key(target.model, torch.get_num_threads(), fast_linear.DECODE_ROWS)
 
 
 def target_curve(target: models.HFCausalLM, *, progress: bool = True) -> CostCurve:
