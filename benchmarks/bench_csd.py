@@ -71,8 +71,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
-from specdec.cascade import CascadeDrafter, load_bigram
-from specdec.drafting import NGramDrafter
+from specdec.drafters import CascadeDrafter, NGramDrafter, load_bigram
 from specdec.harness import load_prompts
 from specdec.models import HFCausalLM, int8_weights
 from specdec.smollm2 import chat_prompt, load_smollm2

@@ -117,7 +117,7 @@ class DraftStep:
     def __init__(
         self, name: str, target: torch.nn.Module, lm: models.HFCausalLM, context: list[int], int8: bool = False
     ) -> None:
-        from specdec.drafting import as_drafter
+        from specdec.drafters import as_drafter
         from specdec.train import load_draft
 
         self.draft = load_draft(name, target, dtype=lm.dtype)

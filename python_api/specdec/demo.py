@@ -152,7 +152,7 @@ class _Run:
                 drafts.update({m: pp_draft for m in head_methods})
         cascade_methods = [m for m in methods if registry.get(m).cascade]
         if cascade_methods:
-            from .train import load_cascade
+            from .drafters.assets import load_cascade
 
             try:
                 cascade = load_cascade(args.cascade, self.target, dtype=self.dtype)
@@ -161,7 +161,7 @@ class _Run:
             drafts.update({m: cascade for m in cascade_methods})
             self.say(f"{', '.join(cascade_methods)} drafts with the cascade {args.cascade!r}")
         if head_methods:
-            from .train import load_head
+            from .drafters.networks.head import load_head
 
             head, h = load_head(head_name)
             threshold = h if args.threshold is None else args.threshold

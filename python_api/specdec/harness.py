@@ -57,7 +57,7 @@ def make_draft(
     ``specdec.train`` (a shipped asset name such as ``smollm2-distill``, or its .safetensors file). ``device``: where
     a neural draft goes (it is loaded against ``target`` where that is, then moved); None: left there. ``int8``: a
     neural draft's linears get int8 weights (:func:`specdec.int8_weights`), after the move."""
-    from .drafting import HybridDrafter, NGramDrafter, neural_drafter
+    from .drafters import HybridDrafter, NGramDrafter, neural_drafter
 
     if spec == "ngram":
         return NGramDrafter(target.config.vocab_size)
@@ -77,7 +77,7 @@ def make_draft(
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
     else:
         try:
-            from .train import load_draft
+            from .drafters.assets import load_draft
         except ImportError as err:
             raise SystemExit(f"--draft {spec!r}: distilled drafts need specdec.train ({err})") from err
         try:
@@ -103,7 +103,7 @@ HYBRID_SUFFIX = "+ngram"
 
 def asset_exists(spec: str, suffix: str = ".safetensors") -> bool:
     """A shipped asset name or a ``suffix`` file, as the draft, head and cascade loaders resolve them."""
-    from .train.store import resolve_asset
+    from .drafters.store import resolve_asset
 
     try:
         resolve_asset(spec, suffix)

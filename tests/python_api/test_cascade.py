@@ -1,4 +1,4 @@
-"""CS Drafting (method ``csd``, specdec.cascade.CascadeDrafter) on tiny random models.
+"""CS Drafting (method ``csd``, specdec.drafters.cascade.CascadeDrafter) on tiny random models.
 
 * greedy: the output is the target's greedy decoding token for token, for cascades of one and two neural drafters
   above Max-Gram, vertical and horizontal step matrices, exact and lenient inner reviews, a ragged batch;
@@ -16,11 +16,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import specdec
-import specdec.cascade as cascade_mod
+import specdec.drafters.cascade as cascade_mod
 import torch
 from specdec import smollm2
-from specdec.cascade import CascadeDrafter, check_steps, default_steps, load_bigram, save_bigram
-from specdec.drafting import bigram_table
+from specdec.drafters import CascadeDrafter, bigram_table, check_steps, default_steps, load_bigram, save_bigram
 from specdec.methods import make_method
 from specdec.models import HFCausalLM
 from specdec.sampling import SamplingConfig
@@ -263,7 +262,7 @@ def test_bigram_table_rules_and_compact_file(tmp_path) -> None:
 
 
 def test_shipped_bigram_table_is_small_and_complete() -> None:
-    from specdec.train.store import resolve_asset
+    from specdec.drafters.store import resolve_asset
 
     table = load_bigram("smollm2-bigram")
     assert table.shape == (49152,) and 0 <= table.min() and table.max() < 49152
@@ -299,7 +298,7 @@ def test_method_spec_and_label() -> None:
 def test_csd_needs_a_cascade_and_a_cascade_needs_csd(greedy_setup) -> None:
     target, big, *_ = greedy_setup
     with pytest.raises(
-        TypeError, match="method 'csd' drafts with a cascade: pass draft=specdec.cascade.CascadeDrafter"
+        TypeError, match="method 'csd' drafts with a cascade: pass draft=specdec.drafters.cascade.CascadeDrafter"
     ):
         specdec.generate(target, big, torch.tensor([[1, 2]]), method="csd", max_new_tokens=4, do_sample=False)
     for draft in ("ngram", None, big):  # refused when the decoder is built, before any generate call

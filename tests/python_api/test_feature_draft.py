@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import specdec
 import torch
-from specdec.drafting import FeatureDrafter
+from specdec.drafters import FeatureDrafter
 from specdec.models import cache_argument, layer_features
 from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig
 from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law, random_head
@@ -331,7 +331,7 @@ def test_adapter_runs_the_feature_draft_without_its_module_call():
 
 def test_lean_fused_weights_follow_weight_edits():
     """The lean path's cached [q; k; v] and [gate; up] matrices are rebuilt after an in-place edit or a dtype move."""
-    from specdec.train.feature_draft import _fused
+    from specdec.drafters.networks.feature_draft import _fused
 
     target = tiny_llama(1, vocab=32, hidden=32, std=0.3)
     cfg = FeatureDraftConfig(num_layers=1, intermediate_size=48, num_heads=4, num_kv_heads=2, head_vocab=32)
@@ -372,7 +372,7 @@ def test_feature_draft_built_in_inference_mode_drafts():
     """A feature draft (and target) built under torch.inference_mode has inference weights without a version
     counter: the lean path's fused matrices are still made and cached, and a greedy generate runs and equals the
     target's greedy tokens."""
-    from specdec.train.feature_draft import _fused
+    from specdec.drafters.networks.feature_draft import _fused
 
     with torch.inference_mode():
         target = tiny_llama(0, vocab=32, hidden=64)

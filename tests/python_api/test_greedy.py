@@ -12,7 +12,7 @@ import specdec
 import specdec.methods.builders.auto as auto_module
 import torch
 from specdec.autotree import CostCurve
-from specdec.cascade import CascadeDrafter
+from specdec.drafters.cascade import CascadeDrafter
 from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 
 VOCAB = 64

@@ -510,7 +510,7 @@ def test_forgetting_the_tree_path_fails_the_law(law_pair, monkeypatch) -> None:
 def test_cascade_greedy_equals_model_generate_for_every_setting(pair) -> None:
     """csd drafts with a cascade (a neural drafter above Max-Gram); the context-dependent settings still give
     ``model.generate``'s tokens."""
-    from specdec.drafting import bigram_table
+    from specdec.drafters import bigram_table
 
     target, draft = pair
     cascade = specdec.CascadeDrafter([draft], bigram=bigram_table([greedy_tokens(target, 30)[0]], V),

@@ -1,4 +1,4 @@
-"""The hybrid draft (specdec.drafting.HybridDrafter): a neural draft with Max-Gram's track mixed into its law.
+"""The hybrid draft (specdec.drafters.HybridDrafter): a neural draft with Max-Gram's track mixed into its law.
 
 Unit checks: the law at a track node is ``weight`` on the proposed token and the neural law on the rest; a reduced
 head grows its columns when the proposal lies outside them; levels below the tree proper are the track's point mass
@@ -24,7 +24,7 @@ import specdec
 import specdec.methods.builders.auto as auto_module
 import torch
 from specdec.autotree import CostCurve
-from specdec.drafting import (
+from specdec.drafters import (
     Drafter,
     DraftLogits,
     FeatureDrafter,

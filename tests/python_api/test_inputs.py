@@ -19,7 +19,7 @@ PROMPT = torch.tensor([[1, 2, 3]])
 def test_mismatched_vocabularies(pair) -> None:
     """A draft model of another output size is fitted to the target (test_drafting.py); a drafter of another
     vocabulary that cannot be is refused."""
-    from specdec.drafting import NGramDrafter
+    from specdec.drafters import NGramDrafter
 
     target, _ = pair
     with pytest.raises(ValueError, match="draft vocabulary size 24 differs from the target's 16"):

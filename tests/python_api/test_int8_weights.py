@@ -8,7 +8,7 @@ import pytest
 import specdec
 import torch
 from specdec import models
-from specdec.train.feature_draft import FeatureDraft, FeatureDraftConfig, _fused
+from specdec.drafters.networks.feature_draft import FeatureDraft, FeatureDraftConfig, _fused
 from test_feature_draft import feature_draft
 from test_train_specdec_pp import PROMPTS, TEMPERATURE, VOCAB, assert_first_two_law
 from tiny_models import assert_target_greedy, left_pad, noisy_copy, tiny_llama

@@ -45,7 +45,7 @@ import specdec
 import specdec.decoder
 import torch
 from specdec.autotree import CostCurve
-from specdec.cascade import CascadeDrafter
+from specdec.drafters.cascade import CascadeDrafter
 from specdec.methods.builders.auto import AutoTreeBuilder
 from specdec.sampling import SamplingConfig
 from test_train_specdec_pp import random_head

@@ -2,8 +2,10 @@
 
 * ``specdec_kernels`` never imports ``specdec``: the dependency is one-way, driver -> kernels;
 * the driver uses the kernels' public API only (``specdec_kernels.__all__``), no private or inner module;
-* the method modules (``specdec.methods``) and the tree builders (``specdec.decoders``) sit below the loop and the
-  CLI: they never import ``specdec.decoder`` or ``specdec.cli``;
+* the method modules (``specdec.methods``, the tree builders among them) sit below the loop and the CLI: they never
+  import ``specdec.decoder`` or ``specdec.cli``; ``specdec.models`` sits below the drafters, and neither imports the
+  methods, the loop, the CLI or the training package;
+* nothing outside ``specdec.train`` imports ``specdec.train`` (training is never needed at run time);
 * the benchmarks use no private module of ``specdec_kernels``;
 * neither package has an import cycle in the static graph: imports inside functions and under
   ``if TYPE_CHECKING:`` count, and so does a module's import of a name from its own parent package (whose
@@ -125,8 +127,10 @@ def test_the_driver_uses_the_public_kernel_api_only() -> None:
         ("specdec.methods", ("specdec.decoder", "specdec.cli")),
         ("specdec.sampling", ("specdec.methods", "specdec.decoder", "specdec.cli")),
         ("specdec.methods.spec", ("specdec.methods.builders",)),
+        ("specdec.models", ("specdec.drafters", "specdec.methods", "specdec.decoder", "specdec.cli", "specdec.train")),
+        ("specdec.drafters", ("specdec.methods", "specdec.decoder", "specdec.cli", "specdec.train")),
     ],
-    ids=["methods", "sampling", "spec"],
+    ids=["methods", "sampling", "spec", "models", "drafters"],
 )
 def test_lower_layers_do_not_import_the_loop_or_the_cli(layer: str, above: tuple[str, ...]) -> None:
     known = module_files("specdec")
@@ -136,6 +140,18 @@ def test_lower_layers_do_not_import_the_loop_or_the_cli(layer: str, above: tuple
         if within(m, layer)
         for t in targets(imp, known)
         if any(within(t, a) for a in above)
+    ]
+    assert not bad, bad
+
+
+def test_nothing_at_run_time_imports_the_training_package() -> None:
+    known = module_files("specdec")
+    bad = [
+        f"{m}:{imp.line} imports {t}"
+        for m, imp in all_imports("specdec")
+        if not within(m, "specdec.train")
+        for t in targets(imp, known)
+        if within(t, "specdec.train")
     ]
     assert not bad, bad
 
@@ -242,6 +258,17 @@ def test_moved_names_keep_working_with_a_deprecation_warning() -> None:
         assert make_method is specdec.make_method is specdec.methods.make_method
         assert SamplingConfig is specdec.SamplingConfig is specdec.sampling.SamplingConfig
         assert MethodConfig is specdec.MethodConfig and RunContext is specdec.sampling.RunContext
+        for old, new in (("drafting", "specdec.drafters"), ("cascade", "specdec.drafters.cascade")):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                __import__("specdec." + old)
+            assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught), old
+        import specdec.drafting, specdec.cascade, specdec.drafters, specdec.train
+        assert specdec.drafting.ModelDrafter is specdec.ModelDrafter is specdec.drafters.ModelDrafter
+        assert specdec.cascade.CascadeDrafter is specdec.CascadeDrafter
+        assert specdec.train.load_draft is specdec.drafters.load_draft
+        assert specdec.train.load_head is specdec.drafters.load_head
+        assert specdec.train.FeatureDraft is specdec.drafters.networks.FeatureDraft
         """
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

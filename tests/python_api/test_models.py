@@ -6,7 +6,7 @@ import pytest
 import torch
 from specdec.models import HFCausalLM, cache_argument
 from specdec.tree import DraftTree
-from tiny_models import tiny_llama
+from tiny_models import noisy_copy, tiny_llama
 
 # Two rows with different prompt lengths and different trees laid out level by level as the decoders do
 # (docs/kernels.md): each level is a block of columns, row 1 has fewer nodes and padding at the end of each block.
@@ -712,3 +712,47 @@ def test_a_double_models_steps_give_its_own_forwards_logits() -> None:
             step = lm.forward_chain(state, [[seq[i]]], last_logits=True)[0]
             full = model(torch.tensor([seq[: i + 1]])).logits[0, -1]
             torch.testing.assert_close(step, full, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_fast_path_off_runs_the_models_own_modules(monkeypatch, dtype) -> None:
+    """``fast_path=False``: no decode op of the fast path runs (linears, attention, fused layers, stack), no module
+    of the model gets another forward, and the logits are those of the model's own modules with the adapter's mask;
+    greedy speculation through it still equals the model's own greedy decoding. With the default the same calls do
+    run the fast path (the power of the count)."""
+    import specdec
+
+    model = tiny_llama(5, vocab=48, hidden=64, heads=4, kv_heads=2, std=0.3, dtype=dtype, layers=2)
+    draft = noisy_copy(model, 1, 0.3)
+    ops = ("skinny_linear", "decode_attention", "decoder_layer", "decoder_stack")
+    calls = {op: count_calls(monkeypatch, op, lambda *a: 1) for op in ops}
+    seen: list[bool] = []
+    for m in model.modules():
+        m.register_forward_pre_hook(lambda mod, args: seen.append("forward" in mod.__dict__))
+    lm = HFCausalLM(model, fast_path=False)
+    assert not lm.routing.linears and not lm.routing.layers and lm.routing.config is None
+    ids = [[3, 4, 5, 6, 7]]
+    with torch.no_grad():
+        state = lm.new_state(1)
+        got = lm.forward_chain(state, ids, last_logits=True)
+        step = lm.forward_chain(state, [[8]], last_logits=True)
+        want = model(torch.tensor([ids[0] + [8]])).logits
+    assert not any(sum(c) for c in calls.values()) and seen and not any(seen)
+    torch.testing.assert_close(got, want[:, 4], rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    torch.testing.assert_close(step, want[:, 5], rtol=0, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    out = specdec.generate(
+        model, draft, torch.tensor(ids), method="sd", draft_length=3, max_new_tokens=8,
+        do_sample=False, fast_path=False,
+    )  # fmt: skip
+    ref = model.generate(torch.tensor(ids), max_new_tokens=8, do_sample=False)
+    assert torch.equal(out.sequences, ref) and not any(sum(c) for c in calls.values())
+    with torch.no_grad():
+        state = HFCausalLM(model).new_state(1)
+        HFCausalLM(model).forward_chain(state, ids, last_logits=True)
+    assert sum(calls["skinny_linear"]) + sum(calls["decoder_stack"]) + sum(calls["decoder_layer"]) > 0
+
+
+@pytest.mark.parametrize("bad", [True, "on", None, 1, "Auto"])
+def test_fast_path_refuses_other_values(bad) -> None:
+    with pytest.raises(ValueError, match="fast_path"):
+        HFCausalLM(tiny_llama(0, vocab=16, hidden=32), fast_path=bad)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import specdec
 import torch
-from specdec.drafting import DraftLogits, FeatureDrafter, ModelDrafter
+from specdec.drafters import DraftLogits, FeatureDrafter, ModelDrafter
 from specdec.methods import make_method
 from specdec.methods.builders import make_builder
 from specdec.sampling import SamplingConfig

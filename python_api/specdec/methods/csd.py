@@ -15,7 +15,7 @@ SPEC = register(
             "later ones from smaller ones (horizontal cascade, the step-limit matrix K); inner reviews may be "
             "lenient (l >= 1). The target reviews the block as an SD chain whose laws are the emission laws of the "
             "reviews below, so sampling stays exact for any leniency. The cascade is the draft "
-            "(specdec.cascade.CascadeDrafter); draft_length caps the block the target reviews. Z. Chen, X. Yang, "
+            "(specdec.CascadeDrafter); draft_length caps the block the target reviews. Z. Chen, X. Yang, "
             "J. Lin, C. Sun, K. C.-C. Chang, J. Huang, Cascade Speculative Drafting for Even Faster LLM Inference, "
             "NeurIPS 2024, arXiv:2312.11462."
         ),

@@ -41,7 +41,7 @@ class MethodSpec:
       :mod:`specdec.autotree`); None when the method takes no auto trees.
     * ``cli_params``: the parameters that the demo's shared tree flags (--draft-length, --branching, --beam-width,
       --num-chains) set for this method; None: every allowed one.
-    * ``cascade``: the method drafts with a :class:`~specdec.cascade.CascadeDrafter` (the demo loads --cascade).
+    * ``cascade``: the method drafts with a :class:`~specdec.drafters.CascadeDrafter` (the demo loads --cascade).
     * ``hub_pairs``: the verifier reads each node's hub token (SpecHub's pairs), which the loop passes as ``hub=``.
     * ``description``: one paragraph with the paper reference (authors, title, venue, year, arXiv id).
     """

@@ -1,4 +1,7 @@
-"""Trained drafters for the real model: data generation, distillation, SpecDec++ acceptance head, shipped assets.
+"""Training the drafts for the real model: data generation, distillation, SpecDec++ acceptance head, shipping.
+
+The networks and their loaders live in :mod:`specdec.drafters` (nothing at run time imports this package); the
+loaders are also here, under the names below.
 
 Use the shipped draft::
 
@@ -13,10 +16,12 @@ Use the shipped draft::
 Retrain: ``python -m specdec.train all`` (stages: data, evalset, distill, eval, head, ship; see train/README.md).
 """
 
-from .assets import DEFAULT_CASCADE, DEFAULT_DRAFT, asset_manifest, load_cascade, load_draft, save_draft
-from .draft import DraftConfig, ReducedHead, build_draft, check_compatible
-from .feature_draft import FEATURE_DRAFT, FeatureDraft, FeatureDraftConfig, load_feature_draft
-from .head import AcceptanceHead, HeadConfig, load_head
+from ..drafters.assets import DEFAULT_CASCADE, DEFAULT_DRAFT, asset_manifest, load_cascade, load_draft
+from ..drafters.networks.draft import DraftConfig, ReducedHead, build_draft, check_compatible
+from ..drafters.networks.feature_draft import FEATURE_DRAFT, FeatureDraft, FeatureDraftConfig, load_feature_draft
+from ..drafters.networks.head import AcceptanceHead, load_head
+from .assets import save_draft
+from .head import HeadConfig
 
 __all__ = [
     "DEFAULT_CASCADE",

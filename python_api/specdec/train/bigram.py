@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..cascade import save_bigram
-from ..drafting import bigram_table
+from ..drafters import bigram_table
+from ..drafters.ngram import save_bigram
+from ..drafters.store import ASSETS_DIR
 from .common import chat_ids, clean_gsm8k_answer, file_sha256, read_jsonl, shared_data_dir, write_json_atomic
-from .store import ASSETS_DIR
 
 DEFAULT_BIGRAM = "smollm2-bigram"
 USER_KEYS = ("question", "prompt", "instruction", "text")

@@ -415,10 +415,10 @@ def ship_feature_draft(workdir: Path, name: str, *, assets_dir: Path | None = No
     """Write the trained feature draft (bf16 safetensors) and its manifest (with the check-set alpha) to assets."""
     import json
 
+    from ..drafters.store import ASSETS_DIR
     from ..smollm2 import load_smollm2
     from .common import file_sha256, write_json_atomic
     from .feature_draft import load_feature_draft, save_feature_draft
-    from .store import ASSETS_DIR
 
     out = assets_dir or ASSETS_DIR
     target, tok = load_smollm2("bf16")

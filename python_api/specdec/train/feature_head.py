@@ -142,10 +142,10 @@ def run_feature_head(
     ``<name>-head.safetensors`` beside the draft, with a ``head`` section in the draft's manifest."""
     import json
 
+    from ..drafters.store import ASSETS_DIR, resolve_asset
     from ..smollm2 import load_smollm2
     from .common import file_sha256, save_atomic, write_json_atomic
     from .feature_draft import load_feature_draft
-    from .store import ASSETS_DIR, resolve_asset
 
     t0 = time.time()
     target, tok = load_smollm2("bf16")

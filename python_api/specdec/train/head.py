@@ -23,44 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
+from ..drafters.networks.head import (  # noqa: F401 (names of the module before the networks moved)
+    AcceptanceHead,
+    ResBlock,
+    load_head,
+)
 from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
-
-
-class ResBlock(nn.Module):
-    def __init__(self, hidden: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(hidden, hidden)
-        nn.init.zeros_(self.linear.weight)  # start as identity: the head begins as a linear probe
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x))
-
-
-class AcceptanceHead(nn.Module):
-    """Shape: hidden [..., H] (any float dtype; computed in fp32) -> logits [..., 2]; :meth:`prob` -> [...]."""
-
-    def __init__(self, hidden_size: int, depth: int = 3, *, tie_blocks: bool = False) -> None:
-        super().__init__()
-        if depth < 0:
-            raise ValueError(f"depth must be >= 0, got {depth}")
-        self.hidden_size, self.depth, self.tie_blocks = int(hidden_size), int(depth), bool(tie_blocks)
-        n_blocks = min(depth, 1) if tie_blocks else depth
-        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(n_blocks))
-        self.out = nn.Linear(hidden_size, 2)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = hidden.float()
-        for d in range(self.depth):
-            x = self.blocks[0 if self.tie_blocks else d](x)
-        return self.out(x)
-
-    def prob(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Predicted acceptance probability of the token whose hidden state this is."""
-        return torch.softmax(self(hidden), dim=-1)[..., 1]
 
 
 def weighted_bce(logits: torch.Tensor, target: torch.Tensor, w_rej: float, w_acc: float = 1.0) -> torch.Tensor:
@@ -186,23 +156,6 @@ def save_head(head: AcceptanceHead, path: Path, cfg: HeadConfig) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path), metadata={"head_config": json.dumps(meta)})
     return path
-
-
-def load_head(name_or_path: str | Path = "smollm2-distill-head") -> tuple[AcceptanceHead, float]:
-    """Load an acceptance head (shipped asset name or path) in fp32; returns (head, default threshold h). The head
-    also carries h as ``head.threshold``, which the decoders use when no ``threshold=`` is given."""
-    from safetensors import safe_open
-
-    from .store import resolve_asset
-
-    path = resolve_asset(name_or_path)
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["head_config"])
-        tensors = {k: f.get_tensor(k).float() for k in f.keys()}  # noqa: SIM118
-    head = AcceptanceHead(meta["hidden_size"], meta["depth"], tie_blocks=meta["tie_blocks"])
-    head.load_state_dict(tensors)
-    head.threshold = float(meta["threshold"])
-    return head.eval(), head.threshold
 
 
 def run_head(

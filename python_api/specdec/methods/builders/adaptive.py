@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...drafting import Drafter, HiddenStateDrafter
+from ...drafters import Drafter, HiddenStateDrafter
 from ...tree import DraftTree
 
 DEFAULT_THRESHOLD = 0.7  # SpecDec++ stopping threshold h when head= is given without threshold=

@@ -25,7 +25,7 @@ from ...autotree import (
     curve_path,
     load_or_measure,
 )
-from ...drafting import Drafter
+from ...drafters import Drafter
 from ...models.fastpath import linear as fast_linear
 from ...tree import DraftTree
 from .base import Children, StaticTreeBuilder, TreeBuilder
@@ -81,7 +81,7 @@ class AutoTreeBuilder(TreeBuilder):
 
     def _builder(self, shape: tuple[int, ...], track: int = 0) -> StaticTreeBuilder:
         """The static builder of ``shape``, with a chain of ``track`` nodes under its first-child path (the draft
-        track of a :class:`~specdec.drafting.HybridDrafter`)."""
+        track of a :class:`~specdec.drafters.HybridDrafter`)."""
         if (shape, track) not in self._builders:
             parents = sk.branching_parents(list(shape))
             node = 0

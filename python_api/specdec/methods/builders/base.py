@@ -19,7 +19,7 @@ import torch
 
 from specdec_kernels import sample_categorical
 
-from ...drafting import Drafter
+from ...drafters import Drafter
 from ...tree import DraftTree, compact
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""CS Drafting: the draft chain of one round is the block a :class:`~specdec.cascade.CascadeDrafter` builds by
+"""CS Drafting: the draft chain of one round is the block a :class:`~specdec.drafters.cascade.CascadeDrafter` builds by
 vertical and horizontal cascades, with the law every position was emitted from (docs/methods.md, CS Drafting).
 
 The target reviews the block as an SD chain (verifier ``sd``); exactness needs each position's law to be the law
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...cascade import CascadeDrafter
-from ...drafting import Drafter
+from ...drafters import Drafter
+from ...drafters.cascade import CascadeDrafter
 from ...tree import DraftTree
 from .base import Children, TreeBuilder, op_seed
 
@@ -26,7 +26,7 @@ def check_cascade(draft: object) -> None:
     if not isinstance(draft, CascadeDrafter):
         got = getattr(draft, "name", None) or type(draft).__name__
         raise TypeError(
-            "method 'csd' drafts with a cascade: pass draft=specdec.cascade.CascadeDrafter([draft models, largest "
+            "method 'csd' drafts with a cascade: pass draft=specdec.CascadeDrafter([draft models, largest "
             f"first], bigram=...) or specdec.train.load_cascade('smollm2-cascade', target), got {got!r}"
         )
 
