@@ -184,3 +184,7 @@ def main() -> int:
         for path in render_pngs(RESULTS):
             print("wrote", os.path.relpath(path, ROOT))
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

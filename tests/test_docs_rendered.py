@@ -65,3 +65,18 @@ def test_docs_stay_inside_the_repository():
     for doc in (*report.DOCS, "docs/methods.md", "docs/kernels.md", "docs/development.md", "docs/exactness.md"):
         with open(os.path.join(ROOT, doc), encoding="utf-8") as fh:
             assert "../shared" not in fh.read(), doc
+
+
+def test_the_script_checks_and_fails_on_a_stale_doc(monkeypatch, capsys):
+    import subprocess
+    import sys
+
+    script = os.path.join(ROOT, "benchmarks", "report.py")
+    res = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--check" in res.stdout  # the script runs its main
+    res = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    monkeypatch.setattr(report, "render_all", lambda: {"docs/x.md": ("old\n", "new\n")})
+    monkeypatch.setattr(sys, "argv", ["report.py", "--check"])
+    assert report.main() == 1
+    assert "docs/x.md" in capsys.readouterr().out

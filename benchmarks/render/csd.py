@@ -32,37 +32,54 @@ def block_csd(results: Path) -> str:
     for name in dict.fromkeys(r["dataset"] for r in greedy):
         by = {r["row"]: r for r in greedy if r["dataset"] == name}
         for col, metric in (("swi_ms", "SWI-MS"), ("swi_pw", "SWI-PW"), ("ratio_vs_ar", "tok/s vs AR")):
-            vals = {
-                lab: float(r[col]) for lab, r in by.items() if lab != "AR" and (col != "ratio_vs_ar" or speed_ok[id(r)])
-            }
-            top = max(vals.values(), default=None)
-            cells = []
-            for lab in labels:
-                r = by.get(lab)
-                if r is None or (lab != "AR" and lab not in vals):
-                    cells.append("-")
-                    continue
-                cell = num(r[col]) + (f" ({_csd_setting(r['setting'])})" if r["setting"] else "")
-                cells.append(f"**{cell}**" if vals.get(lab) == top else cell)
-            pivot.append([f"{CSD_SETS.get(name, name)}, {metric}", *cells])
-    detail = []
-    for r in run:
-        ok = speed_ok[id(r)]
-        detail.append(
-            [
-                CSD_SETS.get(r["dataset"], r["dataset"]),
-                "greedy" if float(r["temperature"]) == 0 else f"T = {r['temperature']}",
-                r["row"],
-                r["setting"] or "-",
-                num(r["tok_s"]) if ok else "-",
-                f"{num(r['ratio_vs_ar'])}x" if ok else "-",
-                num(r["block_eff"]),
-                num(r["swi_ms"]),
-                num(r["swi_pw"]),
-                r["equal_ar"] or "-",
-            ]
-        )
+            pivot.append([f"{CSD_SETS.get(name, name)}, {metric}", *_pivot_cells(by, labels, col, speed_ok)])
+    detail = [_detail_row(r, speed_ok[id(r)]) for r in run]
     head = ["set", "mode", "decoder", "setting", "tok/s", "vs AR", "block eff.", "SWI-MS", "SWI-PW", "= AR"]
+    notes = _csd_notes(run, greedy, speed_ok)
+    r0 = run[0]
+    extra = (
+        f"{r0['prompts']} measured prompts per set x up to {r0['tokens']} tokens, settings searched on "
+        f"{r0['tune_prompts']} other prompts by {r0['select']}; {r0['dtype']}, {r0['threads']} thread(s), "
+        f"{r0['clock']} clock; load average {r0['load_before']} before, {r0['load_after']} after"
+    )
+    prov = provenance(run, machine="machine", torch="torch", extra=extra)
+    return "\n\n".join([table(["set, metric", *labels], pivot), table(head, detail), " ".join(notes), prov]) + "\n"
+
+
+def _pivot_cells(by: dict[str, dict[str, str]], labels: list[str], col: str, speed_ok: dict[int, bool]) -> list[str]:
+    """One metric's cells of one prompt set, a column per decoder, the best one (AR aside) in bold; a speed that
+    measured the machine's load is left out."""
+    vals = {lab: float(r[col]) for lab, r in by.items() if lab != "AR" and (col != "ratio_vs_ar" or speed_ok[id(r)])}
+    top = max(vals.values(), default=None)
+    cells = []
+    for lab in labels:
+        r = by.get(lab)
+        if r is None or (lab != "AR" and lab not in vals):
+            cells.append("-")
+            continue
+        cell = num(r[col]) + (f" ({_csd_setting(r['setting'])})" if r["setting"] else "")
+        cells.append(f"**{cell}**" if vals.get(lab) == top else cell)
+    return cells
+
+
+def _detail_row(r: dict[str, str], ok: bool) -> list[str]:
+    return [
+        CSD_SETS.get(r["dataset"], r["dataset"]),
+        "greedy" if float(r["temperature"]) == 0 else f"T = {r['temperature']}",
+        r["row"],
+        r["setting"] or "-",
+        num(r["tok_s"]) if ok else "-",
+        f"{num(r['ratio_vs_ar'])}x" if ok else "-",
+        num(r["block_eff"]),
+        num(r["swi_ms"]),
+        num(r["swi_pw"]),
+        r["equal_ar"] or "-",
+    ]
+
+
+def _csd_notes(run: Rows, greedy: Rows, speed_ok: dict[int, bool]) -> list[str]:
+    """The drafters' costs, the full cascade against the fastest single-drafter SD per set, and a word on speeds
+    left out."""
     costs = {}
     for r in run:
         for d, ms, pw in zip(*(r[c].split(";") for c in ("drafters", "c_ms", "c_pw")), strict=True):
@@ -81,23 +98,7 @@ def block_csd(results: Path) -> str:
             )
     if not all(speed_ok.values()):
         notes.append("A speed shown as - exceeded its block efficiency: it measured machine load, not the decoder.")
-    r0 = run[0]
-    extra = (
-        f"{r0['prompts']} measured prompts per set x up to {r0['tokens']} tokens, settings searched on "
-        f"{r0['tune_prompts']} other prompts by {r0['select']}; {r0['dtype']}, {r0['threads']} thread(s), "
-        f"{r0['clock']} clock; load average {r0['load_before']} before, {r0['load_after']} after"
-    )
-    prov = provenance(run, machine="machine", torch="torch", extra=extra)
-    return (
-        table(["set, metric", *labels], pivot)
-        + "\n\n"
-        + table(head, detail)
-        + "\n\n"
-        + " ".join(notes)
-        + "\n\n"
-        + prov
-        + "\n"
-    )
+    return notes
 
 
 def plot_csd(results: Path) -> str | None:

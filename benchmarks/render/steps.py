@@ -76,51 +76,30 @@ def _share_cell(row: dict[str, str], base_ms: float) -> str:
     return f"{100 * ms / base_ms:.1f} % ({num(ms)} ms)"
 
 
+def _split_run(run: Rows) -> tuple[Rows, dict, dict, dict, dict]:
+    """One run's rows by kind: the target's passes; its linears alone (by n) and in cache (by n); the draft's steps
+    (by kind); the draft's steps and the target's passes as a decoding ran them (bench_target_step
+    --decode-prompts, by kind)."""
+    steps = [r for r in run if not r["case"].startswith(("draft ", "decoding ")) and " linears " not in r["case"]]
+    alone = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if " linears new " in r["case"]}
+    cached = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if " in cache " in r["case"]}
+    drafts = {r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")}
+    decoding = {r["case"].removeprefix("decoding "): r for r in run if r["case"].startswith("decoding ")}
+    return steps, alone, cached, drafts, decoding
+
+
 def block_target_step(results: Path) -> str:
     runs = [run for run in _runs_by_isa(read_csv(results, "target_step")) if run[0].get("cpu_isa")]
     if not runs:
         return "No target-step run with its CPU variant is recorded in `benchmarks/results/target_step.csv`.\n"
-    steps = [[r for r in run if not r["case"].startswith(("draft ", "decoding ")) and " linears " not in r["case"]]
-             for run in runs]  # fmt: skip
-    alone = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " linears new " in r["case"]} for run in runs]
-    cached = [{int(r["case"].rsplit(" ", 1)[1]): r for r in run if " in cache " in r["case"]} for run in runs]
-    drafts = [{r["case"].rsplit(" ", 1)[1]: r for r in run if r["case"].startswith("draft ")} for run in runs]
-    # the draft's steps and the target's passes as a decoding ran them (bench_target_step --decode-prompts)
-    decoding = [
-        {r["case"].removeprefix("decoding "): r for r in run if r["case"].startswith("decoding ")} for run in runs
-    ]
+    steps, alone, cached, drafts, decoding = (list(part) for part in zip(*map(_split_run, runs), strict=True))
     news = sorted({int(r["case"].rsplit(" ", 1)[1]) for run in steps for r in run})
     with_draft, with_decoding = any(drafts), any(decoding)
     several = len({run[0]["machine"] for run in runs}) > 1  # then each variant's rows name their machine
     lines = []
     for run, draft, lin, arith, dec in zip(steps, drafts, alone, cached, decoding, strict=True):
         label = _variant_cell(run[0]["cpu_isa"], run[0]["machine"], several)
-        cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
-        torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
-        if 1 not in cpu:
-            continue
-        one = float(cpu[1]["median_ms"])
-        floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
-        cells = _new_cells(cpu, news)
-        t1 = torch_rows.get(1)
-        torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
-        # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
-        draft_cells = [_share_cell(draft[k], one) if k in draft else "-" for k in ("step", "repeated")]
-        # the decoding's target pass, and a draft step in decoding as a share of it
-        passed = dec.get("target pass")
-        dec_cells = ["-"] * 3
-        if passed is not None:
-            base = float(passed["median_ms"])
-            dec_cells = [f"{num(base)} ms"]
-            dec_cells += [_share_cell(dec[k], base) if k in dec else "-" for k in ("draft first", "draft later")]
-        lines.append([label, f"{num(floor)} ms", *cells, torch_cell, *(draft_cells if with_draft else []),
-                      *(dec_cells if with_decoding else [])])  # fmt: skip
-        blank = ["-"] * (2 * with_draft + 3 * with_decoding)
-        if 1 in lin:  # the same run's linears alone, from memory
-            lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
-        if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
-            cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
-            lines.append([f"{label}: linears in cache", "-", *cells, "-", *blank])
+        lines += _variant_lines(label, run, draft, lin, arith, dec, news, with_draft, with_decoding)
     head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
     if with_draft:
         name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
@@ -128,17 +107,58 @@ def block_target_step(results: Path) -> str:
     if with_decoding:
         head += ["target pass in decoding", "draft step in decoding, first of a round", "later in a round"]
     r0 = runs[-1][0]
-    extra = f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1"
-    if any(cached):
-        extra += "; 'linears in cache': the pass's multiply-adds on one weight in cache (compute floor), in ms"
-    if any(alone):
-        extra += "; 'linears alone': the pass's linears over the model's weights from memory, the rest left out"
-    if with_draft:
-        extra += "; a draft step as a share of the one-token target step of the same run"
-    if with_decoding:
-        extra += "; in decoding: medians over greedy rsd_c(auto) rounds, a draft step as a share of the target pass"
+    notes = [
+        f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1",
+        "'linears in cache': the pass's multiply-adds on one weight in cache (compute floor), in ms" * any(cached),
+        "'linears alone': the pass's linears over the model's weights from memory, the rest left out" * any(alone),
+        "a draft step as a share of the one-token target step of the same run" * with_draft,
+        "in decoding: medians over greedy rsd_c(auto) rounds, a draft step as a share of the target pass"
+        * with_decoding,
+    ]
+    extra = "; ".join(n for n in notes if n)
     prov = provenance([r for run in runs for r in run], machine="machine", torch="torch", extra=extra)
     return table(head, lines) + "\n\n" + prov + "\n"
+
+
+def _variant_lines(
+    label: str,
+    run: Rows,
+    draft: dict[str, dict[str, str]],
+    lin: dict[int, dict[str, str]],
+    arith: dict[int, dict[str, str]],
+    dec: dict[str, dict[str, str]],
+    news: list[int],
+    with_draft: bool,
+    with_decoding: bool,
+) -> list[list[str]]:
+    """The table rows of one CPU variant's run: its passes against the memory floor, then its linears alone and in
+    cache where the run timed them; none without a one-token step on the cpu backend."""
+    cpu = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "cpu"}
+    torch_rows = {int(r["case"].rsplit(" ", 1)[1]): r for r in run if r["backend"] == "torch"}
+    if 1 not in cpu:
+        return []
+    one = float(cpu[1]["median_ms"])
+    floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
+    t1 = torch_rows.get(1)
+    torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
+    # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
+    draft_cells = [_share_cell(draft[k], one) if k in draft else "-" for k in ("step", "repeated")]
+    # the decoding's target pass, and a draft step in decoding as a share of it
+    passed = dec.get("target pass")
+    dec_cells = ["-"] * 3
+    if passed is not None:
+        base = float(passed["median_ms"])
+        dec_cells = [f"{num(base)} ms"]
+        dec_cells += [_share_cell(dec[k], base) if k in dec else "-" for k in ("draft first", "draft later")]
+    lines = [[label, f"{num(floor)} ms", *_new_cells(cpu, news), torch_cell, *(draft_cells if with_draft else []),
+              *(dec_cells if with_decoding else [])]]  # fmt: skip
+    blank = ["-"] * (2 * with_draft + 3 * with_decoding)
+    if 1 in lin:  # the same run's linears alone, from memory
+        lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
+    if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
+        cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
+        lines.append([f"{label}: linears in cache", "-", *cells, "-", *blank])
+    return lines
 
 
 def block_target_step_ops(results: Path) -> str:

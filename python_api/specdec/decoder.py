@@ -28,10 +28,14 @@ from .drafters import Drafter, HiddenStateDrafter, as_drafter
 from .edge import (
     GenerationOutput,
     RoundOutputs,
+    check_model_kwargs,
     eos_list,
     generate_call,
     hidden_stop_strings,
+    output_sequences,
+    pad_id,
     prompt_rows,
+    run_generator,
 )
 from .errors import UnsupportedSettingError
 from .generation import (
@@ -40,7 +44,6 @@ from .generation import (
     repetition_skip,
     sampling_from_hf,
     split_criteria,
-    token_id,
 )
 from .methods import MethodConfig, make_method
 from .methods.builders import make_builder
@@ -48,7 +51,7 @@ from .methods.builders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
 from .methods.builders.base import op_seed, seed_block
 from .methods.builders.cascade import check_cascade
 from .metrics import GenerationStats
-from .models import CACHE_KEYWORDS, HFCausalLM
+from .models import HFCausalLM, KVState
 from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
@@ -277,13 +280,7 @@ class SpeculativeDecoder:
         if gc is None:
             raise ValueError("custom_generate needs the generation_config transformers prepares")
         check_config(gc, type(gc)()._get_default_generation_params())
-        for key, value in model_kwargs.items():
-            if key in ("attention_mask", "position_ids", "use_cache", "logits_to_keep"):
-                continue
-            # an empty cache as transformers prepares it, under either of its names
-            if key in CACHE_KEYWORDS and (value is None or value.get_seq_length() == 0):
-                continue
-            raise UnsupportedSettingError(f"generate argument {key}= is not supported by speculative generation")
+        check_model_kwargs(model_kwargs)
         vocab = self.target.vocab_size
         eos = eos_list(gc.eos_token_id, vocab)
         width = int(input_ids.shape[1])
@@ -292,28 +289,10 @@ class SpeculativeDecoder:
         max_new = int(gc.max_length) - width
         if max_new < 1:
             raise ValueError(f"max_length={gc.max_length} leaves no room after the prompt ({width} tokens)")
-        pad = (eos[0] if eos else 0) if gc.pad_token_id is None else token_id(gc.pad_token_id)
-        if pad is None or not 0 <= pad < vocab:
-            raise ValueError(
-                f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got "
-                f"{gc.pad_token_id!r}"
-            )
+        pad = pad_id(gc, eos, vocab)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer= needs batch size 1, got {input_ids.shape[0]} rows")
-        if generator is not None and seed is not None:
-            raise ValueError("pass either seed= or generator=, not both")
-        if seed is not None:
-            # the range the ops take for their seeds; manual_seed would silently wrap a negative one modulo 2**64
-            if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-                raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-            # the run's generator only draws the ops' integer seeds (host side, whatever the model's device); each op
-            # draws its noise from its own Philox stream on the tensors' device
-            generator = torch.Generator()
-            generator.manual_seed(seed)
-        if sampling.greedy:
-            # greedy output reads no noise, but a drafter's op may still ask for a seed: it comes from a private
-            # generator, so no generator of the user's (nor torch's global one) advances, as under model.generate
-            generator = torch.Generator()
+        generator = run_generator(seed, generator, greedy=sampling.greedy)
         mask = model_kwargs.get("attention_mask")
         prompts = prompt_rows(input_ids, mask, vocab)
         # the last new token is never fed back: the longest sequence a forward sees is one shorter
@@ -332,12 +311,7 @@ class SpeculativeDecoder:
             new_tokens, stats = self._run(prompts, sampling, max_new, eos, generator, out)
         out.end()
         self.last_stats = stats
-        longest = max(len(t) for t in new_tokens)
-        # int64 whatever the input's integer dtype, as transformers' generate returns
-        tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
-        for b, toks in enumerate(new_tokens):
-            tail[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        result = GenerationOutput(torch.cat([input_ids.long(), tail], dim=1), new_tokens, stats)
+        result = GenerationOutput(output_sequences(input_ids, new_tokens, pad), new_tokens, stats)
         return result if as_dict or gc.return_dict_in_generate else result.sequences
 
     def _run(
@@ -349,56 +323,23 @@ class SpeculativeDecoder:
         generator: torch.Generator | None,
         out: RoundOutputs,
     ) -> tuple[list[list[int]], GenerationStats]:
+        """The rounds of one call: catch the target's cache up, draft a tree, one target pass over it, verify, commit;
+        rows leave the batch as they finish. Returns each row's new tokens and the call's statistics."""
         target, drafter, builder = self.target, self.drafter, self.builder
-        dev = target.device
-        batch = len(prompts)
-        stats = GenerationStats(
-            method=self.config.describe(),
-            batch_size=batch,
-            draft_depth=self.config.depth,
-            target_params=target.num_parameters,
-            draft_params=drafter.num_parameters if drafter is not None else 0,
-        )
+        stats = self._start_run(prompts)
         t_start = time.perf_counter()
-        eos_set = set(eos)
-        context = sampling.context
+        calls_before = drafter.calls if drafter is not None else 0
         committed = [list(p) for p in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
-        active = list(range(batch))  # original row id of every row still in the batch
-        state = target.new_state(batch)
-        if drafter is not None:
-            drafter.start(prompts)
-        if builder is not None:
-            builder.start_call()
-            if builder.stop_rule is not None:
-                builder.stop_rule.round_lengths = []  # the diagnostics of this call's rounds only
-        # the target keeps the extra hidden states the drafter reads (Drafter.feature_layers) only for this run
-        target.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
-        calls_before = drafter.calls if drafter is not None else 0
+        active = list(range(len(prompts)))  # original row id of every row still in the batch
+        state = target.new_state(len(prompts))
         while active:
             rows = [committed[r] for r in active]
             with stats.timer("prefill"):
-                done = state.n_cached.tolist()
-                pending = [c[n:-1] for c, n in zip(rows, done, strict=True)]
                 # the chain appended here (slots chain_at ..) is kept with the round's path (KVState.keep)
-                chain_at, chain_len = state.length, torch.zeros((len(active),), dtype=torch.long, device=dev)
-                if any(pending):
-                    target.forward_chain(state, pending, last_logits=False)
-                    stats.prefill_calls += 1
-                    chain_len = torch.tensor([len(p) for p in pending], dtype=torch.long, device=dev)
-                    if drafter is not None:
-                        drafter.after_target(target, None, chain_len)
-            roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=dev)
-            left = [out.cap(max_new) - len(new_tokens[r]) for r in active]
-            # a target whose rotary frequencies change past a length (check_length) must never see a node past a
-            # row's own budget: the whole batch's tree then stops at the row closest to its end
-            room = min(left) if target.rope_limit is not None else max(left)
+                chain_at, chain_len = state.length, self._catch_up(state, rows, stats)
             with stats.timer("draft"):
-                if builder is None or drafter is None:
-                    tree = DraftTree.from_roots(roots)
-                else:
-                    # A deeper tree than the largest remaining budget could never be used.
-                    tree = builder.build(drafter, roots, rows, sampling, generator, room - 1)
+                tree = self._draft(rows, [out.cap(max_new) - len(new_tokens[r]) for r in active], sampling, generator)
             t_pass = time.perf_counter()
             with stats.timer("target"):
                 q_logits = target.forward_tree(state, tree.tokens, tree.parent, tree.valid, tree.depth)
@@ -411,8 +352,9 @@ class SpeculativeDecoder:
             with stats.timer("other"):
                 acc_nodes, n_acc, _, _ = verdict
                 finished = self._commit(
-                    tree, verdict, q_logits, active, committed, new_tokens, max_new, eos_set, stats, out, context
-                )
+                    tree, verdict, q_logits, active, committed, new_tokens, max_new, set(eos), stats, out,
+                    sampling.context,
+                )  # fmt: skip
                 # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when
                 # nothing was drafted (acc_nodes [B, 0])
                 idx = F.pad(acc_nodes.clamp_min(0), (1, 0))
@@ -424,19 +366,73 @@ class SpeculativeDecoder:
                     drafter.accept(tree, acc_nodes, n_acc)
                 if builder is not None:
                     builder.observe_pass(tree.size * len(rows), time.perf_counter() - t_pass)
-                if any(finished):
-                    keep = torch.tensor([i for i, f in enumerate(finished) if not f], dtype=torch.long, device=dev)
-                    active = [r for r, f in zip(active, finished, strict=True) if not f]
-                    if active:
-                        state.select_rows(keep)
-                        if drafter is not None:
-                            drafter.select_rows(keep)
-                        if context is not None:
-                            context.select_rows(keep)
+                active = self._drop_finished(active, finished, state, sampling.context)
         stats.draft_calls = (drafter.calls if drafter is not None else 0) - calls_before
         stats.new_tokens = sum(len(t) for t in new_tokens)
         stats.wall_time = time.perf_counter() - t_start
         return new_tokens, stats
+
+    def _start_run(self, prompts: list[list[int]]) -> GenerationStats:
+        """Start the drafter and the builder on a new call; the call's empty statistics."""
+        target, drafter, builder = self.target, self.drafter, self.builder
+        if drafter is not None:
+            drafter.start(prompts)
+        if builder is not None:
+            builder.start_call()
+            if builder.stop_rule is not None:
+                builder.stop_rule.round_lengths = []  # the diagnostics of this call's rounds only
+        # the target keeps the extra hidden states the drafter reads (Drafter.feature_layers) only for this run
+        target.feature_layers = tuple(drafter.feature_layers) if drafter is not None else ()
+        return GenerationStats(
+            method=self.config.describe(),
+            batch_size=len(prompts),
+            draft_depth=self.config.depth,
+            target_params=target.num_parameters,
+            draft_params=drafter.num_parameters if drafter is not None else 0,
+        )
+
+    def _catch_up(self, state: KVState, rows: list[list[int]], stats: GenerationStats) -> torch.Tensor:
+        """Append to the target's cache each row's committed tokens it lacks but the last (the next root); returns
+        how many each row appended, [B] int64."""
+        target, drafter = self.target, self.drafter
+        pending = [c[n:-1] for c, n in zip(rows, state.n_cached.tolist(), strict=True)]
+        if not any(pending):
+            return torch.zeros((len(rows),), dtype=torch.long, device=target.device)
+        target.forward_chain(state, pending, last_logits=False)
+        stats.prefill_calls += 1
+        chain_len = torch.tensor([len(p) for p in pending], dtype=torch.long, device=target.device)
+        if drafter is not None:
+            drafter.after_target(target, None, chain_len)
+        return chain_len
+
+    def _draft(
+        self, rows: list[list[int]], left: list[int], sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> DraftTree:
+        """This round's tree below each row's last committed token; ``left``: each row's remaining budget."""
+        roots = torch.tensor([c[-1] for c in rows], dtype=torch.long, device=self.target.device)
+        if self.builder is None or self.drafter is None:
+            return DraftTree.from_roots(roots)
+        # a target whose rotary frequencies change past a length (check_length) must never see a node past a row's
+        # own budget: the whole batch's tree then stops at the row closest to its end; a deeper tree than the
+        # largest remaining budget could never be used
+        room = min(left) if self.target.rope_limit is not None else max(left)
+        return self.builder.build(self.drafter, roots, rows, sampling, generator, room - 1)
+
+    def _drop_finished(
+        self, active: list[int], finished: list[bool], state: KVState, context: RunContext | None
+    ) -> list[int]:
+        """The rows still running; the finished ones leave the cache, the drafter and the sampling context."""
+        if not any(finished):
+            return active
+        keep = torch.tensor([i for i, f in enumerate(finished) if not f], dtype=torch.long, device=self.target.device)
+        active = [r for r, f in zip(active, finished, strict=True) if not f]
+        if active:
+            state.select_rows(keep)
+            if self.drafter is not None:
+                self.drafter.select_rows(keep)
+            if context is not None:
+                context.select_rows(keep)
+        return active
 
     def _verify(
         self,

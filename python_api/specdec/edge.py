@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-from .generation import token_ids
+from .errors import UnsupportedSettingError
+from .generation import token_id, token_ids
 from .metrics import GenerationStats
+from .models import CACHE_KEYWORDS
 
 
 @dataclass
@@ -213,3 +215,54 @@ def generate_call() -> dict[str, Any]:
             "draft= and call specdec.generate(..., streamer=...) instead"
         )
     return {}
+
+
+def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """Refuse a model argument of ``generate`` that speculative generation cannot honour (an empty cache, the mask
+    and what transformers prepares for every call pass)."""
+    for key, value in model_kwargs.items():
+        if key in ("attention_mask", "position_ids", "use_cache", "logits_to_keep"):
+            continue
+        # an empty cache as transformers prepares it, under either of its names
+        if key in CACHE_KEYWORDS and (value is None or value.get_seq_length() == 0):
+            continue
+        raise UnsupportedSettingError(f"generate argument {key}= is not supported by speculative generation")
+
+
+def pad_id(generation_config: Any, eos: list[int], vocab: int) -> int:
+    """The id that fills the output's right padding: ``pad_token_id``, else the first EOS id, else 0."""
+    gc = generation_config
+    pad = (eos[0] if eos else 0) if gc.pad_token_id is None else token_id(gc.pad_token_id)
+    if pad is None or not 0 <= pad < vocab:
+        raise ValueError(
+            f"pad_token_id must be a token id in [0, {vocab}) (it fills the output's right padding), got "
+            f"{gc.pad_token_id!r}"
+        )
+    return pad
+
+
+def run_generator(seed: Any, generator: torch.Generator | None, *, greedy: bool) -> torch.Generator | None:
+    """The generator a run draws the ops' integer seeds from: ``generator``, or a new one seeded with ``seed``; a
+    private one for greedy runs (they read no noise, but a drafter's op may still ask for a seed, and no generator
+    of the user's, nor torch's global one, may advance, as under ``model.generate``)."""
+    if generator is not None and seed is not None:
+        raise ValueError("pass either seed= or generator=, not both")
+    if seed is not None:
+        # the range the ops take for their seeds; manual_seed would silently wrap a negative one modulo 2**64
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        # the ops' integer seeds are drawn host side, whatever the model's device; each op draws its noise from its
+        # own Philox stream on the tensors' device
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    return torch.Generator() if greedy else generator
+
+
+def output_sequences(input_ids: torch.Tensor, new_tokens: list[list[int]], pad: int) -> torch.Tensor:
+    """[B, P + T] int64 (whatever the input's integer dtype, as transformers' generate returns): the prompts, then
+    each row's new tokens right-padded with ``pad``."""
+    longest = max(len(t) for t in new_tokens)
+    tail = torch.full((input_ids.shape[0], longest), pad, dtype=torch.long, device=input_ids.device)
+    for b, toks in enumerate(new_tokens):
+        tail[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+    return torch.cat([input_ids.long(), tail], dim=1)

@@ -392,32 +392,15 @@ def verify_tree(
         max_children = max((c for row in counts_l for c in row), default=0)
         root_children = max((row[0] for row in counts_l if row), default=0)
     if not greedy:
-        if p_rows is None:
-            raise ValueError("p_rows is required unless greedy=True")
-        check_tensor("p_rows", p_rows, ndim=3)
-        check_shape("p_rows", p_rows, (batch, n, p_rows.shape[-1]))
-        if p_rows.shape[-1] != vocab:
-            raise ValueError(
-                f"p_rows and q_rows must share the vocabulary size, got {p_rows.shape[-1]} and {vocab} "
-                "(draft and target vocabularies differ?)"
-            )
-    if method == "sd" and max_children > 1:
-        raise ValueError(f"method 'sd' allows at most one child per node, found a node with {max_children}")
-    if method == "spechub" and max_children > 2:
-        raise ValueError(f"method 'spechub' supports at most two children per node, found {max_children}")
-    if method != "spechub" and hub is not None:
-        raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
+        _check_p_rows(p_rows, batch, n, vocab)
+    _check_children(method, max_children, hub)
     if validate:
         _check_tree_values(tokens, par, child, counts, internal, valid, p_rows, q_rows, method, hub, greedy)
     elif method == "spechub" and not greedy and hub is None:
         raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
     kmax = root_children if method == "kseq" else max_children
     if accept_u is not None:
-        check_tensor("accept_u", accept_u, ndim=3)
-        if accept_u.shape[:2] != (batch, n) or accept_u.shape[2] < kmax:
-            raise ValueError(
-                f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
-            )
+        _check_accept_u(accept_u, batch, n, kmax)
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
     # stay independent (docs/kernels.md, Randomness contract); two generators seeded alike would correlate them.
     plan = NoisePlan(generator, seed, needed=not greedy)
@@ -425,30 +408,61 @@ def verify_tree(
     u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
+    max_depth = _max_depth(depth, parent, valid, validate)
+    impl = resolve("verify_tree", backend, q_rows.device)
+    return TreeVerdict(
+        *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
+    )
+
+
+def _check_p_rows(p_rows: torch.Tensor | None, batch: int, n: int, vocab: int) -> None:
+    if p_rows is None:
+        raise ValueError("p_rows is required unless greedy=True")
+    check_tensor("p_rows", p_rows, ndim=3)
+    check_shape("p_rows", p_rows, (batch, n, p_rows.shape[-1]))
+    if p_rows.shape[-1] != vocab:
+        raise ValueError(
+            f"p_rows and q_rows must share the vocabulary size, got {p_rows.shape[-1]} and {vocab} "
+            "(draft and target vocabularies differ?)"
+        )
+
+
+def _check_children(method: str, max_children: int, hub: torch.Tensor | None) -> None:
+    """What ``method`` allows of the tree's widest node and of ``hub=``."""
+    if method == "sd" and max_children > 1:
+        raise ValueError(f"method 'sd' allows at most one child per node, found a node with {max_children}")
+    if method == "spechub" and max_children > 2:
+        raise ValueError(f"method 'spechub' supports at most two children per node, found {max_children}")
+    if method != "spechub" and hub is not None:
+        raise ValueError(f"hub= is only used by method 'spechub', got method {method!r}")
+
+
+def _check_accept_u(accept_u: torch.Tensor, batch: int, n: int, kmax: int) -> None:
+    check_tensor("accept_u", accept_u, ndim=3)
+    if accept_u.shape[:2] != (batch, n) or accept_u.shape[2] < kmax:
+        raise ValueError(
+            f"accept_u must have shape (B, N, Kmax>={kmax}) = ({batch}, {n}, >={kmax}), got {tuple(accept_u.shape)}"
+        )
+
+
+def _max_depth(depth: torch.Tensor | None, parent: torch.Tensor, valid: torch.Tensor, validate: bool) -> int:
+    """The deepest valid node's depth: from ``depth`` where the caller has it (checked against ``parent`` when
+    ``validate``), else from the parents."""
     if depth is None:
         depth = depth_from_parents(_parent_index(parent, valid))
     else:
         check_tensor("depth", depth, ndim=2)
         check_int("depth", depth)
-        check_shape("depth", depth, tokens.shape)
-        if validate and not torch.equal(depth[valid], depth_from_parents(par)[valid]):
-            raise ValueError("depth must be the depth of each valid node in the tree given by parent")
+        check_shape("depth", depth, parent.shape)
+        if validate:
+            want = depth_from_parents(_parent_index(parent, valid))
+            if not torch.equal(depth[valid], want[valid]):
+                raise ValueError("depth must be the depth of each valid node in the tree given by parent")
     if validate:
-        max_depth = int(depth.masked_fill(~valid, 0).max())
-    else:
-        max_depth = max(
-            (
-                d
-                for drow, vrow in zip(depth.tolist(), valid.tolist(), strict=True)
-                for d, v in zip(drow, vrow, strict=True)
-                if v
-            ),
-            default=0,
-        )
-    impl = resolve("verify_tree", backend, q_rows.device)
-    return TreeVerdict(
-        *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
-    )
+        return int(depth.masked_fill(~valid, 0).max())
+    # the driver's trees are small: host lists instead of a masked reduction
+    rows = zip(depth.tolist(), valid.tolist(), strict=True)
+    return max((d for drow, vrow in rows for d, v in zip(drow, vrow, strict=True) if v), default=0)
 
 
 def _check_tree_values(

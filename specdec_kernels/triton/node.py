@@ -142,6 +142,205 @@ def _hub_terms(pa, p, q, rest):
 
 
 @triton.jit
+def _node_rrs(
+    cand_ptr,
+    cvalid_ptr,
+    K,
+    p_ptr,
+    q_ptr,
+    u_ptr,
+    u_row,
+    seed_lo,
+    seed_hi,
+    r_ptr,
+    s_ptr,
+    ap_ptr,
+    V,
+    METHOD: tl.constexpr,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """RRS (METHOD 0: with replacement against p; 1: without, against the renormalized draft law in s_ptr): the
+    candidates in slot order, the residual updated after each rejection."""
+    chosen = tl.full((), -1, tl.int64)
+    j = tl.zeros((), tl.int64)
+    while (j < K) & ((chosen < 0) | ANALYTIC):
+        if tl.load(cvalid_ptr + j) != 0:
+            x = tl.load(cand_ptr + j)
+            if METHOD == 1:
+                den = tl.load(s_ptr + x)
+            else:
+                den = tl.load(p_ptr + x).to(tl.float32)
+            num = tl.load(r_ptr + x)
+            if ANALYTIC:
+                tl.store(ap_ptr + j, _ratio_prob(num, den))
+            if (chosen < 0) & (
+                _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64)
+            ):
+                chosen = tl.zeros((), tl.int64) + j
+            if (chosen < 0) | ANALYTIC:
+                if METHOD == 1:
+                    _residual_inplace(r_ptr, s_ptr, V, BLOCK_V)
+                    _remove_and_renormalize(s_ptr, x, V, BLOCK_V)
+                else:
+                    _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+        j += 1
+    return chosen
+
+
+@triton.jit
+def _node_kseq(
+    cand_ptr,
+    cvalid_ptr,
+    K,
+    p_ptr,
+    q_ptr,
+    u_ptr,
+    u_row,
+    seed_lo,
+    seed_hi,
+    r_ptr,
+    ap_ptr,
+    V,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """K-SEQ: every candidate tested against gamma p, the residual of the whole node."""
+    chosen = tl.full((), -1, tl.int64)
+    n_valid = tl.zeros((), tl.int32)
+    for j in range(0, K):
+        n_valid += (tl.load(cvalid_ptr + j) != 0).to(tl.int32)
+    g, be = _kseq_gamma_row(p_ptr, q_ptr, n_valid, V, BLOCK_V)
+    g32 = g.to(tl.float32)
+    if be > 0.0:
+        for j in range(0, K):
+            if tl.load(cvalid_ptr + j) != 0:
+                x = tl.load(cand_ptr + j)
+                den = g32 * tl.load(p_ptr + x).to(tl.float32)
+                num = tl.load(q_ptr + x).to(tl.float32)
+                if ANALYTIC:
+                    tl.store(ap_ptr + j, _ratio_prob(num, den))
+                if (chosen < 0) & (
+                    _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64)
+                ):
+                    chosen = tl.zeros((), tl.int64) + j
+        c = ((1.0 - _pow_int(1.0 - be, n_valid)) / be).to(tl.float32)
+        tot = tl.zeros((), tl.float32)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = offs < V
+            p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tot += tl.sum(tl.maximum(q - c * tl.minimum(p, q / g32), 0.0), axis=0)
+        if tot > ZERO_MASS_TOL:
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+                tl.store(r_ptr + offs, tl.maximum(q - c * tl.minimum(p, q / g32), 0.0) / tot, mask=m)
+    return chosen
+
+
+@triton.jit
+def _node_hub(
+    cand_ptr,
+    cvalid_ptr,
+    K,
+    p_ptr,
+    q_ptr,
+    u_ptr,
+    u_row,
+    seed_lo,
+    seed_hi,
+    hub,
+    r_ptr,
+    ap_ptr,
+    V,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """SpecHub: a node with one candidate as SD, with two the hub pair's plan."""
+    chosen = tl.full((), -1, tl.int64)
+    x0 = tl.load(cand_ptr)
+    single = K < 2  # a tree node with one child; never read slot 1 then (it does not exist)
+    if K >= 2:
+        single = tl.load(cvalid_ptr + 1) == 0  # p(hub) ~ 1
+    if single:  # a single-candidate SD node
+        den = tl.load(p_ptr + x0).to(tl.float32)
+        num = tl.load(q_ptr + x0).to(tl.float32)
+        if ANALYTIC:
+            tl.store(ap_ptr, _ratio_prob(num, den))
+        if _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64):
+            chosen = tl.zeros((), tl.int64)
+        _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
+    else:
+        # The plan in fp64: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and fp32 rounding
+        # of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the
+        # non-hub mass the sampler drew i from, not 1 - p(a) (docs/exactness.md). The residual alone is stored
+        # in fp32.
+        pa = tl.load(p_ptr + hub).to(tl.float64)
+        qa = tl.load(q_ptr + hub).to(tl.float64)
+        rest = tl.zeros((), tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = (offs < V) & (offs != hub)
+            rest += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
+        s_ai = tl.zeros((), tl.float64)
+        s_ia = tl.zeros((), tl.float64)
+        tot = tl.zeros((), tl.float64)
+        for start in range(0, V, BLOCK_V):
+            offs = start + tl.arange(0, BLOCK_V)
+            m = (offs < V) & (offs != hub)
+            p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
+            q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
+            qai, q1, a2 = _hub_terms(pa, p, q, rest)
+            s_ia += tl.sum(p - tl.minimum(p, q), axis=0)
+            s_ai += tl.sum(qai - a2, axis=0)
+            tot += tl.sum(q1 - a2, axis=0)
+        a3 = tl.minimum(qa, s_ai)
+        a4 = tl.minimum(qa - a3, s_ia)
+        fin_a = tl.maximum(qa - a3 - a4, 0.0)
+        tot += fin_a
+        if tot > ZERO_MASS_TOL_F64:
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                p = tl.load(p_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                q = tl.load(q_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
+                _, q1, a2 = _hub_terms(pa, p, q, rest)
+                fin = tl.where(offs == hub, fin_a, q1 - a2)
+                tl.store(r_ptr + offs, (fin / tot).to(tl.float32), mask=m)
+        if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
+            i = tl.load(cand_ptr + 1)
+            p_i = tl.load(p_ptr + i).to(tl.float64)
+            q_i = tl.load(q_ptr + i).to(tl.float64)
+            den1, num1, _ = _hub_terms(pa, p_i, q_i, rest)
+            den0 = s_ai
+            num0 = tl.where(s_ai > 0.0, qa, 0.0)  # a hub test with no leftover is never reached
+        else:
+            den0 = tl.load(p_ptr + x0).to(tl.float64)
+            num0 = tl.load(q_ptr + x0).to(tl.float64)
+            den1 = s_ia
+            num1 = tl.where(s_ia > 0.0, qa - a3, 0.0)
+        if ANALYTIC:
+            tl.store(ap_ptr, _ratio_prob(num0, den0).to(tl.float32))
+            tl.store(ap_ptr + 1, _ratio_prob(num1, den1).to(tl.float32))
+        u0 = _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+        u1 = _noise_at(u_ptr, 1, u_row, seed_lo, seed_hi, ACCEPT, RNG)
+        ok0 = u0 * den0 < num0
+        ok1 = u1 * den1 < num1
+        if x0 == hub:
+            chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
+        else:
+            chosen = tl.where(ok0, 0, tl.where(ok1, 1, -1)).to(tl.int64)
+    return chosen
+
+
+@triton.jit
 def _verify_node_row(
     cand_ptr,  # [K] int64 candidate tokens by slot
     cvalid_ptr,  # [K] int8
@@ -165,140 +364,66 @@ def _verify_node_row(
     """Returns the accepted slot (-1 = none). The final residual is left normalized in r_ptr.
 
     The acceptance uniform of slot j is u_ptr[j], or (RNG) element (u_row, j) of the ACCEPT stream."""
-    chosen = tl.full((), -1, tl.int64)
     _copy_row(q_ptr, r_ptr, V, BLOCK_V)
     if METHOD == 1:
         _copy_row(p_ptr, s_ptr, V, BLOCK_V)
     if METHOD <= 1:
-        j = tl.zeros((), tl.int64)
-        while (j < K) & ((chosen < 0) | ANALYTIC):
-            if tl.load(cvalid_ptr + j) != 0:
-                x = tl.load(cand_ptr + j)
-                if METHOD == 1:
-                    den = tl.load(s_ptr + x)
-                else:
-                    den = tl.load(p_ptr + x).to(tl.float32)
-                num = tl.load(r_ptr + x)
-                if ANALYTIC:
-                    tl.store(ap_ptr + j, _ratio_prob(num, den))
-                if (chosen < 0) & (
-                    _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64)
-                ):
-                    chosen = tl.zeros((), tl.int64) + j
-                if (chosen < 0) | ANALYTIC:
-                    if METHOD == 1:
-                        _residual_inplace(r_ptr, s_ptr, V, BLOCK_V)
-                        _remove_and_renormalize(s_ptr, x, V, BLOCK_V)
-                    else:
-                        _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
-            j += 1
+        chosen = _node_rrs(
+            cand_ptr,
+            cvalid_ptr,
+            K,
+            p_ptr,
+            q_ptr,
+            u_ptr,
+            u_row,
+            seed_lo,
+            seed_hi,
+            r_ptr,
+            s_ptr,
+            ap_ptr,
+            V,
+            METHOD,
+            ANALYTIC,
+            RNG,
+            BLOCK_V,
+        )
     elif METHOD == 2:
-        n_valid = tl.zeros((), tl.int32)
-        for j in range(0, K):
-            n_valid += (tl.load(cvalid_ptr + j) != 0).to(tl.int32)
-        g, be = _kseq_gamma_row(p_ptr, q_ptr, n_valid, V, BLOCK_V)
-        g32 = g.to(tl.float32)
-        if be > 0.0:
-            for j in range(0, K):
-                if tl.load(cvalid_ptr + j) != 0:
-                    x = tl.load(cand_ptr + j)
-                    den = g32 * tl.load(p_ptr + x).to(tl.float32)
-                    num = tl.load(q_ptr + x).to(tl.float32)
-                    if ANALYTIC:
-                        tl.store(ap_ptr + j, _ratio_prob(num, den))
-                    if (chosen < 0) & (
-                        _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64)
-                        < num.to(tl.float64)
-                    ):
-                        chosen = tl.zeros((), tl.int64) + j
-            c = ((1.0 - _pow_int(1.0 - be, n_valid)) / be).to(tl.float32)
-            tot = tl.zeros((), tl.float32)
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                m = offs < V
-                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                tot += tl.sum(tl.maximum(q - c * tl.minimum(p, q / g32), 0.0), axis=0)
-            if tot > ZERO_MASS_TOL:
-                for start in range(0, V, BLOCK_V):
-                    offs = start + tl.arange(0, BLOCK_V)
-                    m = offs < V
-                    p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                    q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-                    tl.store(r_ptr + offs, tl.maximum(q - c * tl.minimum(p, q / g32), 0.0) / tot, mask=m)
+        chosen = _node_kseq(
+            cand_ptr,
+            cvalid_ptr,
+            K,
+            p_ptr,
+            q_ptr,
+            u_ptr,
+            u_row,
+            seed_lo,
+            seed_hi,
+            r_ptr,
+            ap_ptr,
+            V,
+            ANALYTIC,
+            RNG,
+            BLOCK_V,
+        )
     else:
-        x0 = tl.load(cand_ptr)
-        single = K < 2  # a tree node with one child; never read slot 1 then (it does not exist)
-        if K >= 2:
-            single = tl.load(cvalid_ptr + 1) == 0  # p(hub) ~ 1
-        if single:  # a single-candidate SD node
-            den = tl.load(p_ptr + x0).to(tl.float32)
-            num = tl.load(q_ptr + x0).to(tl.float32)
-            if ANALYTIC:
-                tl.store(ap_ptr, _ratio_prob(num, den))
-            if _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64):
-                chosen = tl.zeros((), tl.int64)
-            _residual_inplace(r_ptr, p_ptr, V, BLOCK_V)
-        else:
-            # The plan in fp64: when p(a) ~ 1 the pairs (a, .) carry nearly all of the draft mass, and fp32 rounding
-            # of their terms would become the output law's error. Q(a, i) = p(a) p(i) / rest with rest = the
-            # non-hub mass the sampler drew i from, not 1 - p(a) (docs/exactness.md). The residual alone is stored
-            # in fp32.
-            pa = tl.load(p_ptr + hub).to(tl.float64)
-            qa = tl.load(q_ptr + hub).to(tl.float64)
-            rest = tl.zeros((), tl.float64)
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                m = (offs < V) & (offs != hub)
-                rest += tl.sum(tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64), axis=0)
-            s_ai = tl.zeros((), tl.float64)
-            s_ia = tl.zeros((), tl.float64)
-            tot = tl.zeros((), tl.float64)
-            for start in range(0, V, BLOCK_V):
-                offs = start + tl.arange(0, BLOCK_V)
-                m = (offs < V) & (offs != hub)
-                p = tl.load(p_ptr + offs, mask=m, other=0.0).to(tl.float64)
-                q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float64)
-                qai, q1, a2 = _hub_terms(pa, p, q, rest)
-                s_ia += tl.sum(p - tl.minimum(p, q), axis=0)
-                s_ai += tl.sum(qai - a2, axis=0)
-                tot += tl.sum(q1 - a2, axis=0)
-            a3 = tl.minimum(qa, s_ai)
-            a4 = tl.minimum(qa - a3, s_ia)
-            fin_a = tl.maximum(qa - a3 - a4, 0.0)
-            tot += fin_a
-            if tot > ZERO_MASS_TOL_F64:
-                for start in range(0, V, BLOCK_V):
-                    offs = start + tl.arange(0, BLOCK_V)
-                    m = offs < V
-                    p = tl.load(p_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
-                    q = tl.load(q_ptr + offs, mask=m & (offs != hub), other=0.0).to(tl.float64)
-                    _, q1, a2 = _hub_terms(pa, p, q, rest)
-                    fin = tl.where(offs == hub, fin_a, q1 - a2)
-                    tl.store(r_ptr + offs, (fin / tot).to(tl.float32), mask=m)
-            if x0 == hub:  # pair type (a, i): the non-hub token (slot 1) is tested first
-                i = tl.load(cand_ptr + 1)
-                p_i = tl.load(p_ptr + i).to(tl.float64)
-                q_i = tl.load(q_ptr + i).to(tl.float64)
-                den1, num1, _ = _hub_terms(pa, p_i, q_i, rest)
-                den0 = s_ai
-                num0 = tl.where(s_ai > 0.0, qa, 0.0)  # a hub test with no leftover is never reached
-            else:
-                den0 = tl.load(p_ptr + x0).to(tl.float64)
-                num0 = tl.load(q_ptr + x0).to(tl.float64)
-                den1 = s_ia
-                num1 = tl.where(s_ia > 0.0, qa - a3, 0.0)
-            if ANALYTIC:
-                tl.store(ap_ptr, _ratio_prob(num0, den0).to(tl.float32))
-                tl.store(ap_ptr + 1, _ratio_prob(num1, den1).to(tl.float32))
-            u0 = _noise_at(u_ptr, 0, u_row, seed_lo, seed_hi, ACCEPT, RNG)
-            u1 = _noise_at(u_ptr, 1, u_row, seed_lo, seed_hi, ACCEPT, RNG)
-            ok0 = u0 * den0 < num0
-            ok1 = u1 * den1 < num1
-            if x0 == hub:
-                chosen = tl.where(ok1, 1, tl.where(ok0, 0, -1)).to(tl.int64)
-            else:
-                chosen = tl.where(ok0, 0, tl.where(ok1, 1, -1)).to(tl.int64)
+        chosen = _node_hub(
+            cand_ptr,
+            cvalid_ptr,
+            K,
+            p_ptr,
+            q_ptr,
+            u_ptr,
+            u_row,
+            seed_lo,
+            seed_hi,
+            hub,
+            r_ptr,
+            ap_ptr,
+            V,
+            ANALYTIC,
+            RNG,
+            BLOCK_V,
+        )
     return chosen
 
 

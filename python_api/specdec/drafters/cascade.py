@@ -166,6 +166,45 @@ class _Round:
     seed: Callable[[], int]  # a fresh op seed from the run's generator
 
 
+def _leniencies(leniency: float | Sequence[float], n: int) -> list[float]:
+    """One leniency per neural drafter, each a finite number >= 1."""
+    if isinstance(leniency, Sequence) and not isinstance(leniency, (str, bytes)):
+        lens = list(leniency)
+        if len(lens) != n:
+            raise ValueError(f"leniency must hold one value per neural drafter ({n}), got {leniency!r}")
+    else:
+        lens = [leniency] * n
+    for x in lens:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x < 1.0:
+            raise ValueError(f"leniency must be finite numbers >= 1 (1 = exact review), got {leniency!r}")
+    return lens
+
+
+def _one_vocabulary(lms: list[HFCausalLM], bigram: np.ndarray | None, vocab_size: int | None) -> int:
+    """The one vocabulary size of the drafters, the bigram table and ``vocab_size`` (whichever are given)."""
+    vocabs = {lm.vocab_size for lm in lms}
+    if len(vocabs) > 1:
+        raise ValueError(f"the drafters' vocabulary sizes differ ({sorted(vocabs)}); they must share the target's")
+    if bigram is not None:
+        vocabs.add(len(bigram))
+    if vocab_size is not None:
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        vocabs.add(vocab_size)
+    if len(vocabs) != 1:
+        what = "pass vocab_size= (no neural drafter, no bigram table)" if not vocabs else f"got {sorted(vocabs)}"
+        raise ValueError(f"the cascade needs one vocabulary size for its drafters and bigram table: {what}")
+    return vocabs.pop()
+
+
+def _gather_rows(logits: torch.Tensor, at: list[list[int]], steps: int) -> torch.Tensor:
+    """Rows ``at[b]`` of each row's logits [B, N, V] -> [B, steps + 1, V] (one slice for a batch of one)."""
+    if len(at) == 1:  # one contiguous run of rows
+        return logits[:, at[0][0] : at[0][0] + steps + 1]
+    idx = torch.tensor(at, device=logits.device)
+    return logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+
+
 class CascadeDrafter(Drafter):
     """The drafters of a CS Drafting cascade, below the target (docs/methods.md, CS Drafting); method ``csd``.
 
@@ -196,31 +235,12 @@ class CascadeDrafter(Drafter):
             )
         lms = [self._as_lm(d, i) for i, d in enumerate(drafters)]
         n = len(lms)
-        if isinstance(leniency, Sequence) and not isinstance(leniency, (str, bytes)):
-            lens = list(leniency)
-            if len(lens) != n:
-                raise ValueError(f"leniency must hold one value per neural drafter ({n}), got {leniency!r}")
-        else:
-            lens = [leniency] * n
-        for x in lens:
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not np.isfinite(x) or x < 1.0:
-                raise ValueError(f"leniency must be finite numbers >= 1 (1 = exact review), got {leniency!r}")
+        lens = _leniencies(leniency, n)
         if isinstance(mag_tokens, bool) or not isinstance(mag_tokens, int) or mag_tokens < 1:
             raise ValueError(f"mag_tokens must be an int >= 1, got {mag_tokens!r}")
-        vocabs = {lm.vocab_size for lm in lms}
-        if len(vocabs) > 1:
-            raise ValueError(f"the drafters' vocabulary sizes differ ({sorted(vocabs)}); they must share the target's")
         if bigram is not None:
             bigram = bigram_array(bigram)
-            vocabs.add(len(bigram))
-        if vocab_size is not None:
-            if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
-                raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
-            vocabs.add(vocab_size)
-        if len(vocabs) != 1:
-            what = "pass vocab_size= (no neural drafter, no bigram table)" if not vocabs else f"got {sorted(vocabs)}"
-            raise ValueError(f"the cascade needs one vocabulary size for its drafters and bigram table: {what}")
-        self.vocab_size = vocabs.pop()
+        self.vocab_size = _one_vocabulary(lms, bigram, vocab_size)
         if bigram is not None and (bigram.ndim != 1 or bigram.min() < 0 or bigram.max() >= self.vocab_size):
             raise ValueError(f"bigram must be a length-{self.vocab_size} table of token ids in [0, {self.vocab_size})")
         self.levels = [_Level(lm, float(x)) for lm, x in zip(lms, lens, strict=True)]
@@ -379,6 +399,28 @@ class CascadeDrafter(Drafter):
         below = self._build(j + 1, seqs, rows, rnd, need_laws=not greedy or level.leniency > 1.0, cap=cap)
         return self._review(level, seqs, rows, below, rnd, need_laws)
 
+    def _catch_up(
+        self, level: _Level, seqs: list[list[int]], active: list[bool]
+    ) -> tuple[list[list[int]], torch.Tensor]:
+        """Cut each active row's cache back to what still matches its sequence (never past the token before the
+        block) and return what each row must still append before its block, with the run of slots a long catch-up
+        (the prompt) appended in a forward of its own ([B] int64, zeros without one)."""
+        st, lm = level.state, level.lm
+        assert st is not None
+        level.truncate(
+            [min(_lcp(c, s), len(s) - 1) if a else len(c) for c, s, a in zip(level.cached, seqs, active, strict=True)]
+        )
+        done = st.n_cached.tolist()
+        pending = [s[n:] if a else [] for s, n, a in zip(seqs, done, active, strict=True)]
+        run_len = torch.zeros((len(seqs),), dtype=torch.long, device=lm.device)
+        if max(len(p) for p in pending) - 1 > INLINE_CATCH_UP:
+            lm.forward_chain(st, [p[:-1] for p in pending], last_logits=False)
+            level.forwards += 1
+            self.calls += 1
+            run_len = torch.tensor([max(len(p) - 1, 0) for p in pending], dtype=torch.long, device=lm.device)
+            pending = [p[-1:] for p in pending]
+        return pending, run_len
+
     def _review(
         self, level: _Level, seqs: list[list[int]], rows: list[int], below: Block, rnd: _Round, need_laws: bool
     ) -> Block:
@@ -391,19 +433,8 @@ class CascadeDrafter(Drafter):
         batch = len(seqs)
         member = set(rows)
         active = [b in member for b in range(batch)]
-        # cut each row's cache back to what still matches its sequence, never past the token before the block
-        level.truncate(
-            [min(_lcp(c, s), len(s) - 1) if a else len(c) for c, s, a in zip(level.cached, seqs, active, strict=True)]
-        )
-        done = st.n_cached.tolist()
-        pending = [s[n:] if a else [] for s, n, a in zip(seqs, done, active, strict=True)]
-        run_at, run_len = st.length, torch.zeros((batch,), dtype=torch.long, device=dev)
-        if max(len(p) for p in pending) - 1 > INLINE_CATCH_UP:  # a long catch-up (the prompt): its own forward
-            lm.forward_chain(st, [p[:-1] for p in pending], last_logits=False)
-            level.forwards += 1
-            self.calls += 1
-            run_len = torch.tensor([max(len(p) - 1, 0) for p in pending], dtype=torch.long, device=dev)
-            pending = [p[-1:] for p in pending]
+        run_at = st.length
+        pending, run_len = self._catch_up(level, seqs, active)
         chains = [p + t for p, t in zip(pending, below.tokens, strict=True)]
         roots = [len(p) - 1 for p in pending]  # chain index of the token before the block
         width = max(len(c) for c in chains)
@@ -425,11 +456,7 @@ class CascadeDrafter(Drafter):
         # the reviewer's rows at the token before the block and at every block token: [B, steps + 1, V] (rows of
         # padding point anywhere in the chain: they are never read)
         at = [[max(0, min(r + i, len(c) - 1)) for i in range(steps + 1)] for r, c in zip(roots, chains, strict=True)]
-        if batch == 1:  # one contiguous run of rows
-            rows_logits = logits[:, at[0][0] : at[0][0] + steps + 1]
-        else:
-            idx = torch.tensor(at, device=dev)
-            rows_logits = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1]))
+        rows_logits = _gather_rows(logits, at, steps)
         if greedy:
             verdict, up = self._verify_greedy(level, rows_logits, below, rows, steps, need_laws)
         else:

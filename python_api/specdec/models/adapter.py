@@ -9,13 +9,10 @@ import torch
 
 import specdec_kernels as sk
 
-from ..errors import UnsupportedModelError
 from .families import (
-    SOFTCAPPED_ATTENTION,
     SOFTCAPPED_LOGITS,
-    SUPPORTED_ATTENTION,
-    SUPPORTED_MODEL_TYPES,
     chain_mask,
+    check_supported,
     layer_features,
     rope_limit,
     sliding_window,
@@ -52,35 +49,8 @@ class HFCausalLM:
         config = getattr(model, "config", None)
         if config is None or not callable(getattr(model, "get_decoder", None)):
             raise TypeError(f"{name} must be a HuggingFace causal LM (PreTrainedModel), got {type(model).__name__}")
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            hint = "; for Gemma 3 load the text model (Gemma3ForCausalLM)" if model_type == "gemma3" else ""
-            raise UnsupportedModelError(
-                f"{name}: architecture {model_type!r} is not supported; tree decoding needs a model that takes a 4-D "
-                f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}{hint}"
-            )
-        attn = getattr(config, "_attn_implementation", None)
-        if attn not in SUPPORTED_ATTENTION:
-            raise UnsupportedModelError(
-                f"{name}: attn_implementation {attn!r} cannot take a custom tree mask; load the model with "
-                f"attn_implementation='sdpa' or 'eager'"
-            )
-        softcap = getattr(config, "attn_logit_softcapping", None)
-        if model_type in SOFTCAPPED_ATTENTION and softcap is not None and attn != "eager":
-            raise ValueError(
-                f"{name}: attn_logit_softcapping={softcap} is applied by {model_type}'s eager attention only (sdpa "
-                f"cannot); load the model with attn_implementation='eager'"
-            )
-        devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
-        if len(devices) > 1:
-            raise ValueError(
-                f"{name} is split over devices by device_map ({', '.join(sorted(devices))}); tree decoding runs a "
-                "model on one device: load it with device_map set to a single device"
-            )
-        if getattr(config, "use_bidirectional_attention", False):
-            raise ValueError(
-                f"{name}: use_bidirectional_attention=True makes attention non-causal; tree decoding needs a causal LM"
-            )
+        check_supported(model, name)
+        model_type = config.model_type
         # sliding-window layers: the tree mask also hides keys older than the window (window_mask)
         self.window, self.typed_window = sliding_window(config, name)
         #: (tokens, RoPE type): sequences longer than this get rotary frequencies that depend on the chunking

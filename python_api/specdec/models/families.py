@@ -15,6 +15,8 @@ import torch
 
 import specdec_kernels as sk
 
+from ..errors import UnsupportedModelError
+
 # How each family applies ``config.sliding_window``: to no layer, to every layer (one mask), or to the layers that
 # ``config.layer_types`` marks "sliding_attention" (the base model takes a dict of masks keyed by layer type).
 WINDOWED_LAYERS = {
@@ -124,3 +126,39 @@ def layer_features(base: Any, hidden_states: tuple[torch.Tensor, ...], layers: t
 
     Shape: hidden_states[l] [B, n, E] (HF ``output_hidden_states``) -> [B, n, len(layers) E]."""
     return torch.cat([base.layers[layer].input_layernorm(hidden_states[layer]) for layer in layers], dim=-1)
+
+
+def check_supported(model: Any, name: str) -> None:
+    """Refuse, naming ``name``, a model the adapter cannot run exactly: another family, an attention implementation
+    that cannot take a tree mask, a soft cap only eager attention applies, a model split over devices, or
+    non-causal attention."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        hint = "; for Gemma 3 load the text model (Gemma3ForCausalLM)" if model_type == "gemma3" else ""
+        raise UnsupportedModelError(
+            f"{name}: architecture {model_type!r} is not supported; tree decoding needs a model that takes a 4-D "
+            f"additive mask and position_ids, tested for {SUPPORTED_MODEL_TYPES}{hint}"
+        )
+    attn = getattr(config, "_attn_implementation", None)
+    if attn not in SUPPORTED_ATTENTION:
+        raise UnsupportedModelError(
+            f"{name}: attn_implementation {attn!r} cannot take a custom tree mask; load the model with "
+            f"attn_implementation='sdpa' or 'eager'"
+        )
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if model_type in SOFTCAPPED_ATTENTION and softcap is not None and attn != "eager":
+        raise ValueError(
+            f"{name}: attn_logit_softcapping={softcap} is applied by {model_type}'s eager attention only (sdpa "
+            f"cannot); load the model with attn_implementation='eager'"
+        )
+    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    if len(devices) > 1:
+        raise ValueError(
+            f"{name} is split over devices by device_map ({', '.join(sorted(devices))}); tree decoding runs a "
+            "model on one device: load it with device_map set to a single device"
+        )
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ValueError(
+            f"{name}: use_bidirectional_attention=True makes attention non-causal; tree decoding needs a causal LM"
+        )

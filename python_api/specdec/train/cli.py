@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .common import default_workdir, set_threads
 
@@ -32,6 +34,30 @@ def _target(dtype: str = "bf16"):  # noqa: ANN202
 
 
 def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    _check_args(ap, args)
+    set_threads(args.threads)
+    workdir = args.workdir or default_workdir()
+    workdir.mkdir(parents=True, exist_ok=True)
+    progress = not args.no_progress
+    if args.stage == "all":
+        stages: tuple[str, ...] = ("data", "evalset", "distill", "eval", "head", "ship")
+    elif args.stage == "feature-all":
+        stages = FEATURE_STAGES
+    else:
+        stages = (args.stage,)
+    t_all = time.time()
+    for stage in stages:
+        t0 = time.time()
+        print(f"[specdec.train] stage {stage} in {workdir}", flush=True)
+        info = _RUNS[stage](args, workdir, progress, ap)
+        print(json.dumps({"stage": stage, "seconds": round(time.time() - t0, 1), **_brief(info)}, default=str))
+    print(f"[specdec.train] done in {time.time() - t_all:.0f} s", flush=True)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m specdec.train", description=__doc__)
     ap.add_argument("stage", choices=list(dict.fromkeys((*STAGES, *FEATURE_STAGES, "feature-all", *EXTRA_STAGES))))
     ap.add_argument("--workdir", type=Path, default=None)
@@ -107,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
         "then trained); excludes --layers and --width",
     )
     ap.add_argument("--no-progress", action="store_true")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse out-of-range numbers and flags that exclude each other (argparse's one-line error, exit 2)."""
     counts = ("gsm8k_label", "gsm8k_sample", "code_sample", "magpie")
     for flag in ("steps", "head_steps", *counts, "layers", "width", "head_vocab"):
         value = getattr(args, flag)
@@ -119,129 +149,142 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None and not (0 < value < float("inf")):
             ap.error(f"--{flag.replace('_', '-')} must be a positive finite number, got {value}")
-    set_threads(args.threads)
-    workdir = args.workdir or default_workdir()
-    workdir.mkdir(parents=True, exist_ok=True)
-    progress = not args.no_progress
-    if args.stage == "all":
-        stages: tuple[str, ...] = ("data", "evalset", "distill", "eval", "head", "ship")
-    elif args.stage == "feature-all":
-        stages = FEATURE_STAGES
-    else:
-        stages = (args.stage,)
-    t_all = time.time()
-    for stage in stages:
-        t0 = time.time()
-        print(f"[specdec.train] stage {stage} in {workdir}", flush=True)
-        if stage == "data":
-            from .data import DataConfig, build_data
 
-            model, tok = _target()
-            dcfg = DataConfig(seed=args.seed)
-            if args.gsm8k_label is not None:
-                dcfg.n_gsm8k_label = args.gsm8k_label
-            if args.gsm8k_sample is not None:
-                dcfg.n_gsm8k_sample = args.gsm8k_sample
-            if args.gsm8k_cue is not None:
-                dcfg.gsm8k_cue = args.gsm8k_cue
-            if args.magpie is not None:
-                dcfg.n_magpie = args.magpie
-            if args.code_sample is not None:
-                dcfg.n_code_sample = args.code_sample
-            if args.answer_temperature is not None:
-                dcfg.answer_temperature = args.answer_temperature
-            info = build_data(model, tok, workdir, dcfg, progress=progress)
-        elif stage == "evalset":
-            from .evalset import build_eval_set
 
-            model, tok = _target()
-            ev = build_eval_set(model, tok, workdir, seed=args.seed)
-            info = {"eval_sequences": len(ev["records"])}
-        elif stage == "distill":
-            from .distill import DistillConfig, run_distill
-            from .draft import DraftConfig
+def _set(obj: Any, values: dict[str, Any]) -> None:
+    """Set each attribute of ``obj`` whose value here is not None (a flag left out keeps the config's default)."""
+    for name, value in values.items():
+        if value is not None:
+            setattr(obj, name, value)
 
-            cfg = DistillConfig(seed=args.seed)
-            if args.steps is not None:
-                cfg.steps = args.steps
-            if args.lr is not None:
-                cfg.lr = args.lr
-            if args.layers is not None:
-                cfg.draft.num_layers = args.layers
-            if args.width is not None:
-                # heads of 64 dims, 2 query heads per KV head where the width allows it, the MLP 3x wide
-                heads = max(1, args.width // 64)
-                cfg.draft.hidden_size, cfg.draft.num_heads = args.width, heads
-                cfg.draft.num_kv_heads = heads // 2 if heads % 2 == 0 else heads
-                cfg.draft.intermediate_size = 3 * args.width
-            if args.head_vocab is not None:
-                cfg.draft.head_vocab = args.head_vocab
-            target = None
-            if args.from_target_layers is not None:
-                target, _ = _target()
-                try:
-                    cfg.draft = DraftConfig.from_target_layers(
-                        target.config, args.from_target_layers, cfg.draft.head_vocab
-                    )
-                except ValueError as e:
-                    ap.error(f"--from-target-layers: {e}")
-            info = run_distill(workdir, cfg, target=target, progress=progress)
-        elif stage == "eval":
-            from .evaluate import run_eval
 
-            info = run_eval(workdir, seed=args.seed)
-        elif stage == "head":
-            from .head import HeadConfig, run_head
+def _run_data(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .data import DataConfig, build_data
 
-            hcfg = HeadConfig(seed=args.seed)
-            if args.head_steps is not None:
-                hcfg.steps = args.head_steps
-            info = run_head(workdir, hcfg, progress=progress)
-        elif stage == "feature-data":
-            from .feature_data import FeatureDataConfig, build_feature_data
+    model, tok = _target()
+    dcfg = DataConfig(seed=args.seed)
+    _set(dcfg, {
+        "n_gsm8k_label": args.gsm8k_label, "n_gsm8k_sample": args.gsm8k_sample, "gsm8k_cue": args.gsm8k_cue,
+        "n_magpie": args.magpie, "n_code_sample": args.code_sample, "answer_temperature": args.answer_temperature,
+    })  # fmt: skip
+    return build_data(model, tok, workdir, dcfg, progress=progress)
 
-            model, tok = _target()
-            info = build_feature_data(model, tok, workdir, FeatureDataConfig(seed=args.seed), progress=progress)
-        elif stage == "feature-distill":
-            from .feature_distill import FeatureDistillConfig, run_feature_distill
 
-            fcfg = FeatureDistillConfig(seed=args.seed)
-            if args.steps is not None:
-                fcfg.steps = args.steps
-            info = run_feature_distill(workdir, fcfg, progress=progress)
-        elif stage == "feature-eval":
-            from .feature_distill import run_feature_eval
+def _run_evalset(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .evalset import build_eval_set
 
-            info = run_feature_eval(workdir, seed=args.seed, draft=args.draft, record=args.draft is None)
-        elif stage == "feature-head":
-            from .feature_draft import FEATURE_DRAFT
-            from .feature_head import RolloutConfig, run_feature_head
+    model, tok = _target()
+    ev = build_eval_set(model, tok, workdir, seed=args.seed)
+    return {"eval_sequences": len(ev["records"])}
 
-            rcfg = RolloutConfig(seed=args.seed)
-            rcfg.head.seed = args.seed
-            if args.head_steps is not None:
-                rcfg.head.steps = args.head_steps
-            if args.magpie is not None:
-                rcfg.n_magpie = args.magpie
-            info = run_feature_head(workdir, rcfg, args.name or FEATURE_DRAFT, progress=progress)
-        elif stage == "bigram":
-            from .bigram import DEFAULT_BIGRAM, build_bigram, default_corpus
 
-            model, tok = _target()
-            info = build_bigram(tok, int(model.config.vocab_size), args.corpus or default_corpus(),
-                                name=args.name or DEFAULT_BIGRAM)  # fmt: skip
-        elif stage == "feature-ship":
-            from .feature_distill import ship_feature_draft
-            from .feature_draft import FEATURE_DRAFT
+def _run_distill(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from ..drafters.networks.draft import DraftConfig
+    from .distill import DistillConfig, run_distill
 
-            info = ship_feature_draft(workdir, args.name or FEATURE_DRAFT)
-        else:
-            from .assets import DEFAULT_DRAFT, ship
+    cfg = DistillConfig(seed=args.seed)
+    _set(cfg, {"steps": args.steps, "lr": args.lr})
+    _set(cfg.draft, {"num_layers": args.layers, "head_vocab": args.head_vocab})
+    if args.width is not None:
+        # heads of 64 dims, 2 query heads per KV head where the width allows it, the MLP 3x wide
+        heads = max(1, args.width // 64)
+        cfg.draft.hidden_size, cfg.draft.num_heads = args.width, heads
+        cfg.draft.num_kv_heads = heads // 2 if heads % 2 == 0 else heads
+        cfg.draft.intermediate_size = 3 * args.width
+    target = None
+    if args.from_target_layers is not None:
+        target, _ = _target()
+        try:
+            cfg.draft = DraftConfig.from_target_layers(target.config, args.from_target_layers, cfg.draft.head_vocab)
+        except ValueError as e:
+            ap.error(f"--from-target-layers: {e}")
+    return run_distill(workdir, cfg, target=target, progress=progress)
 
-            info = ship(workdir, args.name or DEFAULT_DRAFT)
-        print(json.dumps({"stage": stage, "seconds": round(time.time() - t0, 1), **_brief(info)}, default=str))
-    print(f"[specdec.train] done in {time.time() - t_all:.0f} s", flush=True)
-    return 0
+
+def _run_eval(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .evaluate import run_eval
+
+    return run_eval(workdir, seed=args.seed)
+
+
+def _run_head(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .head import HeadConfig, run_head
+
+    hcfg = HeadConfig(seed=args.seed)
+    _set(hcfg, {"steps": args.head_steps})
+    return run_head(workdir, hcfg, progress=progress)
+
+
+def _run_feature_data(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .feature_data import FeatureDataConfig, build_feature_data
+
+    model, tok = _target()
+    return build_feature_data(model, tok, workdir, FeatureDataConfig(seed=args.seed), progress=progress)
+
+
+def _run_feature_distill(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .feature_distill import FeatureDistillConfig, run_feature_distill
+
+    fcfg = FeatureDistillConfig(seed=args.seed)
+    _set(fcfg, {"steps": args.steps})
+    return run_feature_distill(workdir, fcfg, progress=progress)
+
+
+def _run_feature_eval(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .feature_distill import run_feature_eval
+
+    return run_feature_eval(workdir, seed=args.seed, draft=args.draft, record=args.draft is None)
+
+
+def _run_feature_head(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from ..drafters.networks.feature_draft import FEATURE_DRAFT
+    from .feature_head import RolloutConfig, run_feature_head
+
+    rcfg = RolloutConfig(seed=args.seed)
+    rcfg.head.seed = args.seed
+    _set(rcfg.head, {"steps": args.head_steps})
+    _set(rcfg, {"n_magpie": args.magpie})
+    return run_feature_head(workdir, rcfg, args.name or FEATURE_DRAFT, progress=progress)
+
+
+def _run_bigram(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from .bigram import DEFAULT_BIGRAM, build_bigram, default_corpus
+
+    model, tok = _target()
+    return build_bigram(
+        tok, int(model.config.vocab_size), args.corpus or default_corpus(), name=args.name or DEFAULT_BIGRAM
+    )
+
+
+def _run_feature_ship(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from ..drafters.networks.feature_draft import FEATURE_DRAFT
+    from .feature_distill import ship_feature_draft
+
+    return ship_feature_draft(workdir, args.name or FEATURE_DRAFT)
+
+
+def _run_ship(args: argparse.Namespace, workdir: Path, progress: bool, ap: argparse.ArgumentParser) -> dict:
+    from ..drafters.assets import DEFAULT_DRAFT
+    from .assets import ship
+
+    return ship(workdir, args.name or DEFAULT_DRAFT)
+
+
+#: each stage's run: (parsed flags, workdir, progress bar on, the parser for errors) -> its manifest record
+_RUNS: dict[str, Callable[[argparse.Namespace, Path, bool, argparse.ArgumentParser], dict]] = {
+    "data": _run_data,
+    "evalset": _run_evalset,
+    "distill": _run_distill,
+    "eval": _run_eval,
+    "head": _run_head,
+    "ship": _run_ship,
+    "feature-data": _run_feature_data,
+    "feature-distill": _run_feature_distill,
+    "feature-eval": _run_feature_eval,
+    "feature-ship": _run_feature_ship,
+    "feature-head": _run_feature_head,
+    "bigram": _run_bigram,
+}
 
 
 def _layer_list(text: str) -> tuple[int, ...]:
