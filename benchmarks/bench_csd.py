@@ -491,7 +491,7 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     target, tok = load_smollm2(dtype)
     args.eos = None if args.no_eos else tok.eos_token_id
-    from specdec.train import load_draft
+    from specdec.drafters import load_draft
 
     drafts = {d: load_draft(d, target, dtype=dtype) for d in args.drafters}
     if args.draft_int8:

@@ -69,8 +69,8 @@ def build_sets(target: Any, tok: Any, cache: Path) -> dict[str, list[dict[str, A
 
 
 def load(spec: str, target: Any) -> Any:
+    from specdec.drafters.networks import load_feature_draft
     from specdec.train.feature_distill import feature_draft_from_checkpoint
-    from specdec.train.feature_draft import load_feature_draft
 
     if spec.endswith(".pt"):
         return feature_draft_from_checkpoint(Path(spec), target).to(torch.bfloat16).eval()

@@ -32,8 +32,8 @@ def main() -> None:
     import specdec
     from specdec import SpecDecPPDecoder
     from specdec.baselines import sampling_kwargs
+    from specdec.drafters import load_draft, load_head
     from specdec.smollm2 import chat_prompt, load_smollm2
-    from specdec.train import load_draft, load_head
     from specdec.train.common import read_jsonl, shared_data_dir
 
     ap = argparse.ArgumentParser()

@@ -27,6 +27,7 @@ import specdec
 import torch
 from _timing import append_csv, run_meta
 from specdec.baselines import sampling_kwargs
+from specdec.drafters import load_head
 from specdec.harness import HYBRID_SUFFIX, draft_label, head_plan, load_prompts, make_draft
 from specdec.smollm2 import chat_prompt, load_smollm2
 from tqdm import tqdm
@@ -111,17 +112,7 @@ def main() -> None:
     target = target.to(dev)
     prompts = [torch.tensor([chat_prompt(tok, p)], device=dev) for p in load_prompts(args.prompt_file, args.prompts)]
     feature = getattr(draft, "reads_target_features", False)
-    decoders: dict[str, specdec.SpeculativeDecoder] = {}
-    for label, method, params in SPECDEC_METHODS:
-        extra: dict[str, Any] = {}
-        use = draft
-        if specdec.methods.get(method).needs_head:
-            from specdec.train import load_head
-
-            acceptance, extra["threshold"] = load_head(head)
-            extra["head"] = acceptance.to(dev)
-            use = pp_use
-        decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
+    decoders = _decoders(target, draft, pp_use, head, dev)
 
     methods = [f"specdec:{m}" for m in decoders] + ["hf:generate"]
     if args.draft == "ngram" or args.draft.endswith(HYBRID_SUFFIX):
@@ -134,15 +125,7 @@ def main() -> None:
             order = methods[i % len(methods) :] + methods[: i % len(methods)]
             outputs = {}
             for m in order:
-                kind, name = m.split(":", 1)
-                if kind == "specdec":
-                    r = run_specdec(decoders[name], ids, args)
-                elif name == "generate":
-                    r = run_hf(target, ids, args)
-                elif name == "prompt_lookup":
-                    r = run_hf(target, ids, args, prompt_lookup_num_tokens=4)
-                else:
-                    r = run_hf(target, ids, args, assistant_model=draft)
+                r = _run_method(m, decoders, target, draft, ids, args)
                 t = totals[m]
                 t["tokens"] += r["tokens"]
                 t["seconds"] += r["seconds"]
@@ -198,25 +181,56 @@ def main() -> None:
     run |= {"tokens": args.tokens, "prompts": args.prompts, "threads": args.threads}
     run["device"] = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     append_csv(path, fields, [{**run, **r} for r in rows])
+    _plot(rows, path, args)
+    print(f"\nrows appended to {path}")
+
+
+def _decoders(target: Any, draft: Any, pp_use: Any, head: str, dev: torch.device) -> dict[str, Any]:
+    """One SpeculativeDecoder per row of SPECDEC_METHODS; specdec_pp's with its acceptance head and draft."""
+    decoders: dict[str, specdec.SpeculativeDecoder] = {}
+    for label, method, params in SPECDEC_METHODS:
+        extra: dict[str, Any] = {}
+        use = draft
+        if specdec.methods.get(method).needs_head:
+            acceptance, extra["threshold"] = load_head(head)
+            extra["head"] = acceptance.to(dev)
+            use = pp_use
+        decoders[label] = specdec.SpeculativeDecoder(target, use, method=method, **params, **extra)
+    return decoders
+
+
+def _run_method(m: str, decoders: dict[str, Any], target: Any, draft: Any, ids: torch.Tensor, args: Any) -> dict:
+    """One timed run of method ``m`` ("specdec:<label>" or "hf:<generate|prompt_lookup|assistant_model>")."""
+    kind, name = m.split(":", 1)
+    if kind == "specdec":
+        return run_specdec(decoders[name], ids, args)
+    if name == "generate":
+        return run_hf(target, ids, args)
+    if name == "prompt_lookup":
+        return run_hf(target, ids, args, prompt_lookup_num_tokens=4)
+    return run_hf(target, ids, args, assistant_model=draft)
+
+
+def _plot(rows: list[dict], path: Path, args: Any) -> None:
+    """Bars of the batch-1 rows' speed against specdec AR, beside the CSV."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        names = [r["method"] for r in rows if r["batch"] == 1 and not r["method"].startswith("sweep")]
-        ratios = [r["ratio_vs_ar"] for r in rows if r["batch"] == 1 and not r["method"].startswith("sweep")]
-        fig, ax = plt.subplots(figsize=(8, 3.5))
-        ax.bar(names, ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_ylabel("tokens/s vs specdec AR")
-        ax.set_title(f"SmolLM2-135M bf16, draft={args.draft}, T={args.temperature}")
-        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
-        fig.tight_layout()
-        fig.savefig(path.with_suffix(".png"), dpi=120)
     except ImportError:
         print("matplotlib not installed: no plot")
-    print(f"\nrows appended to {path}")
+        return
+    names = [r["method"] for r in rows if r["batch"] == 1 and not r["method"].startswith("sweep")]
+    ratios = [r["ratio_vs_ar"] for r in rows if r["batch"] == 1 and not r["method"].startswith("sweep")]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.bar(names, ratios, color=["tab:green" if x >= 1 else "tab:red" for x in ratios])
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_ylabel("tokens/s vs specdec AR")
+    ax.set_title(f"SmolLM2-135M bf16, draft={args.draft}, T={args.temperature}")
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=120)
 
 
 if __name__ == "__main__":

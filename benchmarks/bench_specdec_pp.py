@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from specdec.baselines import sampling_kwargs
 
     sample_t1 = sampling_kwargs(1.0, 0, 1.0)  # the law at temperature 1, untruncated
+    from specdec.drafters import load_draft, load_head
     from specdec.smollm2 import chat_prompt, load_smollm2
-    from specdec.train import load_draft, load_head
     from specdec.train.common import read_jsonl, shared_data_dir
 
     torch.set_num_threads(args.threads)

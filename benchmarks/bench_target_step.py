@@ -117,8 +117,7 @@ class DraftStep:
     def __init__(
         self, name: str, target: torch.nn.Module, lm: models.HFCausalLM, context: list[int], int8: bool = False
     ) -> None:
-        from specdec.drafters import as_drafter
-        from specdec.train import load_draft
+        from specdec.drafters import as_drafter, load_draft
 
         self.draft = load_draft(name, target, dtype=lm.dtype)
         if int8:
@@ -228,40 +227,66 @@ def main() -> None:
         passes[f"{args.dtype} ctx {CONTEXT} new {n}"] = fns
     rec.cases_interleaved(passes, nbytes)
     if args.ops and "cpu" in args.backends:
-        for n, (case, fns) in zip(NEW, passes.items(), strict=True):
-            prof = op_profile(fns["cpu"], args.ops_reps)
-            for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
-                if ms >= 0.01:
-                    ops_rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
+        ops_rows = _op_rows(passes, args.ops_reps)
     if "cpu" in args.backends:
-        # the pass's linears alone: skinny_linear over each of the model's matrices once, n rows, weights from memory
-        mats = [p.detach() for p in target.parameters() if p.dim() == 2]
-        xs = {n: {m.shape[1]: torch.randn((n, m.shape[1]), generator=g).to(lm.dtype) for m in mats} for n in NEW}
-        rec.cases_interleaved({f"{args.dtype} linears new {n}": {"cpu": partial(linears, xs[n], mats)} for n in NEW},
-                              nbytes)  # fmt: skip
-        # their arithmetic apart from memory: as many multiply-adds as those matrices hold, on one weight that stays
-        # in cache (the shape of a fused qkv projection, ~1.1 MB in bf16)
-        cached = (torch.randn((960, int(target.config.hidden_size)), generator=g) * 0.05).to(lm.dtype)
-        calls = round(sum(m.numel() for m in mats) / cached.numel())
-        xc = {n: torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype) for n in NEW}
-        in_cache_cases = {f"{args.dtype} linears in cache new {n}": {"cpu": partial(in_cache, xc[n], cached, calls)}
-                          for n in NEW}  # fmt: skip
-        rec.cases_interleaved(in_cache_cases, nbytes)
+        _time_linears(rec, args, target, lm, g, nbytes)
     if args.draft != "none" and "cpu" in args.backends:
-        step = DraftStep(args.draft, target, lm, context, int8=args.draft_int8)
-        one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)
-        name = f"{args.draft}/int8" if args.draft_int8 else args.draft  # one word: the report reads it back
-        rec.case(f"draft {name} after a target step", {"cpu": step}, step.nbytes, before=one)
-        rec.case(f"draft {name} repeated", {"cpu": step}, step.nbytes)
-        if args.decode_prompts:
-            # in decoding: "decoding draft first|later" and "decoding target pass" (the report's ratios of the two)
-            times = decoding_steps(target, tokenizer, step.draft, args.decode_prompts, args.decode_tokens)
-            for key, case in (("first", "draft first"), ("later", "draft later"), ("pass", "target pass")):
-                if times[key]:
-                    rec.samples(f"decoding {case}", {"cpu": times[key]}, step.nbytes if key != "pass" else nbytes)
+        _time_draft(rec, args, target, tokenizer, lm, state, context, g, nbytes)
     rec.save()
     if args.ops and ops_rows and not args.no_csv:
         save_ops(rec, ops_rows)
+
+
+def _op_rows(passes: dict[str, dict], reps: int) -> list[dict]:
+    """Where the time of each cpu pass goes, op by op (self time of at least 0.01 ms)."""
+    rows = []
+    for n, (case, fns) in zip(NEW, passes.items(), strict=True):
+        prof = op_profile(fns["cpu"], reps)
+        for op, (ms, calls) in sorted(prof.items(), key=lambda kv: -kv[1][0]):
+            if ms >= 0.01:
+                rows.append({"case": case, "new": n, "op": op, "self_ms": round(ms, 4), "calls": calls})
+    return rows
+
+
+def _time_linears(rec: Recorder, args: Any, target: Any, lm: Any, g: torch.Generator, nbytes: int) -> None:
+    """The pass's linears alone (skinny_linear over each of the model's matrices once, n rows, weights from memory),
+    and their arithmetic apart from memory: as many multiply-adds on one weight that stays in cache (the shape of a
+    fused qkv projection, ~1.1 MB in bf16)."""
+    mats = [p.detach() for p in target.parameters() if p.dim() == 2]
+    xs = {n: {m.shape[1]: torch.randn((n, m.shape[1]), generator=g).to(lm.dtype) for m in mats} for n in NEW}
+    rec.cases_interleaved({f"{args.dtype} linears new {n}": {"cpu": partial(linears, xs[n], mats)} for n in NEW},
+                          nbytes)  # fmt: skip
+    cached = (torch.randn((960, int(target.config.hidden_size)), generator=g) * 0.05).to(lm.dtype)
+    calls = round(sum(m.numel() for m in mats) / cached.numel())
+    xc = {n: torch.randn((n, cached.shape[1]), generator=g).to(lm.dtype) for n in NEW}
+    in_cache_cases = {f"{args.dtype} linears in cache new {n}": {"cpu": partial(in_cache, xc[n], cached, calls)}
+                      for n in NEW}  # fmt: skip
+    rec.cases_interleaved(in_cache_cases, nbytes)
+
+
+def _time_draft(
+    rec: Recorder,
+    args: Any,
+    target: Any,
+    tokenizer: Any,
+    lm: Any,
+    state: Any,
+    context: list[int],
+    g: torch.Generator,
+    nbytes: int,
+) -> None:
+    """A draft step after a target step and repeated; with --decode-prompts, the draft's steps and the target's
+    passes as a decoding runs them ("decoding draft first|later", "decoding target pass")."""
+    step = DraftStep(args.draft, target, lm, context, int8=args.draft_int8)
+    one = partial(verify_pass, lm, state, torch.randint(100, 40000, (1, 1), generator=g), True)
+    name = f"{args.draft}/int8" if args.draft_int8 else args.draft  # one word: the report reads it back
+    rec.case(f"draft {name} after a target step", {"cpu": step}, step.nbytes, before=one)
+    rec.case(f"draft {name} repeated", {"cpu": step}, step.nbytes)
+    if args.decode_prompts:
+        times = decoding_steps(target, tokenizer, step.draft, args.decode_prompts, args.decode_tokens)
+        for key, case in (("first", "draft first"), ("later", "draft later"), ("pass", "target pass")):
+            if times[key]:
+                rec.samples(f"decoding {case}", {"cpu": times[key]}, step.nbytes if key != "pass" else nbytes)
 
 
 if __name__ == "__main__":
