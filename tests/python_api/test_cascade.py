@@ -297,9 +297,7 @@ def test_method_spec_and_label() -> None:
 
 def test_csd_needs_a_cascade_and_a_cascade_needs_csd(greedy_setup) -> None:
     target, big, *_ = greedy_setup
-    with pytest.raises(
-        TypeError, match="method 'csd' drafts with a cascade: pass draft=specdec.CascadeDrafter"
-    ):
+    with pytest.raises(TypeError, match="method 'csd' drafts with a cascade: pass draft=specdec.CascadeDrafter"):
         specdec.generate(target, big, torch.tensor([[1, 2]]), method="csd", max_new_tokens=4, do_sample=False)
     for draft in ("ngram", None, big):  # refused when the decoder is built, before any generate call
         with pytest.raises(TypeError, match="method 'csd' drafts with a cascade"):
