@@ -22,8 +22,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-import specdec_kernels as sk
-
 from .drafters import Drafter, HiddenStateDrafter, as_drafter
 from .edge import (
     GenerationOutput,
@@ -48,10 +46,11 @@ from .generation import (
 from .methods import MethodConfig, make_method
 from .methods.builders import make_builder
 from .methods.builders.adaptive import DEFAULT_THRESHOLD, AdaptiveStop
-from .methods.builders.base import op_seed, seed_block
+from .methods.builders.base import seed_block
 from .methods.builders.cascade import check_cascade
 from .metrics import GenerationStats
 from .models import HFCausalLM, KVState
+from .rounds import commit_round, verify_round
 from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
@@ -346,12 +345,12 @@ class SpeculativeDecoder:
                 stats.target_calls += 1
             root_slot = state.length - tree.size
             with stats.timer("verify"):
-                verdict = self._verify(tree, q_logits, sampling, eos, generator)
+                verdict = verify_round(self.config, self._laws, tree, q_logits, sampling, eos, generator)
                 if builder is not None:
                     builder.observe(verdict[3], verdict[1], tree)
             with stats.timer("other"):
                 acc_nodes, n_acc, _, _ = verdict
-                finished = self._commit(
+                finished = commit_round(
                     tree, verdict, q_logits, active, committed, new_tokens, max_new, set(eos), stats, out,
                     sampling.context,
                 )  # fmt: skip
@@ -434,128 +433,6 @@ class SpeculativeDecoder:
                 context.select_rows(keep)
         return active
 
-    def _verify(
-        self,
-        tree: DraftTree,
-        q_logits: torch.Tensor,
-        sampling: SamplingConfig,
-        eos: list[int],
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Target laws with the shared processing, then the tree walk. Shape: q_logits [B, N, V]."""
-        batch = tree.batch
-        # padding nodes already hold zero logits (HFCausalLM computes rows of valid nodes only)
-        q_logits = sampling.adjust(q_logits, tree, 0, tree.size)
-        if tree.size > 1 and not sampling.greedy:  # the verifier reads the target's law: get it in one call
-            q_probs = sampling.process(q_logits, "target", log=False)
-            return self._verify_tree(tree, q_logits, q_probs, eos, generator)
-        q_logp = sampling.process(q_logits, "target")
-        if tree.size == 1:  # nothing drafted: a plain autoregressive step
-            if sampling.greedy:
-                nxt = q_logp[:, 0].argmax(dim=-1)
-            else:
-                nxt = sk.sample_categorical(q_logp[:, 0], seed=op_seed(generator), validate=False)
-            empty = torch.zeros((batch, 0), dtype=torch.long, device=tree.device)
-            return empty, torch.zeros((batch,), dtype=torch.long, device=tree.device), nxt, empty
-        verifier = self.config.verifier
-        assert verifier is not None
-        out = sk.verify_tree(
-            tree.tokens,
-            tree.parent,
-            None,
-            q_logp,
-            method=verifier,
-            valid=tree.valid,
-            greedy=True,
-            eos_token_id=eos or None,
-            validate=False,
-            depth=tree.depth,
-        )
-        return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
-
-    def _verify_tree(
-        self,
-        tree: DraftTree,
-        q_logits: torch.Tensor,
-        q_probs: torch.Tensor,
-        eos: list[int],
-        generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sampling mode: the tree walk against the target's law ``q_probs`` [B, N, V]."""
-        verifier = self.config.verifier
-        assert verifier is not None
-        out = sk.verify_tree(
-            tree.tokens,
-            tree.parent,
-            tree.p_rows(q_logits.shape[-1], self._laws),
-            q_probs,
-            method=verifier,
-            valid=tree.valid,
-            hub=tree.hub() if self.config.spec.hub_pairs else None,
-            eos_token_id=eos or None,
-            seed=op_seed(generator),
-            validate=False,  # the tree and both laws come from the validated processing above
-            depth=tree.depth,
-        )
-        return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
-
-    @staticmethod
-    def _commit(
-        tree: DraftTree,
-        verdict: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-        q_logits: torch.Tensor,
-        active: list[int],
-        committed: list[list[int]],
-        new_tokens: list[list[int]],
-        max_new: int,
-        eos_set: set[int],
-        stats: GenerationStats,
-        out: RoundOutputs,
-        context: RunContext | None,
-    ) -> list[bool]:
-        """Append each row's emitted tokens; return which rows finished (EOS, max_new_tokens or a stopping
-        criterion)."""
-        acc_nodes, n_acc, next_tok, acc_rank = verdict
-        has_kids = tree.has_children() if tree.size > 1 else [[False]] * tree.batch
-        tokens = tree.tokens.tolist()
-        nodes, counts, nxt, ranks = acc_nodes.tolist(), n_acc.tolist(), next_tok.tolist(), acc_rank.tolist()
-        finished = []
-        for i, r in enumerate(active):
-            m = counts[i]
-            path = nodes[i][:m]
-            emitted = [tokens[i][n] for n in path] + ([nxt[i]] if nxt[i] >= 0 else [])
-            ended_on_eos = nxt[i] < 0
-            cap = out.cap(max_new)
-            emitted = emitted[: cap - len(new_tokens[r])]
-            # the j-th emitted token was drawn at node [root, *path][j]: its logits go to the stopping criteria
-            cut = None
-            if r not in out.stop_at:
-                cut = out.cut(r, new_tokens[r], emitted, lambda j, i=i, at=[0, *path]: q_logits[i, at[j]])
-            if cut is not None and out.hold:
-                out.stop_at[r] = len(new_tokens[r]) + cut
-                cut = None
-            if cut is not None:
-                emitted = emitted[:cut]
-            new_tokens[r].extend(emitted)
-            committed[r].extend(emitted)
-            if context is not None:
-                context.commit(i, emitted)
-            out.put(emitted)
-            visited = [0, *path] if not ended_on_eos else [0, *path[:-1]]
-            steps = sum(1 for n in visited if has_kids[i][n])
-            stats.record_round(m, len(emitted), ranks[i][:m], steps)
-            done = cut is not None or len(new_tokens[r]) >= cap or any(t in eos_set for t in emitted)
-            finished.append(done)
-        if out.hold and out.limit is None and len(out.stop_at) == len(out.rows):
-            # every row has met a criterion: transformers stops them all after the last one's token
-            out.limit = max(out.stop_at.values())
-            for i, r in enumerate(active):
-                extra = len(new_tokens[r]) - out.limit
-                if extra >= 0:
-                    del new_tokens[r][out.limit :], committed[r][len(committed[r]) - extra :]
-                    finished[i] = True
-        return finished
-
 
 class SpecDecPPDecoder(SpeculativeDecoder):
     """``method="specdec_pp"``: SD with per-row adaptive draft length (SpecDec++, docs/methods.md).
@@ -618,14 +495,15 @@ def custom_generate(
     threshold: float | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
+    fast_path: str | bool = "auto",
     **model_kwargs: Any,
 ) -> Any:
     """transformers' ``custom_generate`` hook: change one line of an existing ``generate`` call,
     ``target.generate(**inputs, custom_generate=specdec.custom_generate, assistant_model=draft, ...)``, and it
     runs speculatively with the settings transformers resolved. The draft comes from ``assistant_model=`` (an HF
     model) or ``draft=`` (also a Drafter or ``"ngram"``); ``method`` and the method parameters, ``head``/
-    ``threshold``, ``seed``/``generator`` are passed like any generate argument. Returns what ``generate``
-    returns: the sequences, or (``return_dict_in_generate=True``) a :class:`GenerationOutput` with the
+    ``threshold``, ``seed``/``generator``, ``fast_path`` are passed like any generate argument. Returns what
+    ``generate`` returns: the sequences, or (``return_dict_in_generate=True``) a :class:`GenerationOutput` with the
     speculative statistics. A decoder built once (:class:`SpeculativeDecoder`) offers the same hook as
     ``decoder.custom_generate`` without rebuilding per call. transformers hands such a callable no tokenizer, so
     ``stop_strings`` go in as ``stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]``."""
@@ -644,6 +522,7 @@ def custom_generate(
         num_chains=num_chains,
         head=head,
         threshold=threshold,
+        fast_path=fast_path,
     )
     return decoder._generate_prepared(
         model,

@@ -7,9 +7,8 @@ Contents:
   token sets;
 * exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR) and SpecHub's hub pairs,
   and the sequence-level SWOR law used by the stochastic-beam-search oracle;
-* the node test chain of every verifier in NumPy (``node_chain``) and :class:`ChainVerifier`, a callable with the
-  interface of ``specdec_kernels.verify_node`` built from any chain function (the deliberately wrong variants of
-  ``testing.wrong`` use it too);
+* the node test chains of every verifier live in ``testing.chains`` (``node_chain``, :class:`ChainVerifier`,
+  ``oracle_verifier``), derived from the definitions by another route than the reference's;
 * the exact-enumeration harness (:func:`enumerate_node`, docs/exactness.md), which feeds every candidate tuple with
   positive drafting probability to a verifier in analytic mode and accumulates the output law, and a Monte Carlo harness
   (:func:`node_trials`) that drafts with the public sampling ops and verifies in sampling mode.
@@ -359,50 +358,7 @@ def seq_swor_pair_law(p1: np.ndarray, p2: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Node test chains and verifier callables
-
-
-def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> Chain:
-    """The uniform-independent test sequence of one node.
-
-    ``cand`` = the valid candidates in slot order. Returns ``tests`` = [(j, den, num)] in test order, where
-    candidate ``cand[j]`` is accepted iff ``U[j] * den < num``, and the normalized final residual.
-    """
-    tests: list[tuple[int, float, float]] = []
-    if method in ("sd", "rrs"):
-        r = q
-        for j, x in enumerate(cand):
-            tests.append((j, p[x], r[x]))
-            r = residual(r, p)
-        return tests, r
-    if method == "rrsw":
-        r, s = q, p
-        for j, x in enumerate(cand):
-            tests.append((j, s[x], r[x]))
-            r = residual(r, s)
-            rest = _without(s, x)
-            s = normalize(rest) if rest.sum() > 0 else rest
-        return tests, r
-    if method == "kseq":
-        g, beta = kseq_gamma(p, q, len(cand))
-        if beta <= 0.0:  # disjoint supports: skip acceptance, sample q
-            return [(j, 1.0, 0.0) for j in range(len(cand))], q
-        tests = [(j, g * p[x], q[x]) for j, x in enumerate(cand)]
-        c = (1.0 - (1.0 - beta) ** len(cand)) / beta
-        num = np.maximum(q - c * np.minimum(p, q / g), 0.0)
-        return tests, (q if num.sum() <= ZERO_MASS_TOL else num / num.sum())
-    if method == "spechub":
-        if len(cand) == 1:
-            return [(0, p[cand[0]], q[cand[0]])], residual(q, p)
-        hp = spechub_parts(p, q, hub)
-        a = hp.hub
-        # a hub test with no leftover mass is never reached; its numerator is 0 (the ops' convention)
-        if cand[0] == a:  # pair (a, i): the non-hub token in slot 1 is tested first
-            i = cand[1]
-            return [(1, hp.qai[i], q[i] - hp.a1[i]), (0, hp.s_ai, q[a] if hp.s_ai > 0 else 0.0)], hp.final
-        i = cand[0]
-        return [(0, p[i], q[i]), (1, hp.s_ia, q[a] - hp.a3 if hp.s_ia > 0 else 0.0)], hp.final
-    raise ValueError(f"unknown method {method!r}")
+# Verifier callables (the node test chains: testing/chains.py)
 
 
 def test_order(method: str, cand: Sequence[int], hub: int | None) -> list[int]:
@@ -419,91 +375,6 @@ def _gumbel(u: np.ndarray) -> np.ndarray:
 def _log(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return np.log(x)
-
-
-class ChainVerifier:
-    """A node verifier with the interface of ``specdec_kernels.verify_node``, driven by a NumPy chain function.
-
-    ``chain_fn(method, cand, p, q, hub) -> (tests, final)`` as :func:`node_chain`. ``methods`` restricts the
-    methods it accepts (a deliberately wrong variant is only defined for one). Rows sharing the same candidates,
-    p, q and hub share one chain, so large Monte Carlo batches cost one chain per distinct tuple. ``backend`` is
-    accepted for interface compatibility and ignored.
-    """
-
-    def __init__(self, chain_fn: ChainFn, name: str, methods: Sequence[str] | None = None) -> None:
-        self.chain_fn = chain_fn
-        self.name = name
-        self.methods = tuple(methods) if methods is not None else None
-
-    def __repr__(self) -> str:
-        return f"ChainVerifier({self.name})"
-
-    def __call__(
-        self,
-        method: str,
-        cand: torch.Tensor,
-        cand_valid: torch.Tensor,
-        p: torch.Tensor,
-        q: torch.Tensor,
-        *,
-        hub: torch.Tensor | None = None,
-        accept_u: torch.Tensor | None = None,
-        final_noise: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
-        seed: int | None = None,
-        analytic: bool = False,
-        backend: str | None = None,
-    ) -> NodeVerdict:
-        if self.methods is not None and method not in self.methods:
-            raise ValueError(f"{self.name} is defined for methods {self.methods}, got {method!r}")
-        batch, k = cand.shape
-        vocab = p.shape[-1]
-        if generator is None and seed is not None:
-            generator = torch.Generator().manual_seed(seed)
-        # One generator for both draws keeps acceptance uniforms independent of the final noise (docs/kernels.md).
-        if accept_u is None:
-            accept_u = torch.rand((batch, k), dtype=torch.float64, generator=generator)
-        if final_noise is None:
-            final_noise = torch.rand((batch, vocab), dtype=torch.float64, generator=generator).clamp_min(2.0**-60)
-        c = cand.cpu().numpy()
-        cv = cand_valid.cpu().numpy()
-        pn, qn = as_law(p), as_law(q)
-        un, gn = as_law(accept_u), _gumbel(as_law(final_noise))
-        hn = None if hub is None else hub.cpu().numpy()
-        slot = np.full(batch, -1, dtype=np.int64)
-        token = np.zeros(batch, dtype=np.int64)
-        acc_prob = np.zeros((batch, k))
-        final = np.zeros((batch, vocab))
-        groups: dict[tuple, list[int]] = {}
-        for b in range(batch):
-            h = None if hn is None else int(hn[b])
-            key = (c[b][cv[b]].tobytes(), cv[b].tobytes(), pn[b].tobytes(), qn[b].tobytes(), h)
-            groups.setdefault(key, []).append(b)
-        for rows_list in groups.values():
-            rows = np.array(rows_list)
-            b0 = rows[0]
-            slots = np.flatnonzero(cv[b0])
-            toks = [int(x) for x in c[b0][slots]]
-            h = None if hn is None else int(hn[b0])
-            tests, fin = self.chain_fn(method, toks, pn[b0], qn[b0], h)
-            chosen = np.full(len(rows), -1, dtype=np.int64)
-            for j, den, num in tests:
-                s = slots[j]
-                acc_prob[rows, s] = min(1.0, num / den) if den > 0 else float(num > 0)
-                hit = (chosen < 0) & (un[rows, s] * den < num)
-                chosen[hit] = s
-            slot[rows] = chosen
-            fin_tok = np.argmax(_log(fin)[None, :] + gn[rows], axis=1)
-            token[rows] = np.where(chosen >= 0, c[rows, np.maximum(chosen, 0)], fin_tok)
-            final[rows] = fin
-        out_slot = torch.from_numpy(slot)
-        out_tok = torch.from_numpy(token)
-        if not analytic:
-            return NodeVerdict(out_slot, out_tok, None, None)
-        return NodeVerdict(out_slot, out_tok, torch.from_numpy(acc_prob), torch.from_numpy(final))
-
-
-oracle_verifier = ChainVerifier(node_chain, "oracle")
 
 
 # ---------------------------------------------------------------------------------------------------------------

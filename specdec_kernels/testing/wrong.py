@@ -1,6 +1,6 @@
 """Deliberately wrong variants (negative controls, docs/exactness.md).
 
-Each node-level control is a :class:`~specdec_kernels.testing.oracles.ChainVerifier`: a callable with the interface
+Each node-level control is a :class:`~specdec_kernels.testing.chains.ChainVerifier`: a callable with the interface
 of ``specdec_kernels.verify_node`` (analytic and sampling mode), so it can be pushed through exactly the same
 exact-enumeration and Monte Carlo checks as the real op. The tests must show that every control FAILS them.
 ``sbs_step_untruncated`` has the interface of ``specdec_kernels.sbs_step``. ``TREE_CONTROLS`` are chains for the
@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ..ops import SBSStep
-from .oracles import Chain, ChainVerifier, normalize, residual
+from .chains import ChainVerifier
+from .oracles import Chain, normalize, residual
 
 
 def _rrs_skip_duplicates(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:

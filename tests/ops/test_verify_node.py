@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_kernels import BackendUnavailableError, available_backends, kseq_gamma, process_logits, verify_node
+from specdec_kernels.testing import chains as C
 from specdec_kernels.testing import oracles as O
 from specdec_kernels.testing import wrong as W
 from specdec_kernels.testing.stats import LawCheck, law_check, rate_tolerance
@@ -86,7 +87,7 @@ def _check_against_oracle(backend, method, k, batch, vocab, dtype):
     final_noise = torch.rand((batch, vocab), dtype=F64, generator=gen).clamp_min(2.0**-60)
     noise = dict(hub=hub, accept_u=accept_u, final_noise=final_noise, analytic=True)
     out = verify_node(method, cand, valid, p, q, backend=backend, **noise)
-    ref = O.oracle_verifier(method, cand, valid, p.double(), q.double(), **noise)
+    ref = C.oracle_verifier(method, cand, valid, p.double(), q.double(), **noise)
     assert torch.equal(out.slot, ref.slot)
     assert torch.equal(out.token, ref.token)
     # fp64 inputs are computed in fp64 by the torch and cpu backends; kernels on GPUs do fp32 math.
@@ -226,7 +227,7 @@ def test_oracle_verifier_agrees_with_op_on_enumeration():
     for p, q in instances(seed=3, count=6, max_v=5):
         for method, k in [("rrs", 3), ("rrsw", 3), ("kseq", 3), ("spechub", 2)]:
             a = O.enumerate_node(method, p, q, k)
-            b = O.enumerate_node(method, p, q, k, verifier=O.oracle_verifier)
+            b = O.enumerate_node(method, p, q, k, verifier=C.oracle_verifier)
             np.testing.assert_allclose(a.law, b.law, atol=1e-12, rtol=0)
             np.testing.assert_allclose(a.slot_rates, b.slot_rates, atol=1e-10, rtol=0)
 
@@ -419,7 +420,7 @@ def test_seeded_calls_are_unbiased():
     cand, valid = torch.tensor([[1]]), torch.tensor([[True]])
     n = 3000
     tokens = [int(verify_node("sd", cand, valid, p, q, seed=s).token) for s in range(n)]
-    tests, final = O.node_chain("sd", [1], p[0].numpy(), q[0].numpy())
+    tests, final = C.node_chain("sd", [1], p[0].numpy(), q[0].numpy())
     _, den, num = tests[0]
     law = (1 - num / den) * final
     law[1] += num / den
