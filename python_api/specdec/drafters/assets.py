@@ -12,9 +12,16 @@ from typing import Any
 
 import torch
 
-from ..errors import DraftMismatchError
 from .cascade import CascadeDrafter
-from .networks.draft import DraftConfig, build_draft, check_compatible, check_fingerprint, target_embedding
+from .networks.draft import (
+    DraftConfig,
+    build_draft,
+    check_compatible,
+    check_fingerprint,
+    check_target_vocab,
+    load_trained,
+    target_embedding,
+)
 from .networks.feature_draft import load_feature_draft
 from .ngram import load_bigram
 from .store import resolve_asset
@@ -30,7 +37,7 @@ def load_draft(
     name_or_path: str | Path = DEFAULT_DRAFT, target: Any = None, *, dtype: torch.dtype = torch.bfloat16
 ) -> Any:
     """Load a shipped (or saved) draft as an HF ``LlamaForCausalLM`` in eval mode (a feature draft such as
-    ``smollm2-eagle`` loads as :class:`~specdec.train.feature_draft.FeatureDraft`).
+    ``smollm2-eagle`` loads as :class:`~specdec.drafters.networks.FeatureDraft`).
 
     ``target``: the target model whose input embedding the draft reuses (shared, not copied, when dtypes match);
     default: SmolLM2-135M-Instruct via :func:`specdec.smollm2.load_smollm2`. Raises ValueError when the target's
@@ -49,19 +56,11 @@ def load_draft(
         from ..smollm2 import load_smollm2
 
         target, _ = load_smollm2(dtype)
-    vocab = int(meta["vocab_size"])
-    if int(target.config.vocab_size) != vocab:
-        raise DraftMismatchError(
-            f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
-            "a draft must share the target's tokenizer and vocabulary"
-        )
+    check_target_vocab(int(meta["vocab_size"]), target, path.name)
     table = target_embedding(target)
     check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
     draft = build_draft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
-    missing, unexpected = draft.load_state_dict(tensors, strict=False)
-    missing = [k for k in missing if not k.endswith("embed_tokens.table")]
-    if missing or unexpected:
-        raise ValueError(f"{path.name}: weights do not match the draft config (missing {missing}, extra {unexpected})")
+    load_trained(draft, tensors, "embed_tokens.table", path.name)
     draft = draft.to(dtype).eval()
     check_compatible(draft, target)
     return draft

@@ -1,7 +1,6 @@
-"""Shipped drafts: small bf16 safetensors under ``specdec/assets`` (plus a JSON manifest), loadable by name.
-
-A draft file holds only what was trained (projection, layers, norm, reduced head, head_ids) and a fingerprint of
-the target embedding it was trained against; the embedding table itself is taken from the target at load time.
+"""Shipping drafts: a trained draft saved as one bf16 safetensors file (its trained weights, head ids and the target
+fingerprint), copied with its JSON manifest into ``specdec/assets``, and the command that retrains it. Loading by name
+is :mod:`specdec.drafters.assets`'s; its names are importable from here too.
 """
 
 from __future__ import annotations

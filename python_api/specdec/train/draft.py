@@ -1,13 +1,6 @@
-"""The distilled draft: a narrow Llama that reuses the target's frozen embedding and has a reduced-vocabulary head.
-
-* Input: ``embed_proj(E_target[token])`` — the target's (frozen, shared) input embedding followed by a learned
-  Linear(E, H). Only the projection is shipped; the table comes from the target at load time (it is always there).
-* Body: ``num_layers`` standard HF Llama decoder layers of width H (a real ``LlamaForCausalLM``, so the driver's
-  HF adapter, KV cache, tree masks and position ids all work unchanged).
-* Output: :class:`ReducedHead` scores only ``head_ids`` (the tokens that carry most of the target's mass) and
-  returns full-vocabulary logits with ``-inf`` elsewhere, so p = softmax(logits) is a proper distribution over the
-  full vocabulary with exact zeros outside the head. Speculative decoding stays exact for any p (a drafted token
-  always has p > 0; tokens with p = 0 are simply never proposed).
+"""Training helpers of the distilled draft (the network itself: :mod:`specdec.drafters.networks.draft`): building it
+from a ``distill`` checkpoint, initialising it from the target, choosing its head's tokens, the weights that are
+trained. The network's names are importable from here too.
 """
 
 from __future__ import annotations

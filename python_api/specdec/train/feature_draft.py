@@ -1,19 +1,6 @@
-"""The feature draft (EAGLE-style): a one-layer Llama that reads the target's final hidden states.
-
-Input at draft position i: the pair (f_i, x_{i+1}) — the target's final hidden state after token i (what its
-lm_head reads) and the embedding of the next token — mixed by a trained ``Linear(2E, H)``
-(:class:`PairEmbedding`). The output h_i at position i is trained two ways: as the next target feature
-f_{i+1} (smooth-L1 regression) and, through a reduced-vocabulary head initialised from the target's output
-embedding, as the target's law of token x_{i+2}. When drafting deeper than one token the draft feeds its own h
-back in place of the target feature it does not have yet (one level at a time; :class:`specdec.FeatureDrafter`).
-
-Exactness does not depend on any of this: the draft law p is whatever the model outputs, a deterministic
-function of the committed prefix (the target's hidden states are themselves such a function), and every verifier
-is exact for any p.
-
-The class looks like an HF causal LM to :class:`specdec.models.HFCausalLM` (``config``, ``get_decoder``,
-``get_output_embeddings``), so KV caches, tree masks and KV filtering are the driver's usual ones; the decoder
-module takes an extra ``features`` argument.
+"""Training helpers of the feature draft (the network itself: :mod:`specdec.drafters.networks.feature_draft`):
+initialising it from the target, the weights that are trained, saving it. The network's names are importable from
+here too.
 """
 
 from __future__ import annotations

@@ -192,3 +192,21 @@ def check_compatible(draft: Any, target: Any, draft_tokenizer: Any = None, targe
                 "draft and target tokenizers differ (different token -> id maps); speculative decoding needs the "
                 "same tokenizer for both models"
             )
+
+
+def check_target_vocab(vocab: int, target: Any, name: str) -> None:
+    """Refuse a target whose vocabulary is not the ``vocab`` the draft file ``name`` was trained for."""
+    if int(target.config.vocab_size) != vocab:
+        raise DraftMismatchError(
+            f"{name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
+            "a draft must share the target's tokenizer and vocabulary"
+        )
+
+
+def load_trained(draft: Any, tensors: dict[str, torch.Tensor], shared: str, name: str) -> None:
+    """Load a draft file's trained weights into ``draft``; the tensor ending in ``shared`` is the target's (never
+    shipped). Raises ValueError naming the file when the weights do not fit the draft's configuration."""
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.endswith(shared)]
+    if missing or unexpected:
+        raise ValueError(f"{name}: weights do not match the draft config (missing {missing}, extra {unexpected})")

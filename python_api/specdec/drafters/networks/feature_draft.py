@@ -28,7 +28,6 @@ from torch import nn
 
 from specdec_kernels import decode_attention, rms_norm
 
-from ...errors import DraftMismatchError
 from ...models import (
     CACHE_KEYWORDS,
     cache_argument,
@@ -42,7 +41,7 @@ from ...models import (
     tensor_version,
 )
 from ..store import resolve_asset
-from .draft import ReducedHead, check_fingerprint, target_embedding
+from .draft import ReducedHead, check_fingerprint, check_target_vocab, load_trained, target_embedding
 
 FEATURE_DRAFT = "smollm2-eagle"
 
@@ -264,7 +263,7 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     if "feature_draft_config" not in meta:
-        raise ValueError(f"{path.name} is not a feature draft (use specdec.train.load_draft for plain drafts)")
+        raise ValueError(f"{path.name} is not a feature draft (use specdec.drafters.load_draft for plain drafts)")
     raw = json.loads(meta["feature_draft_config"])
     cfg = FeatureDraftConfig(**{**raw, "extra_layers": tuple(raw.get("extra_layers", ()))})
     if target is None:
@@ -272,17 +271,9 @@ def load_feature_draft(name_or_path: str | Path = FEATURE_DRAFT, target: Any = N
 
         target, _ = load_smollm2(dtype or torch.bfloat16)
     dtype = dtype or next(target.parameters()).dtype
-    vocab = int(meta["vocab_size"])
-    if int(target.config.vocab_size) != vocab:
-        raise DraftMismatchError(
-            f"{path.name}: draft trained for vocab_size={vocab}, target has vocab_size={target.config.vocab_size}; "
-            "a draft must share the target's tokenizer and vocabulary"
-        )
+    check_target_vocab(int(meta["vocab_size"]), target, path.name)
     table = target_embedding(target)
     check_fingerprint(tensors.pop("target_fingerprint"), table, path.name)
     draft = FeatureDraft(cfg, target.config, table.to(dtype), tensors["lm_head.head_ids"])
-    missing, unexpected = draft.load_state_dict(tensors, strict=False)
-    missing = [k for k in missing if not k.endswith("pair.table")]
-    if missing or unexpected:
-        raise ValueError(f"{path.name}: weights do not match the draft config (missing {missing}, extra {unexpected})")
+    load_trained(draft, tensors, "pair.table", path.name)
     return draft.to(dtype).eval()
