@@ -134,3 +134,38 @@ def magpie_prefix(tokenizer: Any) -> list[int]:
 
 def set_threads(n: int | None = None) -> None:
     torch.set_num_threads(n or int(os.environ.get("SPECDEC_TRAIN_THREADS", "2")))
+
+
+def training_record(
+    cfg: Any,
+    state: dict[str, torch.Tensor],
+    head_ids: torch.Tensor,
+    history: list[dict[str, float]],
+    out_dir: Path,
+    *,
+    step: int,
+    sequences: tuple[int, int],
+    positions: int,
+    t0: float,
+) -> dict[str, Any]:
+    """Save a finished distillation (``<out_dir>/final.pt``: configuration, trained ``state``, head ids, history)
+    and return its manifest record: configuration, steps, data sizes (``sequences`` = train, validation), hashes of
+    the head ids and weights, first and last loss, the last validation metrics and the time of this run."""
+    from dataclasses import asdict
+
+    save_atomic({"config": asdict(cfg), "state": state, "head_ids": head_ids, "history": history}, out_dir / "final.pt")
+    vals = [h for h in history if "val_ce" in h]
+    losses = [h["loss"] for h in history if "loss" in h]
+    return {
+        "config": asdict(cfg),
+        "steps": step,
+        "train_sequences": sequences[0],
+        "val_sequences": sequences[1],
+        "train_positions": positions,
+        "head_ids_sha256": tensors_sha256([head_ids]),
+        "weights_sha256": tensors_sha256(state.values()),
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "metrics": vals[-1] if vals else {},
+        "seconds_this_run": round(time.time() - t0, 1),
+    }

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
+from .common import save_atomic, sub_seed, training_record, update_manifest
 from .data import load_records
 from .draft import DraftConfig, build_draft, init_from_target, select_head_ids, trainable_state
 
@@ -279,21 +279,10 @@ def run_distill(
         log_every=10,
         progress=progress,
     )
-    final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
-    save_atomic(final, out_dir / "final.pt")
-    vals = [h for h in history if "val_ce" in h]
-    info = {
-        "config": asdict(cfg),
-        "steps": step,
-        "train_sequences": len(train),
-        "val_sequences": len(val),
-        "train_positions": int(sum(r["topk_ids"].shape[0] for r in train)),
-        "head_ids_sha256": tensors_sha256([head_ids]),
-        "weights_sha256": tensors_sha256(trainable_state(draft).values()),
-        "first_loss": history[0]["loss"] if history else None,
-        "last_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
-        "metrics": vals[-1] if vals else {},
-        "seconds_this_run": round(time.time() - t0, 1),
-    }
+    positions = int(sum(r["topk_ids"].shape[0] for r in train))
+    info = training_record(
+        cfg, trainable_state(draft), head_ids, history, out_dir,
+        step=step, sequences=(len(train), len(val)), positions=positions, t0=t0,
+    )  # fmt: skip
     update_manifest(workdir, "distill", info)
     return info

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .common import save_atomic, sub_seed, tensors_sha256, update_manifest
+from .common import sub_seed, training_record, update_manifest
 from .distill import (
     _split,
     batch_indices,
@@ -246,22 +246,10 @@ def run_feature_distill(
         log_every=20,
         progress=progress,
     )
-    final = {"config": asdict(cfg), "state": trainable_state(draft), "head_ids": head_ids, "history": history}
-    save_atomic(final, out_dir / "final.pt")
-    vals = [h for h in history if "val_ce" in h]
-    info = {
-        "config": asdict(cfg),
-        "steps": step,
-        "train_sequences": len(train),
-        "val_sequences": len(val),
-        "train_positions": int(sum(len(r["tokens"]) for r in train)),
-        "head_ids_sha256": tensors_sha256([head_ids]),
-        "weights_sha256": tensors_sha256(trainable_state(draft).values()),
-        "first_loss": next((h["loss"] for h in history if "loss" in h), None),
-        "last_loss": next((h["loss"] for h in reversed(history) if "loss" in h), None),
-        "metrics": vals[-1] if vals else {},
-        "seconds_this_run": round(time.time() - t0, 1),
-    }
+    info = training_record(
+        cfg, trainable_state(draft), head_ids, history, out_dir,
+        step=step, sequences=(len(train), len(val)), positions=int(sum(len(r["tokens"]) for r in train)), t0=t0,
+    )  # fmt: skip
     update_manifest(out_dir, "distill", info)
     return info
 
