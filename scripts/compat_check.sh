@@ -40,5 +40,5 @@ PYTHON=$py bash scripts/gpu_check.sh "$work/out" --dry-run env test opcheck sani
 "$py" -m pytest -q -p no:cacheprovider -m "not slow" tests/python_api/test_hf_generate.py \
   tests/python_api/test_process_state.py tests/python_api/test_errors.py tests/python_api/test_cli.py \
   tests/python_api/test_greedy.py tests/python_api/test_model_families.py tests/python_api/test_models.py \
-  tests/python_api/test_feature_draft.py
+  tests/python_api/test_feature_draft.py tests/python_api/test_fastpath.py tests/python_api/test_private_api.py
 echo "compat: done in $(( $(date +%s) - start ))s"

@@ -27,6 +27,16 @@ from .fastpath.routing import Routing, model_structure
 from .fastpath.stack import StackPlan, stack_plan
 from .kv import KVState, cache_argument, crop_cache, new_cache
 
+#: torch's dropout modules (the public classes: their common base is private)
+_DROPOUTS = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
+
 
 class HFCausalLM:
     """Adapter around a HuggingFace causal LM for tree decoding.
@@ -118,7 +128,7 @@ class HFCausalLM:
         model = self.model
         if model.training:
             p = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
-            drop = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+            drop = [m for m in model.modules() if isinstance(m, _DROPOUTS) and m.p > 0]
             if p > 0 or any(m.training for m in drop):
                 raise ValueError(
                     f"{self.name} is in training mode with dropout (attention_dropout={p:g}, {len(drop)} dropout "
