@@ -258,7 +258,11 @@ def test_moved_names_keep_working_with_a_deprecation_warning() -> None:
         assert make_method is specdec.make_method is specdec.methods.make_method
         assert SamplingConfig is specdec.SamplingConfig is specdec.sampling.SamplingConfig
         assert MethodConfig is specdec.MethodConfig and RunContext is specdec.sampling.RunContext
-        for old, new in (("drafting", "specdec.drafters"), ("cascade", "specdec.drafters.cascade")):
+        for old, new in (
+            ("drafting", "specdec.drafters"),
+            ("cascade", "specdec.drafters.cascade"),
+            ("train.store", "specdec.drafters.store"),
+        ):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 __import__("specdec." + old)
