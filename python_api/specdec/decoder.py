@@ -50,7 +50,7 @@ from .methods.builders.base import seed_block
 from .methods.builders.cascade import check_cascade
 from .metrics import GenerationStats
 from .models import HFCausalLM, KVState
-from .rounds import commit_round, verify_round
+from .rounds import Verdict, commit_round, verify_round, verify_sampled
 from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
@@ -345,7 +345,7 @@ class SpeculativeDecoder:
                 stats.target_calls += 1
             root_slot = state.length - tree.size
             with stats.timer("verify"):
-                verdict = verify_round(self.config, self._laws, tree, q_logits, sampling, eos, generator)
+                verdict = verify_round(self.config, tree, q_logits, sampling, eos, generator, self._verify_tree)
                 if builder is not None:
                     builder.observe(verdict[3], verdict[1], tree)
             with stats.timer("other"):
@@ -370,6 +370,18 @@ class SpeculativeDecoder:
         stats.new_tokens = sum(len(t) for t in new_tokens)
         stats.wall_time = time.perf_counter() - t_start
         return new_tokens, stats
+
+    def _verify_tree(
+        self,
+        tree: DraftTree,
+        q_logits: torch.Tensor,
+        q_probs: torch.Tensor,
+        eos: list[int],
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        """Sampling mode: the tree walk against the target's law ``q_probs`` [B, N, V] (a subclass may read the
+        round's laws first, as specdec.train's labelling decoder does)."""
+        return verify_sampled(self.config, self._laws, tree, q_logits, q_probs, eos, generator)
 
     def _start_run(self, prompts: list[list[int]]) -> GenerationStats:
         """Start the drafter and the builder on a new call; the call's empty statistics."""

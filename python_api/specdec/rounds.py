@@ -3,6 +3,8 @@ then each row's emitted tokens appended, streamed and checked against the stoppi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import specdec_kernels as sk
@@ -14,25 +16,30 @@ from .metrics import GenerationStats
 from .sampling import RunContext, SamplingConfig
 from .tree import DraftTree, LawBuffer
 
+#: accepted nodes [B, L], their count [B], the next token [B], the accepted ranks [B, L]
+Verdict = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
 
 def verify_round(
     config: MethodConfig,
-    laws: LawBuffer,
     tree: DraftTree,
     q_logits: torch.Tensor,
     sampling: SamplingConfig,
     eos: list[int],
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    sampled: Callable[..., Verdict],
+) -> Verdict:
     """The round's verdict: the target's laws with the shared processing, then the tree walk of the method's
-    verifier (``laws``: the buffer the draft laws are gathered into). Shape: q_logits [B, N, V]; returns accepted
-    nodes [B, L], their count [B], the next token [B] (-1 after EOS) and the accepted ranks [B, L]."""
+    verifier; in sampling mode the walk is ``sampled(tree, q_logits, q_probs, eos, generator)`` (the decoder's
+    ``_verify_tree``, :func:`verify_sampled` unless a subclass reads the laws first). Shape: q_logits [B, N, V];
+    returns accepted nodes [B, L], their count [B], the next token [B] (-1 after EOS) and the accepted ranks
+    [B, L]."""
     batch = tree.batch
     # padding nodes already hold zero logits (HFCausalLM computes rows of valid nodes only)
     q_logits = sampling.adjust(q_logits, tree, 0, tree.size)
     if tree.size > 1 and not sampling.greedy:  # the verifier reads the target's law: get it in one call
         q_probs = sampling.process(q_logits, "target", log=False)
-        return _verify_sampled(config, laws, tree, q_logits, q_probs, eos, generator)
+        return sampled(tree, q_logits, q_probs, eos, generator)
     q_logp = sampling.process(q_logits, "target")
     if tree.size == 1:  # nothing drafted: a plain autoregressive step
         if sampling.greedy:
@@ -58,7 +65,7 @@ def verify_round(
     return out.accepted_nodes, out.n_accepted, out.next_token, out.accepted_rank
 
 
-def _verify_sampled(
+def verify_sampled(
     config: MethodConfig,
     laws: LawBuffer,
     tree: DraftTree,

@@ -43,6 +43,7 @@ import numpy as np
 import pytest
 import specdec
 import specdec.decoder
+import specdec.rounds
 import torch
 from specdec.autotree import CostCurve
 from specdec.drafters.cascade import CascadeDrafter
@@ -186,7 +187,7 @@ def run_law(
 
 def route_to_torch(monkeypatch, control: str | None = None) -> None:
     """The decoder's verify_tree runs on the torch backend, with ``control``'s node chain when given."""
-    monkeypatch.setattr(specdec.decoder.sk, "verify_tree", functools.partial(sk.verify_tree, backend="torch"))
+    monkeypatch.setattr(specdec.rounds.sk, "verify_tree", functools.partial(sk.verify_tree, backend="torch"))
     if control is not None:
         monkeypatch.setattr(reference_verify, "node_chain", wrong.torch_node_chain(wrong.TREE_CONTROLS[control]))
 
