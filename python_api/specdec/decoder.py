@@ -328,6 +328,7 @@ class SpeculativeDecoder:
         stats = self._start_run(prompts)
         t_start = time.perf_counter()
         calls_before = drafter.calls if drafter is not None else 0
+        eos_set = set(eos)
         committed = [list(p) for p in prompts]
         new_tokens: list[list[int]] = [[] for _ in prompts]
         active = list(range(len(prompts)))  # original row id of every row still in the batch
@@ -351,7 +352,7 @@ class SpeculativeDecoder:
             with stats.timer("other"):
                 acc_nodes, n_acc, _, _ = verdict
                 finished = commit_round(
-                    tree, verdict, q_logits, active, committed, new_tokens, max_new, set(eos), stats, out,
+                    tree, verdict, q_logits, active, committed, new_tokens, max_new, eos_set, stats, out,
                     sampling.context,
                 )  # fmt: skip
                 # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when

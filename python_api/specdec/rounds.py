@@ -73,7 +73,7 @@ def verify_sampled(
     q_probs: torch.Tensor,
     eos: list[int],
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> Verdict:
     """Sampling mode: the tree walk against the target's law ``q_probs`` [B, N, V]."""
     verifier = config.verifier
     assert verifier is not None
@@ -95,7 +95,7 @@ def verify_sampled(
 
 def commit_round(
     tree: DraftTree,
-    verdict: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    verdict: Verdict,
     q_logits: torch.Tensor,
     active: list[int],
     committed: list[list[int]],

@@ -388,6 +388,7 @@ def verify_tree(
         max_children = int(counts.max()) if counts.numel() else 0
         root_children = int(counts[:, 0].max()) if counts.numel() else 0
     else:  # the driver's trees are small: count children on host lists instead of a dozen tiny torch ops
+        par = None
         counts_l = child_counts(parent, valid)
         max_children = max((c for row in counts_l for c in row), default=0)
         root_children = max((row[0] for row in counts_l if row), default=0)
@@ -408,7 +409,7 @@ def verify_tree(
     u = plan.noise("accept_u", accept_u, u_shape, q_rows.device, open_low=False)
     fin = plan.noise("final_noise", final_noise, (batch, vocab), q_rows.device, open_low=True)
     eos = eos_tensor(eos_token_id, vocab)
-    max_depth = _max_depth(depth, parent, valid, validate)
+    max_depth = _max_depth(depth, parent, valid, par)
     impl = resolve("verify_tree", backend, q_rows.device)
     return TreeVerdict(
         *impl(tokens, parent, valid, p_rows, q_rows, method, hub, u, fin, bool(greedy), eos, max_depth, plan.seed)
@@ -445,20 +446,18 @@ def _check_accept_u(accept_u: torch.Tensor, batch: int, n: int, kmax: int) -> No
         )
 
 
-def _max_depth(depth: torch.Tensor | None, parent: torch.Tensor, valid: torch.Tensor, validate: bool) -> int:
-    """The deepest valid node's depth: from ``depth`` where the caller has it (checked against ``parent`` when
-    ``validate``), else from the parents."""
+def _max_depth(depth: torch.Tensor | None, parent: torch.Tensor, valid: torch.Tensor, par: torch.Tensor | None) -> int:
+    """The deepest valid node's depth: from ``depth`` where the caller has it, else from the parents. ``par``: the
+    parent index of a validated call (``depth`` is then checked against it), None for an unvalidated one."""
     if depth is None:
-        depth = depth_from_parents(_parent_index(parent, valid))
+        depth = depth_from_parents(_parent_index(parent, valid) if par is None else par)
     else:
         check_tensor("depth", depth, ndim=2)
         check_int("depth", depth)
         check_shape("depth", depth, parent.shape)
-        if validate:
-            want = depth_from_parents(_parent_index(parent, valid))
-            if not torch.equal(depth[valid], want[valid]):
-                raise ValueError("depth must be the depth of each valid node in the tree given by parent")
-    if validate:
+        if par is not None and not torch.equal(depth[valid], depth_from_parents(par)[valid]):
+            raise ValueError("depth must be the depth of each valid node in the tree given by parent")
+    if par is not None:
         return int(depth.masked_fill(~valid, 0).max())
     # the driver's trees are small: host lists instead of a masked reduction
     rows = zip(depth.tolist(), valid.tolist(), strict=True)

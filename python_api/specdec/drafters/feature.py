@@ -12,10 +12,10 @@ from .model import HiddenStateDrafter
 
 
 class FeatureDrafter(HiddenStateDrafter):
-    """EAGLE-style drafter (``specdec.train.FeatureDraft``): draft position i reads the pair (target hidden state
-    after token i, token i + 1), so the first draft level sees the target's own features of the whole committed
-    prefix; deeper levels feed the draft's output for the parent node in place of the feature the target has not
-    computed yet. ``last_hidden`` of a level is that output, which an acceptance head reads.
+    """EAGLE-style drafter (:class:`~specdec.drafters.networks.FeatureDraft`): draft position i reads the pair
+    (target hidden state after token i, token i + 1), so the first draft level sees the target's own features of
+    the whole committed prefix; deeper levels feed the draft's output for the parent node in place of the feature
+    the target has not computed yet. ``last_hidden`` of a level is that output, which an acceptance head reads.
 
     Each round the draft appends the pairs of the newly committed tokens (true target features, from
     ``observe_target``) and drafts the tree in slots after them; ``accept`` drops every tree slot, because the

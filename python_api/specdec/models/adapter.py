@@ -79,14 +79,14 @@ class HFCausalLM:
         # a stock Llama/Mistral stack whose every layer runs fused: its forward is run part by part (_lean_base)
         layers = getattr(self.base, "layers", None)
         self._lean = (
-            fast_path == "auto"
+            self.routing.enabled
             and type(self.base) in lean_base_classes()
             and layers is not None
             and len(layers) == int(getattr(config, "num_hidden_layers", -1))
             and {id(m) for m in layers} == {id(m) for m in self.routing.layers}
         )
-        # a feature draft's base (specdec.train.FeatureDecoder) can run a forward without its module call
-        self._lean_features = fast_path == "auto" and callable(getattr(self.base, "lean_call", None))
+        # a feature draft's base (drafters.networks.feature_draft.FeatureDecoder) runs a forward without its module call
+        self._lean_features = self.routing.enabled and callable(getattr(self.base, "lean_call", None))
         self.head = head
         self._head_routed = any(m is head for m in self.routing.linears)
         self.vocab_size = int(head.weight.shape[0])
@@ -99,7 +99,7 @@ class HFCausalLM:
         # Feature drafts read [final hidden ; inputs of these layers] (set by the decoder): ``last_features``.
         self.feature_layers: tuple[int, ...] = ()
         self.last_features: torch.Tensor | None = None
-        # A head that can score a sorted subset of the vocabulary only (specdec.train.ReducedHead: exact zeros
+        # A head that can score a sorted subset of the vocabulary only (drafters.networks.ReducedHead: exact zeros
         # elsewhere) lets a drafter ask for [.., S] logits over ``support`` instead of full rows that are mostly
         # -inf, so processing and sampling read S values instead of V.
         # Columns are put in token-id order (lowest id first is the greedy tie rule).
@@ -178,7 +178,7 @@ class HFCausalLM:
     ) -> torch.Tensor | None:
         """One forward appending ``tokens`` [B, n] to the cache; logits [B, n, V] at ``want`` rows (else 0).
 
-        ``features`` [B, n, E]: the extra input of a feature draft (specdec.train.FeatureDraft), else None.
+        ``features`` [B, n, E]: the extra input of a feature draft (specdec.drafters.networks.FeatureDraft), else None.
         ``reduced``: logits over ``support`` only, [B, n, S] (see :meth:`project`).
         Logits keep the head's dtype: process_logits widens bf16/fp16 exactly, so a separate fp32 copy would only
         cost a pass over the vocabulary."""

@@ -53,7 +53,7 @@ def int8_weights(model: torch.nn.Module) -> torch.nn.Module:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.bias is None:
                 name = "weight"
-            elif getattr(module, "reduced_output", False):  # a reduced head (specdec.train.ReducedHead)
+            elif getattr(module, "reduced_output", False):  # a reduced head (specdec.drafters.networks.ReducedHead)
                 name = "reduced_weight"
             else:
                 continue
