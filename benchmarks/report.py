@@ -62,6 +62,7 @@ from render.end_to_end import (  # noqa: F401
     block_end_to_end_headline,
     plot_end_to_end,
 )
+from render.engines import block_llama_cpp  # noqa: F401
 from render.gpu import _gpu_provenance, block_gpu_model, block_gpu_ops  # noqa: F401
 from render.kernels import (  # noqa: F401
     HEADLINE_OPS,
@@ -76,6 +77,7 @@ from render.steps import (  # noqa: F401
     _runs_by_isa,
     _share_cell,
     block_step_overhead,
+    block_step_profile,
     block_target_step,
     block_target_step_ops,
 )
@@ -102,6 +104,9 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "draft-e2e": block_draft_e2e,
     "target-step": block_target_step,
     "target-step-ops": block_target_step_ops,
+    "step-profile": block_step_profile,
+    "llama-cpp": block_llama_cpp,
+    "llama-cpp-headline": lambda results: block_llama_cpp(results, brief=True),
     "csd": block_csd,
     "gpu-ops": block_gpu_ops,
     "gpu-model": block_gpu_model,

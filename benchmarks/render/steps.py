@@ -201,3 +201,32 @@ def block_target_step_ops(results: Path) -> str:
         )
         parts.append(table(head, lines) + "\n\n" + prov + "\n")
     return "\n".join(parts)
+
+
+def block_step_profile(results: Path) -> str:
+    rows = read_csv(results, "step_profile")
+    if not rows:
+        return "No run recorded in `benchmarks/results/step_profile.csv`.\n"
+    newest: dict[tuple[str, ...], str] = {}
+    for r in rows:
+        key = (r["machine"], r["cpu_isa"], r["model"], r["threads"])
+        newest[key] = max(newest.get(key, ""), r["timestamp"])
+    runs = [[r for r in rows if (r["machine"], r["cpu_isa"], r["model"], r["threads"]) == key and r["timestamp"] == s]
+            for key, s in sorted(newest.items(), key=lambda kv: (kv[0][3], kv[0][1]))]  # fmt: skip
+    several = len({run[0]["machine"] for run in runs}) > 1
+    head = ["part of a step"] + [
+        f"{_variant_cell(run[0]['cpu_isa'], run[0]['machine'], several)}, {run[0]['threads']} thread(s)" for run in runs
+    ]
+    parts = list(dict.fromkeys(r["part"] for run in runs for r in run))
+    lines = [[part] + [next((f"{num(r['ms_per_token'])} ms ({100 * float(r['share']):.1f} %)" for r in run
+                             if r["part"] == part), "-") for run in runs] for part in parts]  # fmt: skip
+    lines.append(["the step (decode only)"] + [f"{num(run[0]['step_ms'])} ms" for run in runs])
+    floors = [f"{num(run[0]['read_floor_ms'])} ms ({num(run[0]['read_gbps'])} GB/s)" for run in runs]
+    lines.append(["read floor (weights / read rate)", *floors])
+    lines.append(["step / read floor"]
+                 + [f"{float(run[0]['step_ms']) / float(run[0]['read_floor_ms']):.2f}x" for run in runs])  # fmt: skip
+    all_rows = [r for run in runs for r in run]
+    models = ", ".join(dict.fromkeys(r["model"] for r in all_rows))
+    extra = (f"{models} bf16, greedy plain decoding, {', '.join(dict.fromkeys(r['tokens'] for r in all_rows))} "
+             "tokens; per generated token, the prompt's forward left out")  # fmt: skip
+    return table(head, lines) + "\n\n" + provenance(all_rows, machine="machine", torch="torch", extra=extra) + "\n"

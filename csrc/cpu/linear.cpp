@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "cpu/common.h"
 #include "cpu/ops.h"
 #include "specdec/linear.h"
@@ -62,6 +66,25 @@ void skinny_linear_amx(const uint16_t* x, const uint16_t* w, int64_t n, int64_t 
 
 namespace {
 
+// Blocks [0, blocks) of ``block`` outputs each, split over ``threads`` threads as schedule(static) splits them (one
+// contiguous range per thread), each thread's range in one call fn(o_begin, o_end): its tiles then sweep the range
+// without a call and a new prefetch run per block. Each output's sum is the same whichever range holds it.
+template <typename F>
+void over_thread_ranges(int64_t blocks, int64_t block, int64_t out, int threads, const F& fn) {
+#ifdef _OPENMP
+  if (threads <= 1) return fn(int64_t{0}, out);
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    if (b0 < b1) fn(b0 * block, std::min(out, b1 * block));
+  }
+#else
+  (void)blocks, (void)block, (void)threads;
+  fn(int64_t{0}, out);
+#endif
+}
+
 // The output [..., out] of a linear on x [..., in] (x's dtype and device) and its row count n, the product of x's
 // leading dimensions (x.numel() / in fails for in = 0).
 at::Tensor linear_output(const at::Tensor& x, int64_t out, int64_t& n) {
@@ -106,9 +129,7 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
   // x widened once here, not once per block of W
   const at::Tensor xf = st == at::kBFloat16 ? x.to(at::kFloat).contiguous() : at::Tensor();
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t o0 = b * block, o1 = std::min(out, o0 + block);
+  over_thread_ranges(blocks, block, out, threads, [&](int64_t o0, int64_t o1) {
     if (st == at::kBFloat16) {
 #if defined(SPECDEC_LINEAR_AVX512BF16)
       skinny_linear_block_bf16_avx512(static_cast<const uint16_t*>(x.const_data_ptr()),
@@ -132,7 +153,7 @@ at::Tensor skinny_linear(const at::Tensor& x_in, const at::Tensor& weight_in) {
       skinny_linear_block<double>(x.const_data_ptr<double>(), w.const_data_ptr<double>(), nullptr, n, in, out, o0,
                                   o1, y.mutable_data_ptr<double>());
     }
-  }
+  });
   return y;
 }
 
@@ -172,9 +193,7 @@ at::Tensor skinny_linear_int8(const at::Tensor& x_in, const at::Tensor& weight_i
   const at::Tensor xf = st == at::kFloat ? x : x.to(at::kFloat).contiguous();
   const float* xp = xf.const_data_ptr<float>();
   const int64_t blocks = (out + kLinearBlockBf16 - 1) / kLinearBlockBf16;
-#pragma omp parallel for num_threads(omp_threads(blocks, n * out * in)) schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t o0 = b * kLinearBlockBf16, o1 = std::min(out, o0 + kLinearBlockBf16);
+  over_thread_ranges(blocks, kLinearBlockBf16, out, omp_threads(blocks, n * out * in), [&](int64_t o0, int64_t o1) {
 #if defined(__AVX512F__)
     if (st == at::kBFloat16)
       skinny_linear_block_avx512f(xp, wp, sp, n, in, out, o0, o1, static_cast<uint16_t*>(y.mutable_data_ptr()));
@@ -188,7 +207,7 @@ at::Tensor skinny_linear_int8(const at::Tensor& x_in, const at::Tensor& weight_i
 #else
     skinny_linear_block<float, int8_t>(xp, wp, sp, n, in, out, o0, o1, y.mutable_data_ptr<float>());
 #endif
-  }
+  });
   return y;
 }
 
