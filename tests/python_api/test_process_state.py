@@ -79,3 +79,52 @@ def test_a_call_leaves_the_users_models_and_transformers_registries_as_they_were
     after = set(ALL_ATTENTION_FUNCTIONS.keys())
     specdec.generate(target, draft, ids, method="sd", max_new_tokens=6, do_sample=False)
     assert set(ALL_ATTENTION_FUNCTIONS.keys()) == after  # registered once per process
+
+
+class _FreezeProbe:
+    """A stopping criterion that records how many objects the collector had frozen at each round."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        import gc
+
+        self.seen.append(gc.get_freeze_count())
+        return torch.zeros((input_ids.shape[0],), dtype=torch.bool)
+
+
+def test_the_heap_is_frozen_for_the_call_only(pair) -> None:
+    """During a call the objects that predate it are out of the collector's walks (gc.freeze); afterwards the
+    collector is as the caller left it, also where the caller froze objects of their own or turned it off."""
+    import gc
+
+    from transformers import StoppingCriteriaList
+
+    target, draft = pair
+    prompt = torch.tensor([[3, 4, 5]])
+    assert gc.get_freeze_count() == 0
+    probe = _FreezeProbe()
+    specdec.generate(target, draft, prompt, method="sd", max_new_tokens=6, do_sample=False,
+                     stopping_criteria=StoppingCriteriaList([probe]))  # fmt: skip
+    assert probe.seen and min(probe.seen) > 0
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    # the caller's own frozen objects stay frozen, and theirs only
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        specdec.generate(target, draft, prompt, method="sd", max_new_tokens=6, do_sample=False)
+        # still frozen (unfreezing would have released them all; a few frozen objects may have died meanwhile)
+        assert gc.get_freeze_count() > 0.9 * mine
+    finally:
+        gc.unfreeze()
+    # a collector the caller turned off stays off, nothing frozen
+    gc.disable()
+    try:
+        probe = _FreezeProbe()
+        specdec.generate(target, draft, prompt, method="sd", max_new_tokens=6, do_sample=False,
+                         stopping_criteria=StoppingCriteriaList([probe]))  # fmt: skip
+        assert probe.seen and max(probe.seen) == 0 and not gc.isenabled()
+    finally:
+        gc.enable()
+    assert gc.get_freeze_count() == 0
