@@ -84,7 +84,7 @@ def check_same_weights(gguf_file: Path, model: torch.nn.Module) -> int:
         if name is None:
             continue
         ours = params[name].detach().to(torch.bfloat16).view(torch.int16)
-        raw = torch.from_numpy(np.ascontiguousarray(t.data)).view(torch.uint8).reshape(-1)
+        raw = torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8).reshape(-1)
         if t.tensor_type == gguf.GGMLQuantizationType.BF16:
             theirs = raw.view(torch.int16).reshape(ours.shape)
         elif t.tensor_type == gguf.GGMLQuantizationType.F32:  # llama.cpp keeps norms in fp32: they round to ours

@@ -79,7 +79,7 @@ def test_interleaved_cases_record_one_row_per_case_and_backend() -> None:
     work = partial(time.sleep, 1e-4)  # a call takes time, so the medians and ratios are defined
     rec.cases_interleaved({"n 1": {"cpu": work, "torch": work}, "n 2": {"cpu": work}}, 64)
     assert [(r["case"], r["backend"]) for r in rec.rows] == [("n 1", "cpu"), ("n 1", "torch"), ("n 2", "cpu")]
-    assert all(r["reps"] == 5 and r["copy_gbps"] > 0 for r in rec.rows)
+    assert all(r["reps"] == 5 and r["copy_gbps"] > 0 and r["read_gbps"] > 0 for r in rec.rows)
     assert rec.rows[0]["speedup_vs_torch"] != "" and rec.rows[2]["speedup_vs_torch"] == ""
 
 
@@ -146,9 +146,11 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
     out = report.block_target_step(tmp_path)
     assert "draft step (dr), after a target step" in out
     assert "| avx2 | " in out and "| 40.0 ms | 1.10x | - | 5.0 % (2.00 ms) | 2.5 % (1.00 ms) |" in out
-    # the compute floor sits on its own row, in ms, and stays out of the pass ratios and the memory floor
-    assert "| avx2: linears alone | - | 30.0 ms | 1.10x | - | - | - |" in out
-    assert "| avx2: linears in cache | - | 6.00 ms | 9.50 ms | - | - | - |" in out
+    # the compute floor sits on its own row, in ms, and stays out of the pass ratios and the floors; a run without
+    # a read rate has no read floor, its copy floor is the bytes over the copy rate
+    assert "| avx2 | - | 0.00100 ms | 40.0 ms | 1.10x |" in out
+    assert "| avx2: linears alone | - | - | 30.0 ms | 1.10x | - | - | - |" in out
+    assert "| avx2: linears in cache | - | - | 6.00 ms | 9.50 ms | - | - | - |" in out
     # the draft's steps as a decoding ran them: shares of that decoding's target passes, in three more columns
     rows += [
         {**base, "case": "decoding target pass", "median_ms": 16.0},
@@ -160,7 +162,14 @@ def test_target_step_block_shows_the_draft_step_as_a_share_of_a_target_step(tmp_
     out = report.block_target_step(tmp_path)
     assert "| target pass in decoding | draft step in decoding, first of a round | later in a round |" in out
     assert "| 2.5 % (1.00 ms) | 16.0 ms | 5.0 % (0.800 ms) | 2.5 % (0.400 ms) |" in out
-    assert "| avx2: linears alone | - | 30.0 ms | 1.10x | - | - | - | - | - | - |" in out
+    assert "| avx2: linears alone | - | - | 30.0 ms | 1.10x | - | - | - | - | - | - |" in out
+    # with the read rate, the read floor and the one-token step and linears as multiples of it
+    rows = [{**r, "read_gbps": 0.05} for r in rows]
+    (tmp_path / "target_step.csv").unlink()
+    _write(tmp_path / "target_step.csv", [*fields, "read_gbps"], rows)
+    out = report.block_target_step(tmp_path)
+    assert "| avx2 | 0.0200 ms | 0.00100 ms | 40.0 ms (2000.00x floor) | 1.10x |" in out
+    assert "| avx2: linears alone | - | - | 30.0 ms (1500.00x floor) | 1.10x |" in out
 
 
 def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
@@ -196,3 +205,124 @@ def test_gpu_check_dry_run_times_every_cuda_op(tmp_path: Path) -> None:
     model_block = report.block_gpu_model(tmp_path)
     assert "| pass n=64 |" in model_block and "| pass n=1 | " in model_block and "1.00x" in model_block
     assert report.block_gpu_ops(tmp_path / "none").startswith("No GPU run recorded")
+
+
+def test_the_read_rate_is_measured_once_per_thread_count() -> None:
+    import argparse
+
+    import torch
+
+    rec = _timing.Recorder("op", argparse.Namespace(budget=0.0, clock="wall", no_csv=True))
+    calls = []
+    real = _timing.read_gbps
+    try:
+        _timing.read_gbps = lambda nbytes, budget: calls.append(nbytes) or 20.0  # type: ignore[assignment]
+        assert rec.read_rate(64) == 20.0 and rec.read_rate(128) == 20.0 and len(calls) == 1
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            rec.read_rate(64)
+        finally:
+            torch.set_num_threads(threads)
+        assert len(calls) == 2
+    finally:
+        _timing.read_gbps = real
+    # the real measure reads a buffer past the caches, whatever the bytes asked for
+    assert real(64, 0.0) > 0
+
+
+def test_llama_cpp_block_states_each_engine_against_llama_cpp(tmp_path: Path) -> None:
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    base = {**meta, "load": "0.50 0.70", "llama_cpp": "0.3.36", "model": "SmolLM2-135M-Instruct", "dtype": "bf16",
+            "prompts": "chat.jsonl", "n_prompts": 8, "rounds": 2, "tokens": 64, "temperature": 0.0, "top_k": "",
+            "threads": 1, "new_tokens": 1000, "block_efficiency": "", "same_as_ar": ""}  # fmt: skip
+    rows = [
+        {**base, "engine": "llama.cpp", "method": "plain", "tok_s": 50.0, "tok_s_decode": 60.0, "vs_llama_cpp": 1.0,
+         "vs_llama_cpp_decode": 1.0, "same_as_ar": "3/16"},
+        {**base, "engine": "llama.cpp eval", "method": "plain", "tok_s": 49.0, "tok_s_decode": 59.0,
+         "vs_llama_cpp": 0.98, "vs_llama_cpp_decode": 0.98, "same_as_ar": "3/16"},
+        {**base, "engine": "ar", "method": "ar", "tok_s": 40.0, "tok_s_decode": 45.0, "vs_llama_cpp": 0.8,
+         "vs_llama_cpp_decode": 0.75},
+        {**base, "engine": "rsd_c", "method": "rsd_c(auto)", "tok_s": 75.0, "tok_s_decode": 90.0, "vs_llama_cpp": 1.5,
+         "vs_llama_cpp_decode": 1.5, "block_efficiency": 2.1, "same_as_ar": "16/16"},
+    ]  # fmt: skip
+    import bench_llama_cpp
+
+    _write(tmp_path / "llama_cpp.csv", bench_llama_cpp.FIELDS, rows)
+    out = report.block_llama_cpp(tmp_path)
+    assert "| chat, greedy | 1 | 50.0 (60.0) | 40.0 (45.0) | 0.80x (0.75x) | rsd_c(auto) | 75.0 (90.0) | " in out
+    assert "| 1.50x (1.50x) | 2.10 | 16/16 |" in out
+    assert "llama-cpp-python 0.3.36" in out and "load 0.50-0.70" in out
+    brief = report.block_llama_cpp(tmp_path, brief=True)
+    assert "| chat, greedy | 1 | 50.0 (60.0) | 0.80x (0.75x) | rsd_c(auto) | 1.50x (1.50x) |" in brief
+    # greedy: how often an engine's tokens equal our AR's
+    outputs = {("ar", 0, 0): [1, 2], ("ar", 0, 1): [3], ("llama.cpp", 0, 0): [1, 2], ("llama.cpp", 0, 1): [4]}
+    assert bench_llama_cpp.same_as_ar(outputs, "llama.cpp") == "1/2"
+    assert bench_llama_cpp.same_as_ar(outputs, "llama.cpp eval") == "1/2"
+
+
+def test_step_profile_block_shows_each_part_and_the_floor(tmp_path: Path) -> None:
+    import bench_step_profile
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    base = {**meta, "load": "0.5", "model": "SmolLM2-135M-Instruct", "dtype": "bf16", "threads": 1, "prompts": "p",
+            "tokens": 256, "step_ms": 20.0, "read_floor_ms": 10.0, "read_gbps": 27.0}  # fmt: skip
+    parts = dict.fromkeys(bench_step_profile.PARTS, 1.0) | {"layers: linears": 12.0}
+    rows = [{**base, "part": p, "ms_per_token": ms, "share": ms / 20.0} for p, ms in parts.items()]
+    _write(tmp_path / "step_profile.csv", bench_step_profile.FIELDS, rows)
+    out = report.block_step_profile(tmp_path)
+    assert "| layers: linears | 12.0 ms (60.0 %) |" in out and "| head | 1.00 ms (5.0 %) |" in out
+    assert (
+        "| step / read floor | 2.00x |" in out and "| read floor (weights / read rate) | 10.0 ms (27.0 GB/s) |" in out
+    )
+
+
+def test_llama_cpp_weights_check_catches_a_changed_matrix(tmp_path: Path) -> None:
+    """The benchmark's check that llama.cpp's GGUF holds our bf16 weights: it passes on a faithful file (norms in
+    fp32, q/k rows permuted as llama.cpp's converter permutes them) and fails on one changed value."""
+    import bench_llama_cpp
+    import gguf
+    import numpy as np
+    import pytest
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)  # fmt: skip
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    roles = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+             "ffn_norm": "post_attention_layernorm"}  # fmt: skip
+    params = dict(model.named_parameters())
+
+    def write(path: Path, change: bool) -> None:
+        w = gguf.GGUFWriter(str(path), "llama")
+        tensors = {"token_embd.weight": params["model.embed_tokens.weight"],
+                   "output_norm.weight": params["model.norm.weight"]}  # fmt: skip
+        tensors |= {f"blk.0.{r}.weight": params[f"model.layers.0.{n}.weight"] for r, n in roles.items()}
+        for name, t in tensors.items():
+            t = t.detach()
+            if name.endswith(("attn_q.weight", "attn_k.weight")):
+                t = t.flip(0)  # a row permutation
+            if t.dim() == 1:
+                w.add_tensor(name, t.float().numpy())
+            else:
+                bits = t.contiguous().view(torch.int16).numpy().copy()
+                if change and name == "blk.0.ffn_up.weight":
+                    bits[0, 0] ^= 1
+                w.add_tensor(name, bits.view(np.uint8), raw_dtype=gguf.GGMLQuantizationType.BF16)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    write(tmp_path / "same.gguf", change=False)
+    assert bench_llama_cpp.check_same_weights(tmp_path / "same.gguf", model) == 11
+    write(tmp_path / "changed.gguf", change=True)
+    with pytest.raises(SystemExit, match="ffn_up"):
+        bench_llama_cpp.check_same_weights(tmp_path / "changed.gguf", model)
