@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 CACHE = Path(os.environ.get("SPECDEC_LLAMA_CPP_DIR", Path.home() / ".cache" / "specdec" / "llama_cpp"))
 FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "load", "llama_cpp", "model", "dtype",
-          "prompts", "n_prompts", "rounds", "tokens", "temperature", "top_k", "threads", "engine", "method",
+          "prompts", "skip", "n_prompts", "rounds", "tokens", "temperature", "top_k", "threads", "engine", "method",
           "tok_s", "tok_s_decode", "vs_llama_cpp", "vs_llama_cpp_decode", "new_tokens", "block_efficiency",
           "same_as_ar"]  # fmt: skip
 
@@ -259,7 +259,7 @@ def main() -> None:
         for engine, (tok_s, tok_s_dec) in rate.items():
             same = same_as_ar(outputs, engine) if greedy and engine != "ar" else ""
             row = {"timestamp": stamp, **meta, "load": " ".join(loads), "llama_cpp": version,
-                   "model": model_name, "dtype": "bf16", "prompts": prompt_set,
+                   "model": model_name, "dtype": "bf16", "prompts": prompt_set, "skip": args.skip,
                    "n_prompts": len(prompts), "rounds": args.rounds, "tokens": args.tokens,
                    "temperature": args.temperature, "top_k": args.top_k if not greedy else "", "threads": threads,
                    "engine": engine, "method": label.get(engine, "plain"), "tok_s": round(tok_s, 2),

@@ -236,8 +236,8 @@ def test_llama_cpp_block_states_each_engine_against_llama_cpp(tmp_path: Path) ->
 
     meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
     base = {**meta, "load": "0.50 0.70", "llama_cpp": "0.3.36", "model": "SmolLM2-135M-Instruct", "dtype": "bf16",
-            "prompts": "chat.jsonl", "n_prompts": 8, "rounds": 2, "tokens": 64, "temperature": 0.0, "top_k": "",
-            "threads": 1, "new_tokens": 1000, "block_efficiency": "", "same_as_ar": ""}  # fmt: skip
+            "prompts": "chat.jsonl", "skip": 40, "n_prompts": 8, "rounds": 2, "tokens": 64, "temperature": 0.0,
+            "top_k": "", "threads": 1, "new_tokens": 1000, "block_efficiency": "", "same_as_ar": ""}  # fmt: skip
     rows = [
         {**base, "engine": "llama.cpp", "method": "plain", "tok_s": 50.0, "tok_s_decode": 60.0, "vs_llama_cpp": 1.0,
          "vs_llama_cpp_decode": 1.0, "same_as_ar": "3/16"},
@@ -252,11 +252,11 @@ def test_llama_cpp_block_states_each_engine_against_llama_cpp(tmp_path: Path) ->
 
     _write(tmp_path / "llama_cpp.csv", bench_llama_cpp.FIELDS, rows)
     out = report.block_llama_cpp(tmp_path)
-    assert "| chat, greedy | 1 | 50.0 (60.0) | 40.0 (45.0) | 0.80x (0.75x) | rsd_c(auto) | 75.0 (90.0) | " in out
+    assert "| chat 41-48, greedy | 1 | 50.0 (60.0) | 40.0 (45.0) | 0.80x (0.75x) | rsd_c(auto) | 75.0 (90.0) | " in out
     assert "| 1.50x (1.50x) | 2.10 | 16/16 |" in out
     assert "llama-cpp-python 0.3.36" in out and "load 0.50-0.70" in out
     brief = report.block_llama_cpp(tmp_path, brief=True)
-    assert "| chat, greedy | 1 | 50.0 (60.0) | 0.80x (0.75x) | rsd_c(auto) | 1.50x (1.50x) |" in brief
+    assert "| chat 41-48, greedy | 1 | 50.0 (60.0) | 0.80x (0.75x) | rsd_c(auto) | 1.50x (1.50x) |" in brief
     # greedy: how often an engine's tokens equal our AR's
     outputs = {("ar", 0, 0): [1, 2], ("ar", 0, 1): [3], ("llama.cpp", 0, 0): [1, 2], ("llama.cpp", 0, 1): [4]}
     assert bench_llama_cpp.same_as_ar(outputs, "llama.cpp") == "1/2"
@@ -274,6 +274,7 @@ def test_step_profile_block_shows_each_part_and_the_floor(tmp_path: Path) -> Non
     rows = [{**base, "part": p, "ms_per_token": ms, "share": ms / 20.0} for p, ms in parts.items()]
     _write(tmp_path / "step_profile.csv", bench_step_profile.FIELDS, rows)
     out = report.block_step_profile(tmp_path)
+    assert "| part of a step | SmolLM2-135M, avx2, 1 thread(s) |" in out
     assert "| layers: linears | 12.0 ms (60.0 %) |" in out and "| head | 1.00 ms (5.0 %) |" in out
     assert (
         "| step / read floor | 2.00x |" in out and "| read floor (weights / read rate) | 10.0 ms (27.0 GB/s) |" in out

@@ -9,7 +9,7 @@ from pathlib import Path
 from .common import Rows, num, provenance, read_csv, table
 
 #: a run is one bench_llama_cpp call's setting on one machine and CPU variant
-RUN_KEY = ("machine", "cpu_isa", "model", "prompts", "temperature", "tokens")
+RUN_KEY = ("machine", "cpu_isa", "model", "prompts", "skip", "temperature", "tokens")
 
 
 def _runs(rows: Rows) -> list[Rows]:
@@ -24,8 +24,10 @@ def _runs(rows: Rows) -> list[Rows]:
 
 def _setting(r: dict[str, str]) -> str:
     prompts = "HumanEval" if r["prompts"] == "human-eval" else os.path.splitext(os.path.basename(r["prompts"]))[0]
+    first = int(r.get("skip") or 0)
+    prompts += f" {first + 1}-{first + int(r['n_prompts'])}"  # which prompts of the set
     temp = float(r["temperature"])
-    sampling = "greedy" if temp == 0 else f"T = {num(temp)}, top-k {r['top_k']}"
+    sampling = "greedy" if temp == 0 else f"T = {temp:g}, top-k {r['top_k']}"
     model = "" if r["model"] == "SmolLM2-135M-Instruct" else f"{r['model']}, "
     return f"{model}{prompts}, {sampling}"
 

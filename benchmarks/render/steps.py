@@ -203,6 +203,14 @@ def block_target_step_ops(results: Path) -> str:
     return "\n".join(parts)
 
 
+SMOLLM2 = "SmolLM2-135M-Instruct"
+
+
+def _model_cell(model: str) -> str:
+    """A short name of a profiled model: the real model, or the random Llama's size."""
+    return "SmolLM2-135M" if model == SMOLLM2 else model.removesuffix(" (random weights)").removeprefix("Llama ")
+
+
 def block_step_profile(results: Path) -> str:
     rows = read_csv(results, "step_profile")
     if not rows:
@@ -211,11 +219,14 @@ def block_step_profile(results: Path) -> str:
     for r in rows:
         key = (r["machine"], r["cpu_isa"], r["model"], r["threads"])
         newest[key] = max(newest.get(key, ""), r["timestamp"])
-    runs = [[r for r in rows if (r["machine"], r["cpu_isa"], r["model"], r["threads"]) == key and r["timestamp"] == s]
-            for key, s in sorted(newest.items(), key=lambda kv: (kv[0][3], kv[0][1]))]  # fmt: skip
+    order = sorted(newest, key=lambda k: (k[2] != SMOLLM2, k[2], k[3], k[1]))  # the real model first, then by threads
+    runs = [[r for r in rows if (r["machine"], r["cpu_isa"], r["model"], r["threads"]) == key
+             and r["timestamp"] == newest[key]] for key in order]  # fmt: skip
     several = len({run[0]["machine"] for run in runs}) > 1
     head = ["part of a step"] + [
-        f"{_variant_cell(run[0]['cpu_isa'], run[0]['machine'], several)}, {run[0]['threads']} thread(s)" for run in runs
+        f"{_model_cell(run[0]['model'])}, {_variant_cell(run[0]['cpu_isa'], run[0]['machine'], several)}, "
+        f"{run[0]['threads']} thread(s)"
+        for run in runs
     ]
     parts = list(dict.fromkeys(r["part"] for run in runs for r in run))
     lines = [[part] + [next((f"{num(r['ms_per_token'])} ms ({100 * float(r['share']):.1f} %)" for r in run
