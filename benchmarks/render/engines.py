@@ -45,11 +45,13 @@ def block_llama_cpp(results: Path, *, brief: bool = False) -> str:
     if not runs:
         return "No run recorded in `benchmarks/results/llama_cpp.csv`.\n"
     lines = []
+    variants = len({run[0]["cpu_isa"] for run in runs}) > 1  # then each setting names its CPU variant
     for run in runs:
         for threads in sorted({int(r["threads"]) for r in run}):
             by = {r["engine"]: r for r in run if int(r["threads"]) == threads}
             best = next((r for e, r in by.items() if e not in ("llama.cpp", "llama.cpp eval", "ar")), None)
-            cells = [_setting(run[0]), str(threads), _rate(by.get("llama.cpp")), _rate(by.get("ar")),
+            setting = f"{_setting(run[0])} ({run[0]['cpu_isa']})" if variants else _setting(run[0])
+            cells = [setting, str(threads), _rate(by.get("llama.cpp")), _rate(by.get("ar")),
                      _ratio(by.get("ar")), best["method"] if best else "-", _rate(best), _ratio(best)]  # fmt: skip
             if brief:
                 cells = [cells[0], cells[1], cells[2], cells[4], cells[5], cells[7]]
@@ -68,7 +70,8 @@ def block_llama_cpp(results: Path, *, brief: bool = False) -> str:
     counts = ", ".join(dict.fromkeys(f"{r['n_prompts']} prompts x {r['tokens']} tokens x {r['rounds']} rounds"
                                      for r in rows))  # fmt: skip
     loads = [float(x) for r in rows for x in r["load"].split()]
-    extra = (f"CPU variant {', '.join(dict.fromkeys(r['cpu_isa'] for r in rows))}; llama-cpp-python {versions} built "
+    extra = (f"our CPU variant {', '.join(dict.fromkeys(r['cpu_isa'] for r in rows))} (llama.cpp: its own build for "
+             f"this CPU); llama-cpp-python {versions} built "
              f"from source, the same bf16 weights; {counts}; tok/s over the whole call (prompt included), in brackets "
              f"over the decode alone; load {min(loads):.2f}-{max(loads):.2f}")  # fmt: skip
     return table(head, lines) + "\n\n" + provenance(rows, machine="machine", torch="torch", extra=extra) + "\n"
