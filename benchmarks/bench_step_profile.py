@@ -114,8 +114,7 @@ def wrapped(clock: Clock, model: Any) -> Iterator[None]:
     patch(base.embed_tokens, "forward", "embedding")
     patch(base.norm, "forward", "final norm")
     patch(adapter_mod, "decode_linear", "head")
-    for name in ("rotary_rows",):
-        patch(adapter_mod, name, "rotary table, mask, positions")
+    patch(adapter_mod, "rotary_rows", "rotary table, mask, positions")
     patch(adapter_mod.sk, "tree_mask", "rotary table, mask, positions")
     patch(adapter_mod.sk, "tree_positions", "rotary table, mask, positions")
     patch(decoder_mod, "verify_round", "logits processing and sampling")

@@ -28,6 +28,20 @@ def read_csv(results: Path, name: str) -> Rows:
         return list(csv.DictReader(fh))
 
 
+def newest_runs(rows: Rows, keys: tuple[str, ...]) -> dict[tuple[str, ...], Rows]:
+    """For each value of ``keys`` (in the order first recorded), the rows of its newest run (its latest timestamp)."""
+    newest: dict[tuple[str, ...], str] = {}
+    for r in rows:
+        key = tuple(r[k] for k in keys)
+        newest[key] = max(newest.get(key, ""), r["timestamp"])
+    runs: dict[tuple[str, ...], Rows] = {key: [] for key in newest}
+    for r in rows:
+        key = tuple(r[k] for k in keys)
+        if r["timestamp"] == newest[key]:
+            runs[key].append(r)
+    return runs
+
+
 def newest_run(rows: Rows, keys: tuple[str, ...]) -> Rows:
     """The rows of the last run in the file: those whose ``keys`` equal the last row's (a run appends a block)."""
     if not rows:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .common import Rows, num, provenance, read_csv, table
+from .common import Rows, newest_runs, num, provenance, read_csv, table
 
 #: a run is one bench_llama_cpp call's setting on one machine and CPU variant
 RUN_KEY = ("machine", "cpu_isa", "model", "prompts", "skip", "temperature", "tokens")
@@ -14,12 +14,7 @@ RUN_KEY = ("machine", "cpu_isa", "model", "prompts", "skip", "temperature", "tok
 
 def _runs(rows: Rows) -> list[Rows]:
     """The newest run of each setting, in the order the settings were first recorded."""
-    newest: dict[tuple[str, ...], str] = {}
-    for r in rows:
-        key = tuple(r[k] for k in RUN_KEY)
-        newest[key] = max(newest.get(key, ""), r["timestamp"])
-    return [[r for r in rows if tuple(r[k] for k in RUN_KEY) == key and r["timestamp"] == stamp]
-            for key, stamp in newest.items()]  # fmt: skip
+    return list(newest_runs(rows, RUN_KEY).values())
 
 
 def _setting(r: dict[str, str]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import Rows, _variant_cell, newest_run, num, provenance, read_csv, table
+from .common import Rows, _variant_cell, newest_run, newest_runs, num, provenance, read_csv, table
 
 
 def block_step_overhead(results: Path, *, brief: bool = False) -> str:
@@ -215,13 +215,9 @@ def block_step_profile(results: Path) -> str:
     rows = read_csv(results, "step_profile")
     if not rows:
         return "No run recorded in `benchmarks/results/step_profile.csv`.\n"
-    newest: dict[tuple[str, ...], str] = {}
-    for r in rows:
-        key = (r["machine"], r["cpu_isa"], r["model"], r["threads"])
-        newest[key] = max(newest.get(key, ""), r["timestamp"])
-    order = sorted(newest, key=lambda k: (k[2] != SMOLLM2, k[2], k[3], k[1]))  # the real model first, then by threads
-    runs = [[r for r in rows if (r["machine"], r["cpu_isa"], r["model"], r["threads"]) == key
-             and r["timestamp"] == newest[key]] for key in order]  # fmt: skip
+    by_key = newest_runs(rows, ("machine", "cpu_isa", "model", "threads"))
+    order = sorted(by_key, key=lambda k: (k[2] != SMOLLM2, k[2], k[3], k[1]))  # the real model first, then by threads
+    runs = [by_key[key] for key in order]
     several = len({run[0]["machine"] for run in runs}) > 1
     head = ["part of a step"] + [
         f"{_model_cell(run[0]['model'])}, {_variant_cell(run[0]['cpu_isa'], run[0]['machine'], several)}, "
