@@ -34,11 +34,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import CacheDirError
+
+if TYPE_CHECKING:
+    from .distributed import Ranks
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +205,12 @@ def _progress(total: int, show: bool) -> Any:
     return tqdm(total=total, desc=desc, unit="pass", leave=False, disable=not show)
 
 
-def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = None) -> str:
+def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = None, shards: int = 1) -> str:
     """What a cost curve depends on: the model's class, size and dtype, the CPU (its model name: a cache directory
     shared by machines of one instruction set, such as a cluster's home directory, must not lend one machine's
     curve to another), the CPU variant, the thread count, the package version and the adapter's forward path,
-    including the most rows a pass runs on the decode kernels (``decode_rows``)."""
+    including the most rows a pass runs on the decode kernels (``decode_rows``), and the number of tensor-parallel
+    ranks the model is sharded over (``shards``)."""
     import specdec_kernels as sk
 
     p = next(model.parameters())
@@ -214,6 +218,8 @@ def curve_key(model: torch.nn.Module, threads: int, decode_rows: int | None = No
     raw = f"{type(model).__name__}|{n}|{p.dtype}|{p.device.type}|{sk.cpu_model()}|{sk.cpu_isa()}"
     raw += f"|{sk.skinny_linear_isa()}|{threads}"
     raw += f"|{sk.__version__}|{FORWARD_PATH}|{MEASUREMENT}|{CURVE_ROWS}|{decode_rows}"
+    if shards > 1:
+        raw += f"|tp{shards}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
@@ -249,29 +255,63 @@ def curve_path(key: str) -> Path:
     return cache_dir() / f"{key}.json"
 
 
-def load_or_measure(key: str, forward: Callable[[int], None], *, progress: bool = True) -> CostCurve:
-    """The cached curve of ``key``, or a fresh measurement written to the cache (a log line at INFO on the
-    ``specdec`` logger and, with ``progress``, a tqdm bar on stderr while it runs). Raises
-    :class:`~specdec.errors.CacheDirError` naming the directory when the cache cannot be written."""
+def cached_curve(key: str) -> CostCurve | None:
+    """The cached curve of ``key``, or None (none yet, or a damaged file, which is measured again)."""
     path = curve_path(key)
     if path.is_file():
         try:
             return CostCurve.from_json(json.loads(path.read_text()))
         except (ValueError, KeyError):
-            pass  # a damaged cache file is measured again
+            pass
+    return None
+
+
+def cache_problem(key: str) -> str | None:
+    """Why the curve of ``key`` could not be cached (the folder cannot be made), or None."""
+    path = curve_path(key)
     try:  # before the measurement: a cache that cannot be written is reported without the wait
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise _cache_error(path.parent, err) from err
-    log.info("measuring this machine's target pass cost for branching='auto' (once; cached at %s)", path)
-    t0 = time.perf_counter()
-    curve = CostCurve(target=measure_target(forward, progress=progress))
+        return str(_cache_error(path.parent, err))
+    return None
+
+
+def store_curve(key: str, curve: CostCurve) -> None:
+    """Write ``curve`` to the cache (atomically: a concurrent reader sees the old file or the new one)."""
+    path = curve_path(key)
     tmp = path.with_suffix(".tmp")
     try:
         tmp.write_text(json.dumps(curve.to_json()))
         tmp.replace(path)
     except OSError as err:
         raise _cache_error(path.parent, err) from err
+
+
+def load_or_measure(
+    key: str, forward: Callable[[int], None], *, progress: bool = True, ranks: Ranks | None = None
+) -> CostCurve:
+    """The cached curve of ``key``, or a fresh measurement written to the cache (a log line at INFO on the
+    ``specdec`` logger and, with ``progress``, a tqdm bar on stderr while it runs). Raises
+    :class:`~specdec.errors.CacheDirError` naming the directory when the cache cannot be written. ``ranks``: a
+    tensor-parallel target's ranks (:mod:`specdec.distributed`): rank 0's cache decides, every rank runs the
+    measurement's forwards (they hold the target's collectives), every rank gets rank 0's curve and only rank 0
+    writes it."""
+    leader = ranks is None or ranks.leader
+    found = cached_curve(key) if leader else None
+    problem = cache_problem(key) if leader and found is None else None
+    if ranks is not None:
+        found, problem = ranks.from_leader((found, problem))
+    if found is not None:
+        return found
+    if problem is not None:
+        raise CacheDirError(problem)
+    log.info("measuring this machine's target pass cost for branching='auto' (once; cached at %s)", curve_path(key))
+    t0 = time.perf_counter()
+    curve = CostCurve(target=measure_target(forward, progress=progress and leader))
+    if ranks is not None:
+        curve = ranks.from_leader(curve)
+    if leader:
+        store_curve(key, curve)
     log.info("measured the pass cost in %.1f s", time.perf_counter() - t0)
     return curve
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .distributed import agree_call, check_replicated, check_round
 from .drafters import Drafter, HiddenStateDrafter, as_drafter
 from .edge import (
     GenerationOutput,
@@ -141,6 +142,8 @@ class SpeculativeDecoder:
         if not isinstance(target, HFCausalLM):
             target = HFCausalLM(target, name="target", fast_path=fast_path)
         self.target = target
+        if target.ranks is not None:
+            check_replicated(draft)  # every rank runs the whole draft
         self.drafter = _as_drafter(draft, self.target, self.config, hidden=head is not None, fast_path=fast_path)
         self.builder = make_builder(self.config)
         if self.config.auto:
@@ -310,6 +313,14 @@ class SpeculativeDecoder:
         pad = pad_id(gc, eos, vocab)
         if streamer is not None and input_ids.shape[0] != 1:
             raise ValueError(f"streamer= needs batch size 1, got {input_ids.shape[0]} rows")
+        ranks = self.target.ranks
+        if ranks is not None:
+            if gc.max_time is not None:
+                raise UnsupportedSettingError(
+                    "max_time is not supported with a tensor-parallel target: each rank's clock would stop it at "
+                    "another token (use max_new_tokens)"
+                )
+            seed = agree_call(ranks, input_ids, seed, generator, sampling.greedy)
         generator = run_generator(seed, generator, greedy=sampling.greedy)
         mask = model_kwargs.get("attention_mask")
         prompts = prompt_rows(input_ids, mask, vocab)
@@ -352,6 +363,7 @@ class SpeculativeDecoder:
         new_tokens: list[list[int]] = [[] for _ in prompts]
         active = list(range(len(prompts)))  # original row id of every row still in the batch
         state = target.new_state(len(prompts))
+        check = target.ranks if target.ranks is not None and target.ranks.check else None
         while active:
             rows = [committed[r] for r in active]
             with stats.timer("prefill"):
@@ -374,6 +386,8 @@ class SpeculativeDecoder:
                     tree, verdict, q_logits, active, committed, new_tokens, max_new, eos_set, stats, out,
                     sampling.context,
                 )  # fmt: skip
+                if check is not None:
+                    check_round(check, stats.target_calls, [new_tokens[r] for r in active], finished)
                 # tree ids of [root, accepted nodes] (a padded tail past 1 + n_acc); F.pad also gives [B, 1] when
                 # nothing was drafted (acc_nodes [B, 0])
                 idx = F.pad(acc_nodes.clamp_min(0), (1, 0))

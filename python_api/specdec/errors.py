@@ -23,3 +23,8 @@ class DraftMismatchError(SpecDecError, ValueError):
 
 class CacheDirError(SpecDecError, OSError):
     """The cache directory (``$SPECDEC_CACHE``, default ``~/.cache/specdec``) cannot be written."""
+
+
+class RankDivergenceError(SpecDecError, RuntimeError):
+    """The ranks of a tensor-parallel run decided differently (:mod:`specdec.distributed`): different inputs, seeds
+    or generators, or ranks whose draft computes different bits (another CPU variant or package build)."""

@@ -9,6 +9,7 @@ import torch
 
 import specdec_kernels as sk
 
+from ..distributed import Ranks, tensor_parallel
 from .families import (
     SOFTCAPPED_LOGITS,
     chain_mask,
@@ -60,6 +61,8 @@ class HFCausalLM:
         if config is None or not callable(getattr(model, "get_decoder", None)):
             raise TypeError(f"{name} must be a HuggingFace causal LM (PreTrainedModel), got {type(model).__name__}")
         check_supported(model, name)
+        #: the process group of a target sharded by transformers' tensor parallelism (specdec.distributed), or None
+        self.ranks: Ranks | None = tensor_parallel(model, name)
         model_type = config.model_type
         # sliding-window layers: the tree mask also hides keys older than the window (window_mask)
         self.window, self.typed_window = sliding_window(config, name)

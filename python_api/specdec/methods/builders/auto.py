@@ -33,6 +33,7 @@ from .spechub import SpecHubBuilder
 from .static_trees import IIDTreeBuilder, SWORTreeBuilder
 
 if TYPE_CHECKING:
+    from ...distributed import Ranks
     from ...sampling import SamplingConfig
     from ..spec import MethodConfig
 
@@ -69,10 +70,12 @@ class AutoTreeBuilder(TreeBuilder):
         self._call_rounds = 0  # rounds built in the current generate call
         self._rounds = 0  # rounds built by this builder (over all calls)
         self._choice: tuple[tuple[int, int], tuple[int, ...], int] | None = None  # (batch, longest), shape, track
+        self.ranks: Ranks | None = None  # a tensor-parallel target's ranks (set by calibrate)
 
     def calibrate(self, target: models.HFCausalLM) -> None:
         """The target's pass cost by rows: from the cache, or measured once (:func:`target_curve`)."""
         self.max_nodes = fast_linear.DECODE_ROWS
+        self.ranks = target.ranks
         self.curve = target_curve(target)
 
     def start_call(self) -> None:
@@ -127,9 +130,14 @@ class AutoTreeBuilder(TreeBuilder):
             or self._rounds < AUTO_REFRESH
             or self._rounds % AUTO_REFRESH == 0
         ):
-            shape, track, _ = choose(
-                self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest, self.max_width
-            )
+            ranks = self.ranks
+            shape, track = (), 0
+            if ranks is None or ranks.leader:
+                shape, track, _ = choose(
+                    self.curve, self.acceptance, batch, self.max_nodes, AUTO_MAX_DEPTH, longest, self.max_width
+                )
+            if ranks is not None:  # the choice follows rank 0's timings: every rank drafts the same shape
+                shape, track = ranks.from_leader((shape, track))
             self._choice = (key, shape, track)
         self._rounds += 1
         self._call_rounds += 1
@@ -173,9 +181,9 @@ class AutoTreeBuilder(TreeBuilder):
         if depth == 0:
             return
         track = self.track if depth == len(self.shape) else 0
-        for ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
-            self.acceptance.observe(self.shape, ranks, min(n, depth), depth)
-            self.acceptance.observe_track(ranks, n, depth, track)
+        for sibling_ranks, n in zip(acc_rank.tolist(), n_acc.tolist(), strict=True):
+            self.acceptance.observe(self.shape, sibling_ranks, min(n, depth), depth)
+            self.acceptance.observe_track(sibling_ranks, n, depth, track)
 
 
 class AutoIIDTreeBuilder(AutoTreeBuilder):
@@ -195,7 +203,8 @@ class AutoSpecHubBuilder(AutoTreeBuilder):
 
 
 def _curve_key(target: models.HFCausalLM) -> str:
-    return curve_key(target.model, torch.get_num_threads(), fast_linear.DECODE_ROWS)
+    shards = target.ranks.size if target.ranks is not None else 1
+    return curve_key(target.model, torch.get_num_threads(), fast_linear.DECODE_ROWS, shards)
 
 
 def target_curve(target: models.HFCausalLM, *, progress: bool = True) -> CostCurve:
@@ -213,7 +222,7 @@ def target_curve(target: models.HFCausalLM, *, progress: bool = True) -> CostCur
                 target.forward_chain(state, [ctx], last_logits=False)
             target.probe_chain(state, torch.zeros((1, n), dtype=torch.long, device=target.device))
 
-    return load_or_measure(_curve_key(target), forward, progress=progress)
+    return load_or_measure(_curve_key(target), forward, progress=progress, ranks=target.ranks)
 
 
 def calibrate(model: Any, *, progress: bool = True) -> Path:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ...distributed import is_dtensor
 from . import attention
 from .attention import SPECDEC_ATTENTION, register_attention, stock_sdpa
 from .layers import fast_decoder_layer, fast_layer_ok
@@ -23,7 +24,8 @@ class Routing:
     ``attn_implementation="sdpa"``, its attention runs under :data:`SPECDEC_ATTENTION`. On exit the model is as it
     was: no instance ``forward`` is left on a module and the config names its own attention again, so calls of the
     user's model outside specdec (and its outputs) are those of an untouched copy. Modules that already carry an
-    instance ``forward`` (hooks such as accelerate's) are left alone. ``enabled=False`` (the adapter's
+    instance ``forward`` (hooks such as accelerate's, transformers' tensor-parallel forwards) or a DTensor weight are
+    left alone. ``enabled=False`` (the adapter's
     ``fast_path=False``): nothing is routed and :meth:`active` changes nothing."""
 
     def __init__(self, model: Any, *, enabled: bool = True) -> None:
@@ -31,7 +33,11 @@ class Routing:
         self.linears = [
             m
             for m in model.modules()
-            if enabled and type(m) is torch.nn.Linear and m.bias is None and "forward" not in m.__dict__
+            if enabled
+            and type(m) is torch.nn.Linear
+            and m.bias is None
+            and "forward" not in m.__dict__
+            and not is_dtensor(m.weight)  # a shard keeps its module's own (sharded) forward
         ]
         self.forwards = [partial(routed_linear, m) for m in self.linears]
         # the adapter's attention stands in for transformers' own sdpa only (a user's "sdpa" must run as registered)

@@ -1,0 +1,68 @@
+"""One rank of the tensor-parallel tests (run by ``torchrun --nproc_per_node 2``): loads the target sharded with
+tp_plan="auto" and the draft replicated, runs tp_cases.run_cases with the ranks' per-round check on, then the
+refusals and the check's own power runs, and writes what it saw to ``<out>/rank<r>.json``."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _error(fn) -> str | None:
+    try:
+        fn()
+    except Exception as err:  # the test asserts the class and the message
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
+    import specdec
+    from specdec.distributed import check_round, init_from_env, tp_load_kwargs
+    from specdec.errors import RankDivergenceError
+    from tiny_models import left_pad
+    from tp_cases import PROMPTS, run_cases
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    assert init_from_env(timeout=datetime.timedelta(seconds=120))  # a hang fails the test, not CI
+    rank = dist.get_rank()
+    report: dict = {"rank": rank}
+    try:
+        target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, **tp_load_kwargs()).eval()
+        draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        report["sharded"] = type(target.model.layers[0].mlp.up_proj.weight).__name__
+        report["runs"] = run_cases(target, draft)
+        ids, mask = left_pad(PROMPTS)
+        dec = specdec.SpeculativeDecoder(target, draft, method="sd", draft_length=2)
+        # refusals, on every rank alike
+        sharded_draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32, **tp_load_kwargs())
+        report["sharded_draft"] = _error(lambda: specdec.SpeculativeDecoder(target, sharded_draft, method="sd"))
+        heads3 = AutoModelForCausalLM.from_pretrained(heads3_dir, dtype=torch.float32, **tp_load_kwargs())
+        report["heads"] = _error(lambda: specdec.SpeculativeDecoder(heads3, None, method="ar"))
+        report["max_time"] = _error(lambda: dec.generate(ids, mask, max_new_tokens=4, max_time=5.0))
+        # the checks' power: ranks that start another call, ranks that commit other tokens
+        report["other_seed"] = _error(
+            lambda: dec.generate(ids, mask, max_new_tokens=4, do_sample=True, temperature=0.8, seed=rank)
+        )
+        ranks = dec.target.ranks
+        report["other_tokens"] = _error(lambda: check_round(ranks, 0, [[1, 2, rank]], [False]))
+        report["same_tokens"] = _error(lambda: check_round(ranks, 0, [[1, 2, 3]], [False]))
+        report["divergence_class"] = RankDivergenceError.__name__
+    except Exception:
+        report["crash"] = traceback.format_exc()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as fh:
+        json.dump(report, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
