@@ -72,6 +72,7 @@ from render.kernels import (  # noqa: F401
     kernel_provenance,
     kernel_rows,
 )
+from render.parallel import block_tensor_parallel  # noqa: F401
 from render.steps import (  # noqa: F401
     _new_cells,
     _runs_by_isa,
@@ -83,7 +84,7 @@ from render.steps import (  # noqa: F401
 )
 
 #: the files that hold generated blocks
-DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md", "benchmarks/results/csd.md")
+DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md", "docs/distributed.md", "benchmarks/results/csd.md")
 
 
 BLOCK = re.compile(r"(<!-- report:begin ([a-z0-9_-]+) -->\n)(.*?)(<!-- report:end -->)", re.S)
@@ -107,6 +108,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "step-profile": block_step_profile,
     "llama-cpp": block_llama_cpp,
     "llama-cpp-headline": lambda results: block_llama_cpp(results, brief=True),
+    "tensor-parallel": block_tensor_parallel,
     "csd": block_csd,
     "gpu-ops": block_gpu_ops,
     "gpu-model": block_gpu_model,

@@ -327,3 +327,28 @@ def test_llama_cpp_weights_check_catches_a_changed_matrix(tmp_path: Path) -> Non
     write(tmp_path / "changed.gguf", change=True)
     with pytest.raises(SystemExit, match="ffn_up"):
         bench_llama_cpp.check_same_weights(tmp_path / "changed.gguf", model)
+
+
+def test_tensor_parallel_block_states_each_layout_against_one_process_ar(tmp_path: Path) -> None:
+    import bench_tensor_parallel
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    base = {**meta, "model": "random-1b", "prompts": "HumanEval", "num_prompts": 2, "max_new_tokens": 48,
+            "temperature": 0.0, "draft": "ngram", "round": 0, "block_efficiency": "1.0"}  # fmt: skip
+    one = {**base, "layout": "one process", "ranks": 1, "threads_per_rank": 2, "load": "1.00"}
+    tp = {**base, "layout": "tensor parallel", "ranks": 2, "threads_per_rank": 1, "load": "1.50"}
+    rows = [
+        {**one, "label": "ar", "tokens_per_second": 10.0, "vs_one_process_ar": 1.0},
+        {**tp, "label": "ar", "tokens_per_second": 8.0, "vs_one_process_ar": 0.8, "calls_per_round": 34,
+         "bytes_per_round": 2048},
+        {**tp, "label": "sd(L=2)", "tokens_per_second": 12.0, "vs_one_process_ar": 1.2, "block_efficiency": "1.9",
+         "calls_per_round": 35, "bytes_per_round": 4096},
+    ]  # fmt: skip
+    _write(tmp_path / "tensor_parallel.csv", bench_tensor_parallel.FIELDS, rows)
+    out = report.block_tensor_parallel(tmp_path)
+    assert "**Llama random-1b (random weights)**, HumanEval (2 prompts), 48 new tokens, greedy, draft ngram" in out
+    assert "| one process | 1 x 2 | ar | 10.0 | 1.00x | 1.00 | - | - |" in out
+    assert "| tensor parallel | 2 x 1 | ar | 8.00 | 0.80x | 1.00 | 34.0 | 2.00 |" in out
+    assert "| tensor parallel | 2 x 1 | sd(L=2) | 12.0 | 1.20x | 1.90 | 35.0 | 4.00 |" in out
+    assert "load before each layout 1.00-1.50" in out

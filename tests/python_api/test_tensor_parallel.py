@@ -19,7 +19,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not built in", allow_module_level=True)
 
 from tiny_models import noisy_copy, tiny_llama  # noqa: E402
-from tp_cases import CASES, VOCAB, run_cases  # noqa: E402
+from tp_cases import CASES, HOOK, VOCAB, run_cases  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -76,6 +76,12 @@ def test_every_method_gives_one_process_tokens_on_every_rank(runs: dict, label: 
         # target's greedy tokens whatever the tree)
         return
     assert rank0 == runs["single"][key]
+
+
+def test_the_custom_generate_hook_gives_one_process_tokens(runs: dict) -> None:
+    rank0, rank1 = (r["runs"][HOOK] for r in runs["ranks"])
+    assert rank0 == rank1 == runs["single"][HOOK]
+    assert all(len(t) == 12 for t in rank0)
 
 
 def test_unsupported_layouts_and_settings_are_refused_on_every_rank(runs: dict) -> None:

@@ -17,6 +17,8 @@ PROMPTS = [[5, 17, 3, 9, 22], [7, 1, 30, 12, 44, 2, 8, 19]]
 NEW_TOKENS = 12
 TEMPERATURE = 0.8
 SEED = 11
+#: the key of the custom_generate hook's run
+HOOK = "hook-sd/sampled"
 
 #: (label, method, draft kind, method parameters)
 CASES: list[tuple[str, str, str, dict[str, Any]]] = [
@@ -66,4 +68,10 @@ def run_cases(target: Any, draft: Any) -> dict[str, list[list[int]]]:
         for mode, settings in (("greedy", {}), ("sampled", {"do_sample": True, "temperature": TEMPERATURE})):
             res = dec.generate(ids, mask, max_new_tokens=NEW_TOKENS, seed=SEED, **settings)
             out[f"{label}/{mode}"] = res.new_tokens
+    # the transformers hook: the target's own generate with specdec's custom_generate
+    seqs = target.generate(
+        ids, attention_mask=mask, custom_generate=specdec.custom_generate, assistant_model=draft, method="sd",
+        draft_length=3, max_new_tokens=NEW_TOKENS, do_sample=True, temperature=TEMPERATURE, seed=SEED,
+    )  # fmt: skip
+    out[HOOK] = seqs[:, ids.shape[1] :].tolist()
     return out

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...distributed import is_dtensor
 from ...errors import DraftMismatchError
 from ...models import (
     decode_linear,
@@ -154,8 +155,11 @@ def build_draft(cfg: DraftConfig, target_config: Any, embed_table: torch.Tensor,
 
 
 def target_embedding(target: Any) -> torch.Tensor:
-    """The target's input embedding table [V, E] (the draft reads it, never trains or ships it)."""
-    return target.get_input_embeddings().weight.detach()
+    """The target's input embedding table [V, E] (the draft reads it, never trains or ships it); of a
+    tensor-parallel target, the whole table gathered from the ranks (the draft is replicated, so each rank holds one
+    copy: every rank must call this, as every rank loads the draft)."""
+    table = target.get_input_embeddings().weight.detach()
+    return table.full_tensor() if is_dtensor(table) else table
 
 
 def _probe_rows(vocab: int) -> list[int]:
