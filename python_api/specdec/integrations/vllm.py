@@ -19,6 +19,7 @@ global generator, which vLLM seeds alike on every worker: tensor-parallel ranks 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,9 @@ FORWARD_PARAMS = ("self", "metadata", "draft_probs", "logits", "sampling_metadat
 #: vLLM's temperature of a greedy request (and the sampler's padding of rejected slots)
 GREEDY_TEMPERATURE = 0.0
 PLACEHOLDER = -1
+
+# under vLLM's logger, so that its handlers show the lines
+log = logging.getLogger("vllm.plugins.specdec")
 
 
 def enabled() -> bool:
@@ -67,6 +71,7 @@ def register() -> None:
     gpu_model_runner.RejectionSampler = type(
         "SpecdecRejectionSampler", (base,), {"forward": _forward, "specdec": True, "__doc__": _forward.__doc__}
     )
+    log.info("specdec: vLLM %s verifies drafts with specdec_kernels.verify_chain (%s=1)", vllm.__version__, ENV)
 
 
 def _forward(self: Any, metadata: Any, draft_probs: Any, logits: torch.Tensor, sampling_metadata: Any) -> Any:
@@ -75,6 +80,9 @@ def _forward(self: Any, metadata: Any, draft_probs: Any, logits: torch.Tensor, s
     from vllm.v1.outputs import SamplerOutput
 
     check_request_settings(sampling_metadata)
+    if not getattr(self, "_specdec_logged", False):
+        self._specdec_logged = True
+        log.info("specdec: verifying a first batch of %d requests", len(metadata.num_draft_tokens))
     tokens = verify_requests(
         draft_token_ids=metadata.draft_token_ids,
         num_draft_tokens=list(metadata.num_draft_tokens),
