@@ -62,7 +62,7 @@ from render.end_to_end import (  # noqa: F401
     block_end_to_end_headline,
     plot_end_to_end,
 )
-from render.engines import block_llama_cpp  # noqa: F401
+from render.engines import block_llama_cpp, block_vllm  # noqa: F401
 from render.gpu import _gpu_provenance, block_gpu_model, block_gpu_ops  # noqa: F401
 from render.kernels import (  # noqa: F401
     HEADLINE_OPS,
@@ -109,6 +109,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-cpp": block_llama_cpp,
     "llama-cpp-headline": lambda results: block_llama_cpp(results, brief=True),
     "tensor-parallel": block_tensor_parallel,
+    "vllm": block_vllm,
     "csd": block_csd,
     "gpu-ops": block_gpu_ops,
     "gpu-model": block_gpu_model,

@@ -352,3 +352,27 @@ def test_tensor_parallel_block_states_each_layout_against_one_process_ar(tmp_pat
     assert "| tensor parallel | 2 x 1 | ar | 8.00 | 0.80x | 1.00 | 34.0 | 2.00 |" in out
     assert "| tensor parallel | 2 x 1 | sd(L=2) | 12.0 | 1.20x | 1.90 | 35.0 | 4.00 |" in out
     assert "load before each layout 1.00-1.50" in out
+
+
+def test_vllm_block_states_each_configuration_against_our_ar(tmp_path: Path) -> None:
+    import bench_vllm
+    import report
+
+    meta = {"timestamp": "t1", "machine": "m", "torch": "2", "git_rev": "abc", "cpu_flags": "avx2", "cpu_isa": "avx2"}
+    base = {**meta, "vllm": "0.32.0", "transformers": "5.19.0", "prompts": "HumanEval", "num_prompts": 4,
+            "max_new_tokens": 64, "temperature": 0.7, "threads": 1, "new_tokens": 256, "seconds": 10.0,
+            "load": "0.90"}  # fmt: skip
+    rows = [
+        {**base, "engine": "vLLM", "config": "plain", "tokens_per_second": 12.0, "vs_our_ar": 0.5,
+         "accepted_per_round": ""},
+        {**base, "engine": "vLLM", "config": "ngram K=3, specdec's verifier", "tokens_per_second": 15.0,
+         "vs_our_ar": 0.625, "accepted_per_round": 1.2},
+        {**base, "engine": "specdec", "config": "ar", "tokens_per_second": 24.0, "vs_our_ar": 1.0,
+         "accepted_per_round": ""},
+    ]  # fmt: skip
+    _write(tmp_path / "vllm.csv", bench_vllm.FIELDS, rows)
+    out = report.block_vllm(tmp_path)
+    assert "| HumanEval 1-4, T = 0.7 | 1 | vLLM | plain | 12.0 | 0.50x | - |" in out
+    assert "| HumanEval 1-4, T = 0.7 | 1 | vLLM | ngram K=3, specdec's verifier | 15.0 | 0.62x | 1.20 |" in out
+    assert "| HumanEval 1-4, T = 0.7 | 1 | specdec | ar | 24.0 | 1.00x | - |" in out
+    assert "vLLM 0.32.0, transformers 5.19.0" in out and "load before each run 0.90-0.90" in out

@@ -70,3 +70,31 @@ def block_llama_cpp(results: Path, *, brief: bool = False) -> str:
              f"from source, the same bf16 weights; {counts}; tok/s over the whole call (prompt included), in brackets "
              f"over the decode alone; load {min(loads):.2f}-{max(loads):.2f}")  # fmt: skip
     return table(head, lines) + "\n\n" + provenance(rows, machine="machine", torch="torch", extra=extra) + "\n"
+
+
+#: a vLLM run is one bench_vllm call's setting on one machine and CPU variant
+VLLM_KEY = ("machine", "cpu_isa", "vllm", "prompts", "num_prompts", "max_new_tokens", "temperature", "threads")
+
+
+def block_vllm(results: Path) -> str:
+    """vLLM beside our driver on the same prompts (vllm.csv, benchmarks/bench_vllm.py)."""
+    runs = list(newest_runs(read_csv(results, "vllm"), VLLM_KEY).values())
+    if not runs:
+        return "No run recorded in `benchmarks/results/vllm.csv`.\n"
+    lines = []
+    for run in runs:
+        r0 = run[0]
+        temp = float(r0["temperature"])
+        setting = f"{r0['prompts']} 1-{r0['num_prompts']}, {'greedy' if temp == 0 else f'T = {temp:g}'}"
+        for r in run:
+            lines.append([setting, r0["threads"], r["engine"], r["config"], num(r["tokens_per_second"]),
+                          f"{float(r['vs_our_ar']):.2f}x", num(r["accepted_per_round"]) if r["accepted_per_round"]
+                          else "-"])  # fmt: skip
+    head = ["prompts, sampling", "threads", "engine", "configuration", "tok/s", "vs our AR", "drafts accepted / round"]
+    rows = [r for run in runs for r in run]
+    loads = [float(r["load"]) for r in rows]
+    versions = ", ".join(dict.fromkeys(f"vLLM {r['vllm']}, transformers {r['transformers']}" for r in rows))
+    extra = (f"CPU variant {', '.join(dict.fromkeys(r['cpu_isa'] for r in rows))}; {versions} (vLLM's CPU build, "
+             f"its own virtualenv); SmolLM2-135M-Instruct bf16, {rows[0]['max_new_tokens']} new tokens per prompt, "
+             f"one prompt per call; load before each run {min(loads):.2f}-{max(loads):.2f}")  # fmt: skip
+    return table(head, lines) + "\n\n" + provenance(rows, machine="machine", torch="torch", extra=extra) + "\n"

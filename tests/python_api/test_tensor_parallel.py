@@ -89,6 +89,8 @@ def test_unsupported_layouts_and_settings_are_refused_on_every_rank(runs: dict) 
         assert rep["sharded_draft"].startswith("UnsupportedModelError") and "draft" in rep["sharded_draft"]
         assert rep["heads"].startswith("UnsupportedModelError") and "num_attention_heads=3" in rep["heads"]
         assert rep["max_time"].startswith("UnsupportedSettingError") and "max_time" in rep["max_time"]
+        assert rep["device_map"].startswith("UnsupportedModelError") and "device_map" in rep["device_map"]
+        assert rep["pipeline"].startswith("UnsupportedModelError") and "'pp': 2" in rep["pipeline"]
 
 
 def test_the_rank_checks_catch_ranks_that_part(runs: dict) -> None:

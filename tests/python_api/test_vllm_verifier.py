@@ -151,3 +151,39 @@ def test_the_plugin_is_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None
     assert not plugin.enabled()
     monkeypatch.setenv(plugin.ENV, "1")
     assert plugin.enabled()
+
+
+def test_the_plugin_refuses_a_vllm_it_was_not_checked_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    class Sampler:
+        def forward(self, metadata, draft_probs, logits, sampling_metadata): ...
+
+    runner = types.ModuleType("vllm.v1.worker.gpu_model_runner")
+    runner.RejectionSampler = Sampler
+    fake = types.ModuleType("vllm")
+    for name, module in (("vllm", fake), ("vllm.v1", types.ModuleType("vllm.v1")),
+                         ("vllm.v1.worker", types.ModuleType("vllm.v1.worker")),
+                         ("vllm.v1.worker.gpu_model_runner", runner)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["vllm.v1"].worker = sys.modules["vllm.v1.worker"]
+    sys.modules["vllm.v1.worker"].gpu_model_runner = runner
+    fake.v1 = sys.modules["vllm.v1"]
+    monkeypatch.setenv(plugin.ENV, "1")
+    fake.__version__ = "0.33.0"
+    with pytest.raises(RuntimeError, match="checked on vLLM 0.32.0"):
+        plugin.register()
+    fake.__version__ = "0.32.0+cpu"
+    plugin.register()
+    assert runner.RejectionSampler is not Sampler and issubclass(runner.RejectionSampler, Sampler)
+    assert runner.RejectionSampler.forward is plugin._forward
+    plugin.register()  # a second call keeps the one replacement
+    assert runner.RejectionSampler.__mro__[1] is Sampler
+
+    class Moved:
+        def forward(self, metadata, logits, sampling_metadata): ...
+
+    runner.RejectionSampler = Moved
+    with pytest.raises(RuntimeError, match="the seam moved"):
+        plugin.register()

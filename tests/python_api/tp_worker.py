@@ -24,6 +24,15 @@ def _error(fn) -> str | None:
     return None
 
 
+class _PipelineMesh:
+    """What transformers' root device mesh answers for a model with 2 pipeline stages beside tensor parallelism."""
+
+    mesh_dim_names = ("pp", "tp")
+
+    def __getitem__(self, name: str):
+        return type("Dim", (), {"size": lambda self: 2})()
+
+
 def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
     import specdec
     from specdec.distributed import check_round, init_from_env, tp_load_kwargs
@@ -49,6 +58,13 @@ def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
         heads3 = AutoModelForCausalLM.from_pretrained(heads3_dir, dtype=torch.float32, **tp_load_kwargs())
         report["heads"] = _error(lambda: specdec.SpeculativeDecoder(heads3, None, method="ar"))
         report["max_time"] = _error(lambda: dec.generate(ids, mask, max_new_tokens=4, max_time=5.0))
+        target.hf_device_map = {"": "cpu"}  # as from_pretrained(device_map=...) leaves it
+        report["device_map"] = _error(lambda: specdec.SpeculativeDecoder(target, draft, method="sd"))
+        del target.hf_device_map
+        mesh = target._device_mesh
+        target._device_mesh = _PipelineMesh()  # a 2-stage pipeline dimension beside tp
+        report["pipeline"] = _error(lambda: specdec.SpeculativeDecoder(target, draft, method="sd"))
+        target._device_mesh = mesh
         # the checks' power: ranks that start another call, ranks that commit other tokens
         report["other_seed"] = _error(
             lambda: dec.generate(ids, mask, max_new_tokens=4, do_sample=True, temperature=0.8, seed=rank)
