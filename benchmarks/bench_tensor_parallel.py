@@ -1,6 +1,7 @@
 """Tensor parallelism against one process on the same machine: the demo (``python -m specdec demo``) run once in
-one process with ``--ranks`` torch threads, once under ``torchrun --nproc_per_node <ranks>`` with one thread per
-rank (the target sharded with ``tp_plan="auto"``), on the same prompts and settings, the two runs taking turns
+one process with ``--ranks`` torch threads (at most the machine's cores), once under ``torchrun --nproc_per_node
+<ranks>`` with one thread per rank (the target sharded with ``tp_plan="auto"``), on the same prompts and settings,
+the two runs taking turns
 ``--rounds`` times. Rows go to ``benchmarks/results/tensor_parallel.csv``: tokens/s of each method, its ratio to the
 one-process AR of the same round, and (sharded runs) the collectives and bytes each rank sends per round.
 
@@ -47,7 +48,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"--model must be smollm2 or one of {sorted(MODELS)}, got {args.model!r}")
     model = [] if args.model == "smollm2" else ["--model", str(random_llama_dir(args.model, CACHE))]
     demo = ["demo", "--json", "--no-numerics", *model, *args.demo]
-    one = [sys.executable, "-m", "specdec", *demo, "--threads", str(args.ranks)]
+    threads = min(args.ranks, os.cpu_count() or 1)  # more threads than cores would only slow the one process
+    one = [sys.executable, "-m", "specdec", *demo, "--threads", str(threads)]
     tp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.ranks),
           "-m", "specdec", *demo, "--threads", "1"]  # fmt: skip
     env_note = os.environ.get("OMP_NUM_THREADS")
@@ -68,7 +70,7 @@ def main(argv: list[str]) -> None:
                     "num_prompts": s["num_prompts"], "max_new_tokens": s["max_new_tokens"],
                     "temperature": s["temperature"], "draft": s["draft"], "round": rnd, "layout": layout,
                     "ranks": args.ranks if layout == "tensor parallel" else 1,
-                    "threads_per_rank": 1 if layout == "tensor parallel" else args.ranks, "label": r["label"],
+                    "threads_per_rank": 1 if layout == "tensor parallel" else threads, "label": r["label"],
                     "new_tokens": r["new_tokens"], "tokens_per_second": r["tokens_per_second"],
                     "block_efficiency": r["block_efficiency"], "calls_per_round": r.get("calls_per_round", ""),
                     "bytes_per_round": r.get("bytes_per_round", ""), "load": f"{load:.2f}",

@@ -1,5 +1,6 @@
 """vLLM on this CPU beside our own driver, on the same prompts and settings (SmolLM2-135M-Instruct, bf16, one
-prompt per call): vLLM's plain decoding, its n-gram speculation verified by its own sampler and by specdec's
+prompt per call): vLLM's plain decoding, its n-gram speculation and its draft-model speculation with the target as
+its own draft (every draft is then due to be accepted), each verified by its own sampler and by specdec's
 (``SPECDEC_VLLM=1``, :mod:`specdec.integrations.vllm`), and our driver's AR, SD with the same n-gram proposer and the
 default ``rsd_c``. tokens/s, each run's ratio to our AR, and the drafts accepted per verification round. Rows go to
 ``benchmarks/results/vllm.csv``. Runs in the virtualenv of scripts/install_vllm.sh (vLLM pins its own
@@ -26,7 +27,7 @@ FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "v
 K = 3  # drafts per round for every n-gram configuration
 
 
-def vllm_run(settings: dict, *, spec: bool, ours: bool) -> dict:
+def vllm_run(settings: dict, *, spec: str | None, ours: bool) -> dict:
     """One vLLM engine in a process of its own (this file with --engine); its tokens, time and counters."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg, out = os.path.join(tmp, "cfg.json"), os.path.join(tmp, "out.json")
@@ -53,9 +54,12 @@ def engine_main(cfg_path: str, out_path: str) -> None:
         cfg = json.load(fh)
     kw: dict = dict(model=cfg["model"], dtype="bfloat16", enforce_eager=True, max_model_len=2048, seed=0,
                     disable_log_stats=False)  # fmt: skip
-    if cfg["spec"]:
+    if cfg["spec"] == "ngram":
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                                     "prompt_lookup_min": 1}  # fmt: skip
+    elif cfg["spec"] == "self":  # the target as vLLM's draft model: every draft is due to be accepted
+        kw["speculative_config"] = {"model": cfg["model"], "num_speculative_tokens": K,
+                                    "draft_sample_method": "probabilistic"}  # fmt: skip
     llm = LLM(**kw)
     params = SamplingParams(temperature=cfg["temperature"], max_tokens=cfg["max_new_tokens"], seed=0,
                             top_k=cfg["top_k"] or 0)  # fmt: skip
@@ -135,8 +139,10 @@ def main(argv: list[str]) -> None:
                 "threads": args.threads}  # fmt: skip
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     runs = []
-    for label, spec, plugin in (("plain", False, False), (f"ngram K={K}, vLLM's verifier", True, False),
-                                (f"ngram K={K}, specdec's verifier", True, True)):  # fmt: skip
+    for label, spec, plugin in (("plain", None, False), (f"ngram K={K}, vLLM's verifier", "ngram", False),
+                                (f"ngram K={K}, specdec's verifier", "ngram", True),
+                                (f"itself as draft K={K}, vLLM's verifier", "self", False),
+                                (f"itself as draft K={K}, specdec's verifier", "self", True)):  # fmt: skip
         load = os.getloadavg()[0]
         runs.append(("vLLM", label, vllm_run(settings, spec=spec, ours=plugin), load))
     load = os.getloadavg()[0]

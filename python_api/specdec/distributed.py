@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,11 +30,10 @@ CHECK_ENV = "SPECDEC_CHECK_RANKS"
 
 
 def _dtensor_type() -> type | None:
-    if not torch.distributed.is_available():
-        return None
-    from torch.distributed.tensor import DTensor
-
-    return DTensor
+    """torch's DTensor class where ``torch.distributed.tensor`` is loaded (no DTensor exists before it is; importing it
+    costs most of a second, which a process without tensor parallelism never pays), else None."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 def is_dtensor(tensor: Any) -> bool:
