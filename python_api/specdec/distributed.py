@@ -99,12 +99,15 @@ def tensor_parallel(model: torch.nn.Module, name: str = "target") -> Ranks | Non
     params = sharded_parameters(model)
     if not params:
         return None
-    meshes = {id(p.device_mesh): p.device_mesh for _, p in params}
+    meshes: list[Any] = []  # distinct meshes (transformers may hand equal meshes as distinct objects)
+    for _, p in params:
+        if not any(p.device_mesh == m for m in meshes):
+            meshes.append(p.device_mesh)
     root = getattr(model, "_device_mesh", None)
     extra = {}
     if root is not None and getattr(root, "mesh_dim_names", None):
         extra = {d: root[d].size() for d in root.mesh_dim_names if d != "tp" and root[d].size() > 1}
-    if len(meshes) > 1 or any(m.ndim != 1 for m in meshes.values()) or extra:
+    if len(meshes) > 1 or any(m.ndim != 1 for m in meshes) or extra:
         raise UnsupportedModelError(
             f"{name} is sharded over more than one mesh dimension ({extra or 'several meshes'}): speculative decoding "
             "runs tensor parallelism only (a 1-D tp mesh); pipeline and FSDP stages are not supported"
@@ -114,7 +117,7 @@ def tensor_parallel(model: torch.nn.Module, name: str = "target") -> Ranks | Non
             f"{name} was loaded with both device_map and tensor parallelism: load it with tp_plan alone (each rank "
             "holds its shard on its own device)"
         )
-    mesh = next(iter(meshes.values()))
+    mesh = meshes[0]
     group = mesh.get_group()
     size = torch.distributed.get_world_size(group)
     if size == 1:

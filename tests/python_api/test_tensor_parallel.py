@@ -18,8 +18,9 @@ pytest.importorskip("transformers")
 if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not built in", allow_module_level=True)
 
+from test_model_families import FAMILIES, tiny  # noqa: E402
 from tiny_models import noisy_copy, tiny_llama  # noqa: E402
-from tp_cases import CASES, HOOK, VOCAB, run_cases  # noqa: E402
+from tp_cases import CASES, HOOK, VOCAB, run_cases, run_families  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -43,11 +44,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "draft": AutoModelForCausalLM.from_pretrained(root / "draft", dtype=torch.float32).eval(),
     }
     single = run_cases(one["target"], one["draft"])
+    # every supported family beside Llama, 4 query and 2 key/value heads (sliding windows shorter than the prompts)
+    families = root / "families"
+    for family in FAMILIES:
+        if family != "llama":
+            tiny(family, 7).save_pretrained(families / family)
+    loaded = {f: AutoModelForCausalLM.from_pretrained(families / f).eval() for f in sorted(os.listdir(families))}
+    single.update(run_families(loaded))
     out = root / "out"
     out.mkdir()
     env = {**os.environ, "SPECDEC_CHECK_RANKS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(HERE / "tp_worker.py"), str(root / "target"), str(root / "draft"), str(root / "heads3"), str(out)]
+    cmd += [
+        str(HERE / "tp_worker.py"),
+        str(root / "target"),
+        str(root / "draft"),
+        str(root / "heads3"),
+        str(out),
+        str(families),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     reports = []
     for r in range(2):
@@ -62,6 +77,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_the_target_is_sharded_and_every_rank_finishes(runs: dict) -> None:
     assert runs["rc"] == 0
     assert [r["sharded"] for r in runs["ranks"]] == ["DTensor", "DTensor"]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_every_family_gives_one_process_tokens_on_every_rank(runs: dict, family: str, mode: str) -> None:
+    key = f"{family}/{mode}"
+    rank0, rank1 = (r["families"][key] for r in runs["ranks"])
+    assert rank0 == rank1 == runs["single"][key]
 
 
 @pytest.mark.parametrize("label", [c[0] for c in CASES])

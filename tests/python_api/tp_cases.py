@@ -75,3 +75,18 @@ def run_cases(target: Any, draft: Any) -> dict[str, list[list[int]]]:
     )  # fmt: skip
     out[HOOK] = seqs[:, ids.shape[1] :].tolist()
     return out
+
+
+def run_families(models: dict[str, Any]) -> dict[str, list[list[int]]]:
+    """Each family's tiny model (name -> model) with Max-Gram drafting: SD greedy and sampled, family/mode -> each
+    prompt's new tokens."""
+    from tiny_models import left_pad
+
+    ids, mask = left_pad(PROMPTS)
+    out: dict[str, list[list[int]]] = {}
+    for name, model in models.items():
+        dec = specdec.SpeculativeDecoder(model, "ngram", method="sd", draft_length=3)
+        for mode, settings in (("greedy", {}), ("sampled", {"do_sample": True, "temperature": TEMPERATURE})):
+            res = dec.generate(ids, mask, max_new_tokens=NEW_TOKENS, seed=SEED, pad_token_id=0, **settings)
+            out[f"{name}/{mode}"] = res.new_tokens
+    return out

@@ -33,12 +33,12 @@ class _PipelineMesh:
         return type("Dim", (), {"size": lambda self: 2})()
 
 
-def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
+def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str, families_dir: str) -> None:
     import specdec
     from specdec.distributed import check_round, init_from_env, tp_load_kwargs
     from specdec.errors import RankDivergenceError
     from tiny_models import left_pad
-    from tp_cases import PROMPTS, run_cases
+    from tp_cases import PROMPTS, run_cases, run_families
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
@@ -50,6 +50,11 @@ def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
         draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
         report["sharded"] = type(target.model.layers[0].mlp.up_proj.weight).__name__
         report["runs"] = run_cases(target, draft)
+        families = {
+            name: AutoModelForCausalLM.from_pretrained(os.path.join(families_dir, name), **tp_load_kwargs()).eval()
+            for name in sorted(os.listdir(families_dir))
+        }
+        report["families"] = run_families(families)
         ids, mask = left_pad(PROMPTS)
         dec = specdec.SpeculativeDecoder(target, draft, method="sd", draft_length=2)
         # refusals, on every rank alike
@@ -81,4 +86,4 @@ def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
