@@ -79,6 +79,15 @@ def test_the_target_is_sharded_and_every_rank_finishes(runs: dict) -> None:
     assert [r["sharded"] for r in runs["ranks"]] == ["DTensor", "DTensor"]
 
 
+def test_the_fast_path_takes_the_shards_and_puts_transformers_forwards_back(runs: dict) -> None:
+    for rep in runs["ranks"]:
+        # 2 layers x 7 linears and the head
+        assert rep["sharded_routed"] == 15
+        assert rep["restored"]
+        # the models' own forwards (fast_path=False) give the same greedy tokens
+        assert rep["fast_path_off"] == runs["single"]["rsd_c/greedy"]
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 def test_every_family_gives_one_process_tokens_on_every_rank(runs: dict, family: str, mode: str) -> None:

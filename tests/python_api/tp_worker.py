@@ -50,6 +50,13 @@ def main(target_dir: str, draft_dir: str, heads3_dir: str, out: str, families_di
         draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
         report["sharded"] = type(target.model.layers[0].mlp.up_proj.weight).__name__
         report["runs"] = run_cases(target, draft)
+        # the fast path takes the sharded linears (fastpath.sharded) and puts transformers' forwards back after
+        routing = specdec.SpeculativeDecoder(target, None, method="ar").target.routing
+        report["sharded_routed"] = len(routing.sharded)
+        report["restored"] = all(m.__dict__["forward"].__code__.co_name == "tp_forward" for m, _, _ in routing.sharded)
+        ids0, mask0 = left_pad(PROMPTS)
+        plain = specdec.SpeculativeDecoder(target, draft, method="rsd_c", branching=(2, 2), fast_path=False)
+        report["fast_path_off"] = plain.generate(ids0, mask0, max_new_tokens=12, seed=11).new_tokens
         families = {
             name: AutoModelForCausalLM.from_pretrained(os.path.join(families_dir, name), **tp_load_kwargs()).eval()
             for name in sorted(os.listdir(families_dir))

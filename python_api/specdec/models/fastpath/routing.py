@@ -15,6 +15,7 @@ from . import attention
 from .attention import SPECDEC_ATTENTION, register_attention, stock_sdpa
 from .layers import fast_decoder_layer, fast_layer_ok
 from .linear import routed_linear, skinny_linears
+from .sharded import sharded_forward
 
 
 class Routing:
@@ -24,9 +25,10 @@ class Routing:
     ``attn_implementation="sdpa"``, its attention runs under :data:`SPECDEC_ATTENTION`. On exit the model is as it
     was: no instance ``forward`` is left on a module and the config names its own attention again, so calls of the
     user's model outside specdec (and its outputs) are those of an untouched copy. Modules that already carry an
-    instance ``forward`` (hooks such as accelerate's, transformers' tensor-parallel forwards) or a DTensor weight are
-    left alone. ``enabled=False`` (the adapter's
-    ``fast_path=False``): nothing is routed and :meth:`active` changes nothing."""
+    instance ``forward`` (hooks such as accelerate's) or a DTensor weight are left alone, but for the linears of
+    transformers' tensor parallelism whose style :func:`~specdec.models.fastpath.sharded.sharded_forward` reads: their
+    forward is swapped for one on the decode kernels inside, and transformers' is put back on exit.
+    ``enabled=False`` (the adapter's ``fast_path=False``): nothing is routed and :meth:`active` changes nothing."""
 
     def __init__(self, model: Any, *, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -40,6 +42,10 @@ class Routing:
             and not is_dtensor(m.weight)  # a shard keeps its module's own (sharded) forward
         ]
         self.forwards = [partial(routed_linear, m) for m in self.linears]
+        # linears sharded by transformers' tensor parallelism: their local matmul on the decode kernels, the style's
+        # collective as transformers runs it (fastpath.sharded); transformers' forward is put back on exit
+        found = [(m, sharded_forward(m)) for m in model.modules()] if enabled else []
+        self.sharded = [(m, m.__dict__["forward"], f) for m, f in found if f is not None]
         # the adapter's attention stands in for transformers' own sdpa only (a user's "sdpa" must run as registered)
         stock = enabled and getattr(model.config, "_attn_implementation", None) == "sdpa" and stock_sdpa()
         self.config = model.config if stock else None
@@ -63,6 +69,8 @@ class Routing:
             m.__dict__["forward"] = f  # the instance attribute shadows nn.Linear.forward
         for m, f in zip(self.layers, self.layer_forwards, strict=True):
             m.__dict__["forward"] = f
+        for m, _, f in self.sharded:
+            m.__dict__["forward"] = f
         # only over the config's own sdpa (a model switched to another attention since keeps it), restored after
         switched = self.config is not None and self.config._attn_implementation == "sdpa"
         if switched:
@@ -73,6 +81,8 @@ class Routing:
         finally:
             for m in (*self.linears, *self.layers):
                 m.__dict__.pop("forward", None)
+            for m, own, _ in self.sharded:
+                m.__dict__["forward"] = own
             if switched:
                 self.config._attn_implementation = "sdpa"
             self.depth = 0
