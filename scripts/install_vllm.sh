@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A separate virtualenv with vLLM's CPU build and this package, for the tests inside vLLM (tests/vllm/) and the
+# A separate virtualenv with vLLM's CPU build and this package, for the tests inside vLLM (tests/in_vllm/) and the
 # vLLM benchmark. vLLM pins torch 2.13.0+cpu (this package's torch) and transformers < 5.20; torchvision,
 # torchaudio and torchcodec resolve to CUDA builds that break `import transformers` there, so they are removed.
 # Usage: bash scripts/install_vllm.sh [VENV]   (default: $SPECDEC_VLLM_VENV, else ~/.cache/specdec/vllm-venv)

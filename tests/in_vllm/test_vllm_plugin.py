@@ -2,7 +2,7 @@
 
 A tiny random Llama target (vocabulary 8, 4 heads) and a noisy copy as vLLM's draft model, saved to a temporary
 folder; every engine run is vLLM's offline ``LLM`` with ``enforce_eager=True`` in a process of its own
-(tests/vllm/run_llm.py). Checked:
+(tests/in_vllm/run_llm.py). Checked:
 
 * the law of the first two tokens of 4000 seeded requests at T = 0.8 (the second comes from verification: vLLM
   drafts from the first) against the target's processed law q(y1) q(y2 | y1) from transformers, Pearson chi-square

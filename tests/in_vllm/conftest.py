@@ -3,4 +3,6 @@ than the package's main environment): ``bash scripts/test_vllm.sh``. Elsewhere t
 
 import importlib.util
 
-collect_ignore_glob = [] if importlib.util.find_spec("vllm") is not None else ["*.py"]
+_spec = importlib.util.find_spec("vllm")
+# a real installed package (a folder named vllm on sys.path would be found as a namespace package without an origin)
+collect_ignore_glob = [] if _spec is not None and _spec.origin is not None else ["*.py"]

@@ -1,4 +1,4 @@
-"""One vLLM engine run for tests/vllm/test_vllm_plugin.py, in a process of its own (the plugin is read when vLLM
+"""One vLLM engine run for tests/in_vllm/test_vllm_plugin.py, in a process of its own (the plugin is read when vLLM
 starts): the run's settings as JSON in argv[1], its tokens and speculative-decoding counters as JSON to argv[2]."""
 
 from __future__ import annotations
