@@ -1,14 +1,14 @@
 """Tensor parallelism against one process on the same machine: the demo (``python -m specdec demo``) run once in
 one process with ``--ranks`` torch threads (at most the machine's cores), once under ``torchrun --nproc_per_node
 <ranks>`` with one thread per rank (the target sharded with ``tp_plan="auto"``), on the same prompts and settings,
-the two runs taking turns
-``--rounds`` times. Rows go to ``benchmarks/results/tensor_parallel.csv``: tokens/s of each method, its ratio to the
-one-process AR of the same round, and (sharded runs) the collectives and bytes each rank sends per round.
+the two runs taking turns ``--rounds`` times. Rows go to ``benchmarks/results/tensor_parallel.csv``: tokens/s of
+each method, its ratio to the one-process AR of the same round, and (sharded runs) the collectives and bytes each
+rank sends per round.
 
     python benchmarks/bench_tensor_parallel.py --model random-1b --ranks 2 -- --methods ar,sd,rsd_c --draft ngram
     python benchmarks/bench_tensor_parallel.py --model smollm2 --ranks 3 -- --methods ar,rsd_c,sd
 
-SmolLM2 has 9 attention heads and 3 key/value heads: 3 ranks (or 9), never 2. The flags after ``--`` go to the demo.
+SmolLM2 has 9 attention heads and 3 key/value heads: 3 ranks, never 2. The flags after ``--`` go to the demo.
 """
 
 from __future__ import annotations
@@ -40,10 +40,14 @@ def demo_json(cmd: list[str]) -> dict:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="random-1b", help=f"smollm2 or one of {sorted(MODELS)}")
-    parser.add_argument("--ranks", type=int, default=2, help="tensor-parallel ranks (and the one process's threads)")
+    parser.add_argument(
+        "--ranks", type=int, default=2, help="tensor-parallel ranks (and the one process's threads, at most the cores)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="times the two layouts take turns")
     parser.add_argument("demo", nargs="*", help="demo flags (after --)")
     args = parser.parse_args(argv)
+    if os.environ.get("OMP_NUM_THREADS"):
+        raise SystemExit("unset OMP_NUM_THREADS: the layouts set their own thread counts")
     if args.model != "smollm2" and args.model not in MODELS:
         raise SystemExit(f"--model must be smollm2 or one of {sorted(MODELS)}, got {args.model!r}")
     model = [] if args.model == "smollm2" else ["--model", str(random_llama_dir(args.model, CACHE))]
@@ -52,9 +56,6 @@ def main(argv: list[str]) -> None:
     one = [sys.executable, "-m", "specdec", *demo, "--threads", str(threads)]
     tp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.ranks),
           "-m", "specdec", *demo, "--threads", "1"]  # fmt: skip
-    env_note = os.environ.get("OMP_NUM_THREADS")
-    if env_note:
-        raise SystemExit("unset OMP_NUM_THREADS: the layouts set their own thread counts")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     out = []
     for rnd in range(args.rounds):

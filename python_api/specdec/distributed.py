@@ -29,6 +29,11 @@ from .errors import RankDivergenceError, UnsupportedModelError
 CHECK_ENV = "SPECDEC_CHECK_RANKS"
 
 
+def env_flag(name: str) -> bool:
+    """Whether the on/off environment switch ``name`` is on (set, and not 0, false or no)."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
 def _dtensor_type() -> type | None:
     """torch's DTensor class where ``torch.distributed.tensor`` is loaded (no DTensor exists before it is; importing it
     costs most of a second, which a process without tensor parallelism never pays), else None."""
@@ -75,15 +80,18 @@ class Ranks:
         torch.distributed.all_gather_object(out, value, group=self.group)
         return out
 
-    def require_equal(self, what: str, value: Any, hint: str) -> None:
-        """Raise :class:`RankDivergenceError` on every rank unless all ranks hold the same ``value``."""
-        values = self.gather(value)
-        for r, v in enumerate(values):
-            if v != values[0]:
+    def require_equal(self, what: str, value: Any, hint: str, *, carry: Any = None) -> Any:
+        """Raise :class:`RankDivergenceError` on every rank unless all ranks hold the same ``value``; returns rank
+        0's ``carry`` (the same all-gather serves the check and a broadcast)."""
+        values = self.gather((value, carry))
+        first = values[0][0]
+        for r, (v, _) in enumerate(values):
+            if v != first:
                 raise RankDivergenceError(
-                    f"tensor-parallel ranks disagree on {what}: rank 0 has {_short(values[0])}, rank {r} has "
+                    f"tensor-parallel ranks disagree on {what}: rank 0 has {_short(first)}, rank {r} has "
                     f"{_short(v)}; {hint}"
                 )
+        return values[0][1]
 
 
 def _short(value: Any) -> str:
@@ -130,12 +138,11 @@ def tensor_parallel(model: torch.nn.Module, name: str = "target") -> Ranks | Non
                 f"{name}: {attr}={heads} does not divide among {size} tensor-parallel ranks (each rank must hold whole "
                 f"heads); run a number of ranks that divides it"
             )
-    flag = os.environ.get(CHECK_ENV, "").strip().lower()
     return Ranks(
         group=group,
         rank=torch.distributed.get_rank(group),
         size=size,
-        check=flag not in ("", "0", "false", "no"),
+        check=env_flag(CHECK_ENV),
         _leader=torch.distributed.get_global_rank(group, 0),
     )
 
@@ -168,11 +175,14 @@ def check_replicated(draft: Any, name: str = "draft") -> None:
         )
 
 
+def _digest(tensor: torch.Tensor) -> str:
+    """A short digest of a tensor's bytes: equal digests, equal contents."""
+    return hashlib.sha256(bytes(tensor.detach().cpu().contiguous().numpy())).hexdigest()[:16]
+
+
 def generator_fingerprint(generator: torch.Generator | None) -> str | None:
     """A short digest of a generator's state (None for no generator): equal digests, equal draws."""
-    if generator is None:
-        return None
-    return hashlib.sha256(bytes(generator.get_state().cpu().numpy())).hexdigest()[:16]
+    return None if generator is None else _digest(generator.get_state())
 
 
 def agree_call(
@@ -180,21 +190,18 @@ def agree_call(
 ) -> int | None:
     """Check that every rank starts the same call (prompts, seed or generator state) and return the seed every rank
     uses: ``seed``, or for an unseeded sampled run without a generator one drawn on rank 0 from torch's global
-    generator and broadcast."""
-    prompts = hashlib.sha256(bytes(input_ids.detach().cpu().long().contiguous().numpy())).hexdigest()[:16]
+    generator and broadcast (one all-gather for both)."""
     draw = None
     if not greedy and seed is None and generator is None and ranks.leader:
         draw = int(torch.randint(0, 2**63 - 1, ()))
-    mine = (tuple(input_ids.shape), prompts, seed, generator_fingerprint(generator), draw)
-    values = ranks.gather(mine)
-    for r, v in enumerate(values):
-        if v[:4] != values[0][:4]:
-            raise RankDivergenceError(
-                f"tensor-parallel rank {r} starts another call than rank 0 (input_ids shape, input_ids, seed, "
-                f"generator state: {v[:4]} against {values[0][:4]}): every rank must call generate with the same "
-                "prompts and the same seed (or generators seeded alike)"
-            )
-    return seed if values[0][4] is None else values[0][4]
+    call = (tuple(input_ids.shape), _digest(input_ids.long()), seed, generator_fingerprint(generator))
+    drawn = ranks.require_equal(
+        "the call (input_ids shape, input_ids digest, seed, generator state)",
+        call,
+        "every rank must call generate with the same prompts and the same seed (or generators seeded alike)",
+        carry=draw,
+    )
+    return seed if drawn is None else drawn
 
 
 def check_round(ranks: Ranks, index: int, tokens: list[list[int]], finished: list[bool]) -> None:

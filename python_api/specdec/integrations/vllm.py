@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 import specdec_kernels as sk
+
+from ..distributed import env_flag
 
 #: the environment switch that turns the plugin on
 ENV = "SPECDEC_VLLM"
@@ -44,7 +45,7 @@ log = logging.getLogger("vllm.plugins.specdec")
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return env_flag(ENV)
 
 
 def register() -> None:

@@ -110,7 +110,12 @@ def skinny_linears() -> Iterator[None]:
 
 
 def routed_linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return decode_linear(x, module.weight) if decode_ops_on() else F.linear(x, module.weight)
+    return thread_linear(x, module.weight)
+
+
+def thread_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`decode_linear` inside :func:`skinny_linears` in this thread, else ``F.linear`` (the model's own)."""
+    return decode_linear(x, weight) if decode_ops_on() else F.linear(x, weight)
 
 
 def decode_ops_on() -> bool:

@@ -1,6 +1,6 @@
 """Tensor-parallel linears (transformers' ``tp_plan``) on the decode kernels: the same computation as the forward
 transformers installs on a sharded ``nn.Linear`` at inference (the local matmul, then the style's collective), with
-:func:`~specdec.models.fastpath.linear.decode_linear` for the local matmul. Taken only for the styles whose inference
+:func:`~specdec.models.fastpath.linear.thread_linear` for the local matmul. Taken only for the styles whose inference
 path is read here; any other module keeps transformers' forward."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ...distributed import is_dtensor
-from .linear import decode_linear, decode_ops_on
+from .linear import thread_linear
 
 #: what transformers' tensor-parallel forward of a linear closes over (``TensorParallelLayer.install_forward``)
 _TP_FORWARD = "tp_forward"
@@ -66,7 +65,7 @@ def sharded_forward(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.T
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() or is_dtensor(x):
             return own(x)
-        y = decode_linear(x, local) if decode_ops_on() else F.linear(x, local)
+        y = thread_linear(x, local)
         if kind == "rowwise":
             torch.distributed.all_reduce(y, group=group)
         elif kind == "gather":
