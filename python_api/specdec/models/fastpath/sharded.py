@@ -41,7 +41,11 @@ def sharded_forward(module: torch.nn.Module) -> Callable[[torch.Tensor], torch.T
         return None
     style, mesh = found
     from torch.distributed.tensor import Replicate, Shard
-    from transformers.distributed.tensor_parallel import ColwiseParallel, RowwiseParallel
+
+    try:  # where transformers keeps its tensor-parallel styles (the layout read here)
+        from transformers.distributed.tensor_parallel import ColwiseParallel, RowwiseParallel
+    except ImportError:
+        return None
 
     if mesh.ndim != 1 or not getattr(style, "use_local_output", False):
         return None
