@@ -54,6 +54,7 @@ int method_code(const std::string& m) {
   if (m == "rrsw") return 1;
   if (m == "kseq") return 2;
   if (m == "spechub") return 3;
+  if (m == "block") return 4;
   TORCH_CHECK(false, "specdec: unknown method '", m, "'");
 }
 

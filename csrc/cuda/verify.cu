@@ -11,7 +11,7 @@ namespace cuda {
 
 constexpr float kZeroMassTol = 1e-6f;  // zero-mass rule (docs/exactness.md), fp32
 constexpr double kZeroMassTolF64 = 1e-12;  // zero-mass rule, fp64 (SpecHub's double plan)
-enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3 };
+enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3, kBlock = 4 };
 
 __device__ __forceinline__ float ratio_prob(float num, float den) {
   if (den > 0.0f) return fminf(fmaxf(num / den, 0.0f), 1.0f);
@@ -333,6 +333,96 @@ __global__ void verify_node_kernel(const int64_t* __restrict__ cand, const bool*
   }
 }
 
+// w_i of block verification along the chain root = chain[-1 slot], chain[0..i) (every thread computes the same
+// doubles: chains are a few nodes long, so recomputing the product beats a scratch row).
+__device__ double block_weight(const int64_t* tokens, const int64_t* chain, int64_t i, const float* p, const float* q,
+                               int64_t V) {
+  double w = 1.0;
+  int64_t prev = 0;
+  for (int64_t d = 0; d < i; ++d) {
+    const int64_t x = tokens[chain[d]];
+    w = fmin(w * static_cast<double>(q[prev * V + x]) / static_cast<double>(p[prev * V + x]), 1.0);
+    prev = chain[d];
+  }
+  return w;
+}
+
+__device__ double block_excess_sum(double w, const float* p, const float* q, int64_t V) {
+  double tot = 0.0;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+    tot += fmax(w * static_cast<double>(q[v]) - static_cast<double>(p[v]), 0.0);
+  return block_sum<double>(tot);
+}
+
+// Block verification of row b's chain (docs/methods.md, Block verification): the deepest level i whose test passes is
+// tau (level i < len: U_i (S_i + 1 - w_i) < S_i with S_i = sum (w_i q_i - p_i)^+; the last: U_len < w_len), the next
+// token from q after the chain when tau = len, else from Norm[(w_tau q - p)^+] (q when its mass is <= 1e-12).
+__device__ void block_walk(const int64_t* tokens, const int64_t* parent, const bool* valid, const float* p,
+                           const float* q, const NoiseRow& fz, uint64_t seed, const double* accept_u, int64_t KU,
+                           const int64_t* eos, int64_t n_eos, int64_t* chain, int64_t* acc, int64_t* rank,
+                           int64_t* n_acc, int64_t* next, int64_t b, int64_t N, int64_t V, int64_t L) {
+  __shared__ int64_t len;
+  if (threadIdx.x == 0) {  // the chain: each node's first child (the op admits chains only)
+    int64_t cur = 0, m = 0;
+    for (int64_t n = 1; n < N; ++n) {
+      if (valid[n] && parent[n] == cur) {
+        chain[m++] = n;
+        cur = n;
+      }
+    }
+    len = m;
+  }
+  __syncthreads();
+  int64_t tau = 0;
+  for (int64_t i = len; i >= 1 && tau == 0; --i) {
+    const int64_t node = chain[i - 1];
+    const double u = noise_row(accept_u, KU, seed, kAcceptNoise, b * N + node).at(0);
+    const double w = block_weight(tokens, chain, i, p, q, V);
+    bool ok;
+    if (i == len) {
+      ok = u * 1.0 < w;
+    } else {
+      const double sum = block_excess_sum(w, p + node * V, q + node * V, V);
+      ok = u * (sum + (1.0 - w)) < sum;
+    }
+    if (ok) tau = i;
+  }
+  const int64_t node = tau == 0 ? 0 : chain[tau - 1];
+  int64_t out;
+  if (tau == len) {
+    out = row_argmax<false>(q + node * V, fz, V);
+  } else {
+    const double w = block_weight(tokens, chain, tau, p, q, V);
+    const float* pn = p + node * V;
+    const float* qn = q + node * V;
+    const double tot = block_excess_sum(w, pn, qn, V);
+    ArgBest best{-CUDART_INF, INT64_MAX};  // Gumbel-max over the law in double, as the reference samples it
+    for_each_noise(fz, V, [&](int64_t v, double u) {
+      const double m = tot <= kZeroMassTolF64
+                           ? static_cast<double>(qn[v])
+                           : fmax(w * static_cast<double>(qn[v]) - static_cast<double>(pn[v]), 0.0) / tot;
+      best = pick(best, ArgBest{(m > 0.0 ? ::log(m) : -CUDART_INF) + gumbel(u), v});
+    });
+    best = block_argbest(best);
+    out = best.i == INT64_MAX ? 0 : best.i;
+  }
+  if (threadIdx.x == 0) {
+    for (int64_t d = 0; d < tau; ++d) {
+      if (is_eos(tokens[chain[d]], eos, n_eos)) {  // an accepted EOS ends the row
+        tau = d + 1;
+        out = -1;
+        break;
+      }
+    }
+    for (int64_t d = 0; d < L; ++d) {
+      acc[d] = d < tau ? chain[d] : -1;
+      rank[d] = d < tau ? 0 : -1;
+    }
+    *n_acc = tau;
+    *next = out;
+  }
+}
+
 // Tree walk; candidates of a step = valid nodes whose parent is alive (one node, or for SpecTr every
 // alive chain node carrying the accepted token).
 __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B, N]
@@ -353,6 +443,11 @@ __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int
                                    bool kseq, bool greedy) {
   const int64_t b = blockIdx.x;
   const NoiseRow fz = noise_row(fin, V, seed, kFinalNoise, b);
+  if (method == kBlock && !greedy) {
+    block_walk(tokens + b * N, parent + b * N, valid + b * N, p + b * N * V, q + b * N * V, fz, seed, accept_u, KU,
+               eos, n_eos, cnode + b * KC, acc + b * L, rank + b * L, n_acc + b, next + b, b, N, V, L);
+    return;
+  }
   __shared__ int64_t cnt;
   int gen = 0;
   if (threadIdx.x == 0) alive[b * N] = 0;

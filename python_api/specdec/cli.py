@@ -326,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; the "
         "others keep their default); default: each method's own (auto for all of these)",
     )
+    demo.add_argument(
+        "--verifier",
+        choices=registry.VERIFIERS,
+        default="token",
+        help="block: block verification of the drafted chain for "
+        + ", ".join(m for m in registry.available() if "block" in registry.get(m).verifiers)
+        + " (the other methods keep their own verifier)",
+    )
     demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")
     demo.add_argument("--num-chains", type=int, default=2, help=f"K for {_taking('num_chains')}")
     demo.add_argument("--batch-size", type=int, default=1, help="prompts per generate call")

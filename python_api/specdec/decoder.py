@@ -97,8 +97,10 @@ class SpeculativeDecoder:
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.methods.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
-    ``num_chains``). ``head``/``threshold``: an acceptance head and its threshold h (default: the head's own
-    ``threshold`` attribute, which :func:`specdec.drafters.load_head` sets to the tuned h; else 0.7) make the draft
+    ``num_chains``, ``verifier``: "block" for block verification of ``sd``/``specdec_pp``/``csd`` chains, which
+    keeps at least as many tokens as token-level verification). ``head``/``threshold``: an acceptance head and its
+    threshold h (default: the head's own ``threshold`` attribute, which :func:`specdec.drafters.load_head` sets to
+    the tuned h; else 0.7) make the draft
     depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
     growing the tree once the best path's predicted rejection risk exceeds h). ``fast_path``: ``"auto"`` runs the
     CPU fast path for the calls it takes, ``False`` leaves every module of the target and of a draft model passed
@@ -120,6 +122,7 @@ class SpeculativeDecoder:
         head: Any = None,
         threshold: float | None = None,
         fast_path: str | bool = "auto",
+        verifier: str | None = None,
     ) -> None:
         self.config: MethodConfig = make_method(
             method,
@@ -128,6 +131,7 @@ class SpeculativeDecoder:
             parents=parents,
             beam_width=beam_width,
             num_chains=num_chains,
+            verifier=verifier,
         )
         spec = self.config.spec
         if spec.needs_head and head is None:
@@ -498,7 +502,17 @@ class SpecDecPPDecoder(SpeculativeDecoder):
 
 
 #: SpeculativeDecoder's method arguments, taken out of a one-shot call's keyword arguments
-DECODER_ARGS = ("draft_length", "branching", "parents", "beam_width", "num_chains", "head", "threshold", "fast_path")
+DECODER_ARGS = (
+    "draft_length",
+    "branching",
+    "parents",
+    "beam_width",
+    "num_chains",
+    "head",
+    "threshold",
+    "fast_path",
+    "verifier",
+)
 
 
 def generate(
@@ -514,8 +528,9 @@ def generate(
 
     Shape: input_ids [B, P], attention_mask [B, P] -> GenerationOutput (sequences [B, P + T], new_tokens,
     stats). ``kwargs``: the decoder's method arguments (draft_length, branching, parents, beam_width, num_chains,
-    head, threshold, fast_path; :class:`SpeculativeDecoder`), then any argument of :meth:`SpeculativeDecoder.generate`
-    (transformers' generation settings, stopping_criteria, streamer, tokenizer, seed, generator).
+    head, threshold, fast_path, verifier; :class:`SpeculativeDecoder`), then any argument of
+    :meth:`SpeculativeDecoder.generate` (transformers' generation settings, stopping_criteria, streamer, tokenizer,
+    seed, generator).
     """
     params = {k: kwargs.pop(k) for k in DECODER_ARGS if k in kwargs}
     decoder = SpeculativeDecoder(target, draft, method=method, **params)
@@ -542,6 +557,7 @@ def custom_generate(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     fast_path: str | bool = "auto",
+    verifier: str | None = None,
     **model_kwargs: Any,
 ) -> Any:
     """transformers' ``custom_generate`` hook: change one line of an existing ``generate`` call,
@@ -569,6 +585,7 @@ def custom_generate(
         head=head,
         threshold=threshold,
         fast_path=fast_path,
+        verifier=verifier,
     )
     return decoder._generate_prepared(
         model,

@@ -35,7 +35,8 @@ TREE_FLAGS = ("draft_length", "branching", "beam_width", "num_chains")
 
 
 def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Tree parameters from the command line that apply to ``method`` (its spec's ``cli_params``)."""
+    """Tree parameters from the command line that apply to ``method`` (its spec's ``cli_params``), and --verifier
+    where the method takes it."""
     takes = registry.get(method).cli_params
     out: dict[str, Any] = {}
     for name in TREE_FLAGS:
@@ -49,6 +50,9 @@ def method_kwargs(method: str, args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 value = tuple(int(x) for x in value.split(","))
             out[name] = value
+    verifier = getattr(args, "verifier", "token")
+    if verifier != "token" and verifier in registry.get(method).verifiers:
+        out["verifier"] = verifier
     return out
 
 

@@ -11,6 +11,8 @@ import torch
 from .._rng import SEED_LIMIT, check_seed
 
 METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
+#: verify_tree also takes the chain-level verifiers, which judge a whole path instead of one node
+TREE_METHODS = (*METHODS, "block")
 
 
 def check_tensor(name: str, t: object, *, ndim: int | None = None, min_ndim: int | None = None) -> torch.Tensor:
@@ -166,9 +168,9 @@ def check_leniency(leniency: object) -> float:
     return float(leniency)
 
 
-def check_method(method: object) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def check_method(method: object, allowed: tuple[str, ...] = METHODS) -> str:
+    if method not in allowed:
+        raise ValueError(f"method must be one of {allowed}, got {method!r}")
     return method  # type: ignore[return-value]
 
 

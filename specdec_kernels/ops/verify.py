@@ -10,6 +10,7 @@ import torch
 from .._registry import resolve
 from ..trees import child_counts, depth_from_parents
 from ._checks import (
+    TREE_METHODS,
     NoisePlan,
     check_bool,
     check_float,
@@ -349,14 +350,17 @@ def verify_tree(
     the node's candidates uses accept_u[:, node, j]; for kseq Kmax >= number of chains), final_noise [B, V].
     Returns accepted_nodes [B, L], n_accepted [B], next_token [B], accepted_rank [B, L] with L = max depth.
     ``kseq`` treats the tree as SpecTr chains: after accepting token t, the candidates are the children of all
-    alive chain nodes carrying t (docs/methods.md, SpecTr). ``validate=False`` skips the O(N V) value checks
+    alive chain nodes carrying t (docs/methods.md, SpecTr). ``block`` is block verification (docs/methods.md, Block
+    verification): each row's tree must be a chain (ragged lengths through ``valid``) drafted token by token from
+    ``p_rows``; the chain is judged as a whole, the node at depth i reading its uniform at accept_u[:, node, 0];
+    greedy, it is the ``sd`` walk. ``validate=False`` skips the O(N V) value checks
     (laws sum to 1, drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for
     callers that built the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and
     types are still checked and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths when the
     caller already has them (the driver's trees carry them); they only size the outputs (L), are checked against
     ``parent`` when ``validate`` is true, and default to ``depth_from_parents(parent)``.
     """
-    method = check_method(method)
+    method = check_method(method, TREE_METHODS)
     check_tensor("tokens", tokens, ndim=2)
     check_int("tokens", tokens)
     check_tensor("parent", parent, ndim=2)
@@ -430,8 +434,8 @@ def _check_p_rows(p_rows: torch.Tensor | None, batch: int, n: int, vocab: int) -
 
 def _check_children(method: str, max_children: int, hub: torch.Tensor | None) -> None:
     """What ``method`` allows of the tree's widest node and of ``hub=``."""
-    if method == "sd" and max_children > 1:
-        raise ValueError(f"method 'sd' allows at most one child per node, found a node with {max_children}")
+    if method in ("sd", "block") and max_children > 1:
+        raise ValueError(f"method {method!r} allows at most one child per node, found a node with {max_children}")
     if method == "spechub" and max_children > 2:
         raise ValueError(f"method 'spechub' supports at most two children per node, found {max_children}")
     if method != "spechub" and hub is not None:

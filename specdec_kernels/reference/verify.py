@@ -275,6 +275,53 @@ def verify_chain(
     return n_acc, nxt
 
 
+def block_weights(chain: list[int], tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
+    """Block verification's weights w_0 = 1, w_i = min(1, w_{i-1} q_{i-1}(X_i) / p_{i-1}(X_i)) in float64, where
+    node ``chain[i]`` holds X_i (chain[0] = root) and rows p[node], q[node] are the laws after it."""
+    w = [torch.ones((), dtype=torch.float64)]
+    for i in range(1, len(chain)):
+        prev, x = chain[i - 1], int(tokens[chain[i]])
+        w.append(torch.clamp(w[-1] * q[prev, x].double() / p[prev, x].double(), max=1.0))
+    return w
+
+
+def block_excess(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(w q - p)^+ in float64: the unnormalised residual of block verification at a node of weight w."""
+    return (w * q.double() - p.double()).clamp_min(0.0)
+
+
+def block_walk(
+    chain: list[int], tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor, noise: torch.Tensor
+) -> tuple[int, int]:
+    """Block verification of one chain (docs/methods.md, Block verification): returns (tau, next token).
+
+    tau is the deepest i whose test U_i * (S_i + 1 - w_i) < S_i passes, S_i = sum (w_i q_i - p_i)^+ (at the last
+    node: U_L < w_L), 0 when none does; the next token is drawn from q at the last node when tau = L, else from
+    Norm[(w_tau q_tau - p_tau)^+] (q_tau under the zero-mass rule). ``u[node]`` is the uniform of the node's test.
+    """
+    w = block_weights(chain, tokens, p, q)
+    last = len(chain) - 1
+    tau = 0
+    for i in range(last, 0, -1):
+        node = chain[i]
+        if i == last:
+            ok = passes(u[node], ONE, w[i])
+        else:
+            s = block_excess(w[i], p[node], q[node]).sum()
+            ok = passes(u[node], s + (1.0 - w[i]), s)
+        if ok:
+            tau = i
+            break
+    node = chain[tau]
+    if tau == last:
+        return tau, sample_from(q[node], noise)
+    excess = block_excess(w[tau], p[node], q[node])
+    tot = excess.sum()
+    # the float64 rule whatever the rows: S is formed in float64, and tau < L is drawn with probability ~ S
+    law = q[node].double() if tot <= zero_mass_tol(torch.float64) else excess / tot
+    return tau, sample_from(law, noise)
+
+
 @register("verify_tree", "torch")
 def verify_tree(
     tokens: torch.Tensor,
@@ -313,6 +360,17 @@ def verify_tree(
         path: list[int] = []
         ranks: list[int] = []
         out: int | None = None
+        if method == "block" and not greedy:
+            chain = [0]
+            while children[chain[-1]]:
+                chain.append(children[chain[-1]][0])
+            p_b, q_b = p_rows[b].to(cd), q_rows[b].to(cd)
+            tau, out = block_walk(chain, tokens[b], p_b, q_b, accept_u[b, :, 0], final_noise[b])
+            path = chain[1 : tau + 1]
+            hit = next((d for d, node in enumerate(path) if int(tokens[b, node]) in eos_set), None)
+            if hit is not None:  # an accepted EOS ends the row there
+                path, out = path[: hit + 1], -1
+            ranks = [0] * len(path)
         while out is None:
             rep = alive[0]
             cands = [c for m in alive for c in children[m]] if method == "kseq" else children[rep]

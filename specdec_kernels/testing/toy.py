@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from ..ops import emission_law, gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
-from ..trees import check_parents
+from ..trees import chain_parents, check_parents
+from . import block as block_oracle
 from . import oracles_tree
 from .stats import LawCheck, law_check
 
@@ -268,7 +269,7 @@ def _sort_siblings(cand: torch.Tensor, ok: torch.Tensor, vocab: int) -> tuple[to
 # Chains verified by verify_chain
 
 
-def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
+def _chain_step(length: int, ragged: bool, greedy: bool, method: str, stop_token: int | None) -> Step:
     def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         batch = last.shape[0]
         draft = torch.empty((batch, length), dtype=torch.long)
@@ -280,6 +281,11 @@ def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
         ctx = torch.cat([last[:, None], draft], dim=1)
         q = model.target_logp[ctx] if greedy else model.target[ctx]
         lengths = torch.randint(0, length + 1, (batch,), generator=gen) if ragged else None
+        if stop_token is not None:  # the chain ends after its first stop_token: a length set by the drafted tokens
+            hit = torch.cumsum((draft == stop_token).long(), 1) - (draft == stop_token).long()
+            lengths = (hit == 0).sum(1)
+        if method != "sd":
+            return _verify_chain_as_tree(model, ctx, lengths, method, greedy, gen)
         v = verify_chain(
             draft,
             None if greedy else model.draft[ctx[:, :length]],
@@ -293,11 +299,37 @@ def _chain_step(length: int, ragged: bool, greedy: bool) -> Step:
     return step
 
 
-def chain(length: int, *, ragged: bool = False, greedy: bool = False) -> Decoder:
-    """A draft chain of ``length`` verified by ``verify_chain`` (``ragged``: each row verifies a random length in
-    [0, length])."""
-    name = f"chain(L={length}{', ragged' if ragged else ''}{', greedy' if greedy else ''})"
-    return Decoder(name, _chain_step(length, ragged, greedy))
+def _verify_chain_as_tree(
+    model: ToyModel,
+    ctx: torch.Tensor,
+    lengths: torch.Tensor | None,
+    method: str,
+    greedy: bool,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain ctx[:, 1:] (root ctx[:, 0]) verified by verify_tree's ``method``, the first lengths[b] tokens of
+    row b valid."""
+    batch, n = ctx.shape
+    valid = torch.ones((batch, n), dtype=torch.bool)
+    if lengths is not None:
+        valid = torch.arange(n)[None, :] <= lengths[:, None]
+    parent = torch.arange(-1, n - 1).expand(batch, -1)
+    tokens, parent, p_rows, q_rows = _finish_tree(ctx, parent, valid, model, greedy)
+    tree = Tree(tokens, parent, valid, p_rows, q_rows, None)
+    return _verify(tree, method, greedy, gen)
+
+
+def chain(
+    length: int, *, ragged: bool = False, greedy: bool = False, method: str = "sd", stop_token: int | None = None
+) -> Decoder:
+    """A draft chain of ``length`` verified by ``verify_chain``, or by ``verify_tree``'s ``method`` when it is not
+    "sd" (``ragged``: each row verifies a random length in [0, length]; ``stop_token``: the chain ends after its
+    first ``stop_token``, a length that depends on the drafted tokens as an adaptive draft's does)."""
+    flags = [f for f, on in (("ragged", ragged), ("greedy", greedy)) if on]
+    flags += [method] if method != "sd" else []
+    flags += [f"stop at {stop_token}"] if stop_token is not None else []
+    name = f"chain(L={length}{''.join(', ' + f for f in flags)})"
+    return Decoder(name, _chain_step(length, ragged, greedy, method, stop_token))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -414,6 +446,31 @@ def wrong_token_order(parents: Sequence[int], *, draw: str, verifier: str) -> De
     """Negative control: siblings (and hub pairs) laid out in token-id order instead of draft order."""
     step = _static_step(parents, draw, verifier, False, token_order=True)
     return Decoder(f"wrong: {verifier}:{draw} in token order", step)
+
+
+def wrong_block_token_residual(length: int) -> Decoder:
+    """Negative control: block verification of a chain drawing its correction from the token-level residual
+    Norm[(q - p)^+] instead of the block residual Norm[(w_tau q - p)^+], run by the fp64 block oracle."""
+    par, kids = _template(chain_parents(length), "iid")
+
+    def step(model: ToyModel, last: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        tree = _draw_tree(model, last, par, kids, "iid", False, gen)
+        batch, n = tree.tokens.shape
+        u = torch.rand((batch, n, 1), dtype=torch.float64, generator=gen)
+        fin = torch.rand((batch, model.vocab), dtype=torch.float64, generator=gen).clamp_min(2.0**-60)
+        nodes, n_acc, nxt, _ = block_oracle.block_tree_walk(
+            tree.tokens.numpy(),
+            tree.parent.numpy(),
+            tree.valid.numpy(),
+            tree.p_rows.numpy(),
+            tree.q_rows.numpy(),
+            u.numpy(),
+            fin.numpy(),
+            weighted=False,
+        )
+        return _emit_tree(tree, torch.from_numpy(nodes), torch.from_numpy(n_acc), torch.from_numpy(nxt))
+
+    return Decoder("wrong: block verification with the token-level residual", step)
 
 
 def wrong_gamma_one(parents: Sequence[int]) -> Decoder:

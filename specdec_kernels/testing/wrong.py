@@ -217,3 +217,23 @@ def torch_node_chain(
         return out, torch.from_numpy(np.clip(np.asarray(fin, dtype=np.float64), 0.0, None))
 
     return node_chain
+
+
+def block_walk_token_residual(
+    chain: list[int], tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor, u: torch.Tensor, noise: torch.Tensor
+) -> tuple[int, int]:
+    """Block verification drawing its correction from the token-level residual Norm[(q - p)^+] instead of the block
+    residual (vllm-ascend #7807's bug), with the signature of ``specdec_kernels.reference.verify.block_walk``: it
+    stands in for it in the torch backend's ``verify_tree``."""
+    from .block import block_chain  # the float64 oracle, made wrong by one flag
+
+    toks = [int(tokens[m]) for m in chain[1:]]
+    rows = torch.tensor(chain)
+    return block_chain(
+        toks,
+        p[rows].double().numpy(),
+        q[rows].double().numpy(),
+        [float(u[m]) for m in chain[1:]],
+        noise.double().numpy(),
+        weighted=False,
+    )

@@ -17,8 +17,11 @@ from .common import (
     _argmax_chunked,
     _argmax_plain,
     _block,
+    _gumbel,
     _is_eos,
+    _merge_chunk_best,
     _noise_at,
+    _noise_block,
     _sample_residual,
     _seed_args,
     _verify_noise,
@@ -323,6 +326,136 @@ def _verify_tree_kernel(
     tl.store(next_ptr + b, nxt)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# verify_tree, method "block": one program judges one row's chain (docs/methods.md, Block verification)
+
+
+@triton.jit
+def _block_weight(tok_ptr, chain_ptr, i, p_ptr, q_ptr, V):
+    """w_i = min(1, w_{i-1} q(X_i) / p(X_i)) in float64 along the row's chain (chain_ptr: the drafted nodes)."""
+    w = tl.full((), 1.0, tl.float64)
+    prev = tl.zeros((), tl.int64)
+    for d in range(0, i):
+        node = tl.load(chain_ptr + d)
+        x = tl.load(tok_ptr + node)
+        qx = tl.load(q_ptr + prev * V + x).to(tl.float64)
+        px = tl.load(p_ptr + prev * V + x).to(tl.float64)
+        w = tl.minimum(w * qx / px, 1.0)
+        prev = node
+    return w
+
+
+@triton.jit
+def _block_excess_sum(w, p_row, q_row, V, BLOCK_V: tl.constexpr):
+    """sum_v (w q(v) - p(v))^+ in float64."""
+    tot = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float64)
+        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
+        tot += tl.sum(tl.maximum(w * q - p, 0.0), axis=0)
+    return tot
+
+
+@triton.jit
+def _sample_block_residual(
+    w, tot, p_row, q_row, noise_ptr, noise_row, seed_lo, seed_hi, V, RNG: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """Gumbel-max sample of Norm[(w q - p)^+] in float64, or of q when its mass ``tot`` is <= 1e-12."""
+    best_val = tl.full((), float("-inf"), tl.float64)
+    best_idx = tl.full((), 0, tl.int64)
+    use_q = tot <= ZERO_MASS_TOL_F64
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        q = tl.load(q_row + offs, mask=m, other=0.0).to(tl.float64)
+        p = tl.load(p_row + offs, mask=m, other=0.0).to(tl.float64)
+        r = tl.where(use_q, q, tl.maximum(w * q - p, 0.0) / tot)
+        u = _noise_block(noise_ptr, offs, m, noise_row, seed_lo, seed_hi, FINAL, RNG)
+        sc = tl.where(r > 0, tl.log(r), float("-inf")) + _gumbel(u)
+        sc = tl.where(m, sc, float("-inf"))
+        best_val, best_idx = _merge_chunk_best(sc, start, best_val, best_idx)
+    return best_idx
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
+def _verify_block_kernel(
+    tok_ptr,  # [B, N] int64
+    par_ptr,  # [B, N] int64
+    valid_ptr,  # [B, N] int8
+    p_ptr,  # [B, N, V] fp32
+    q_ptr,  # [B, N, V] fp32
+    u_ptr,  # [B, N, KU] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
+    eos_ptr,  # [n_eos] int64
+    n_eos,
+    chain_ptr,  # [B, KC] int64 scratch: the chain's nodes in depth order
+    acc_ptr,  # [B, L] int64 out, -1 initialised
+    rank_ptr,  # [B, L] int64 out, -1 initialised
+    nacc_ptr,  # [B] int64 out
+    next_ptr,  # [B] int64 out
+    N,
+    V,
+    KU,
+    KC,
+    L,
+    seed_lo,
+    seed_hi,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    tok = tok_ptr + b * N
+    rows_p = p_ptr + b * N * V
+    rows_q = q_ptr + b * N * V
+    chain = chain_ptr + b * KC
+    cur = tl.zeros((), tl.int64)
+    length = tl.zeros((), tl.int64)
+    for n in range(1, N):  # the chain: each node's first child (the op admits chains only)
+        if tl.load(valid_ptr + b * N + n) != 0:
+            if tl.load(par_ptr + b * N + n) == cur:
+                tl.store(chain + length, n + tl.zeros((), tl.int64))
+                cur = n + tl.zeros((), tl.int64)
+                length += 1
+    # tau: the deepest level whose test passes; level i < length tests U (S + 1 - w) < S, the last U < w
+    tau = tl.zeros((), tl.int64)
+    i = length
+    while (i >= 1) & (tau == 0):
+        node = tl.load(chain + i - 1)
+        u = _noise_at(u_ptr + (b * N + node) * KU, 0, b * N + node, seed_lo, seed_hi, ACCEPT, RNG)
+        w = _block_weight(tok, chain, i, rows_p, rows_q, V)
+        if i == length:
+            ok = u < w
+        else:
+            s = _block_excess_sum(w, rows_p + node * V, rows_q + node * V, V, BLOCK_V)
+            ok = u * (s + (1.0 - w)) < s
+        if ok:
+            tau = i
+        i -= 1
+    node = tl.where(tau > 0, tl.load(chain + tl.maximum(tau - 1, 0)), 0)
+    if tau == length:
+        q_row = rows_q + node * V
+        nxt = _argmax_chunked(q_row, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
+    else:
+        w = _block_weight(tok, chain, tau, rows_p, rows_q, V)
+        tot = _block_excess_sum(w, rows_p + node * V, rows_q + node * V, V, BLOCK_V)
+        nxt = _sample_block_residual(
+            w, tot, rows_p + node * V, rows_q + node * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, RNG, BLOCK_V
+        )
+    kept = tau
+    for d in range(0, tau):  # an accepted EOS ends the row
+        if kept == tau:
+            if _is_eos(tl.load(tok + tl.load(chain + d)), eos_ptr, n_eos):
+                kept = d + 1
+                nxt = tl.full((), -1, tl.int64)
+    for d in range(0, kept):
+        tl.store(acc_ptr + b * L + d, tl.load(chain + d))
+        tl.store(rank_ptr + b * L + d, tl.zeros((), tl.int64))
+    tl.store(nacc_ptr + b, kept)
+    tl.store(next_ptr + b, nxt)
+
+
 def verify_tree(
     tokens: torch.Tensor,
     parent: torch.Tensor,
@@ -351,6 +484,33 @@ def verify_tree(
     n_acc = torch.empty(batch, dtype=torch.long, device=dev)
     nxt = torch.empty(batch, dtype=torch.long, device=dev)
     eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
+    if method == "block" and not greedy:
+        if batch:
+            _verify_block_kernel[(batch,)](
+                tokens.long().contiguous(),
+                parent.long().contiguous(),
+                valid.to(torch.int8).contiguous(),
+                pf,
+                qf,
+                accept_u,
+                final_noise,
+                eos_t if eos_t.numel() else n_acc,
+                eos_t.numel(),
+                torch.empty((batch, kc), dtype=torch.long, device=dev),
+                acc if max_depth else n_acc,
+                rank if max_depth else n_acc,
+                n_acc,
+                nxt,
+                n,
+                vocab,
+                1 if rng else accept_u.shape[2],
+                kc,
+                max(max_depth, 1),
+                *_seed_args(seed),
+                RNG=rng,
+                BLOCK_V=_block(vocab),
+            )
+        return acc, n_acc, nxt, rank
     r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
     if batch:
         _verify_tree_kernel[(batch,)](
@@ -381,7 +541,7 @@ def verify_tree(
             kc,
             max(max_depth, 1),
             *_seed_args(seed),
-            METHOD=METHOD_CODE[method],
+            METHOD=METHOD_CODE["sd" if method == "block" else method],  # greedy block is the sd walk
             KSEQ=method == "kseq",
             GREEDY=bool(greedy),
             RNG=rng,

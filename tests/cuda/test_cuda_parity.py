@@ -76,7 +76,14 @@ def test_verify_node_matches_reference(method, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,parents", [("rrsw", branching_parents([3, 2, 1])), ("kseq", kseq_chain_parents(3, 2))])
+@pytest.mark.parametrize(
+    "method,parents",
+    [
+        ("rrsw", branching_parents([3, 2, 1])),
+        ("kseq", kseq_chain_parents(3, 2)),
+        ("block", branching_parents([1, 1, 1, 1])),
+    ],
+)
 @pytest.mark.parametrize("greedy", [False, True])
 def test_verify_tree_and_layout_match_reference(method, parents, greedy):
     gen = torch.Generator().manual_seed(len(parents))
@@ -324,6 +331,7 @@ TREES = [
     ("rrsw", branching_parents([3, 2, 1])),
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", branching_parents([2, 2])),
+    ("block", branching_parents([1, 1, 1, 1])),
 ]
 
 

@@ -144,7 +144,9 @@ def exact_law(target, prompt: list[int], sampling: SamplingConfig) -> np.ndarray
     return (law / law.sum()).numpy()
 
 
-def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: float, **sampling) -> list:
+def generate(
+    models, method: str, n_per_prompt: int, *, seed: int, temperature: float, verifier: str = "token", **sampling
+) -> list:
     """New tokens of ``n_per_prompt`` rows per prompt (rows alternate over PROMPTS)."""
     target, draft = models
     params = CASES.get(method, {})
@@ -152,7 +154,7 @@ def generate(models, method: str, n_per_prompt: int, *, seed: int, temperature: 
     if method == "csd":  # the draft reviews Max-Gram's blocks (leniency 2), the target the draft's
         bigram = (3 * np.arange(VOCAB) + 1) % VOCAB
         draft = CascadeDrafter([draft], bigram=bigram, steps=[[2, 1], [0, 1]], leniency=2.0, mag_tokens=3)
-    decoder = specdec.SpeculativeDecoder(target, draft, method=method, **params, **head)
+    decoder = specdec.SpeculativeDecoder(target, draft, method=method, verifier=verifier, **params, **head)
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * n_per_prompt)])
     out = decoder.generate(
         ids,
@@ -178,9 +180,18 @@ def first_two_checks(target, new_tokens: list, sampling: SamplingConfig, max_tv:
 
 
 def run_law(
-    models, method: str, n_per_prompt: int, *, seed: int = 1, temperature: float = TEMPERATURE, **sampling
+    models,
+    method: str,
+    n_per_prompt: int,
+    *,
+    seed: int = 1,
+    temperature: float = TEMPERATURE,
+    verifier: str = "token",
+    **sampling,
 ) -> list:
-    new_tokens = generate(models, method, n_per_prompt, seed=seed, temperature=temperature, **sampling)
+    new_tokens = generate(
+        models, method, n_per_prompt, seed=seed, temperature=temperature, verifier=verifier, **sampling
+    )
     resolved = SamplingConfig(temperature=temperature, **sampling)
     return first_two_checks(models[0], new_tokens, resolved, 0.08 if n_per_prompt < 50_000 else 0.02)
 
@@ -251,6 +262,24 @@ def test_confident_draft_catches_spechub_fp32_normaliser(confident, monkeypatch)
     route_to_torch(monkeypatch, "spechub_fp32_one_minus_pa")
     checks = run_law(confident, "spechub", N, temperature=CONFIDENT_TEMPERATURE)
     assert_caught(checks, "spechub with Q(a, i) normalised by 1 - p(a) in fp32")
+
+
+BLOCK_METHODS = sorted(m for m in specdec.methods.available() if "block" in specdec.methods.get(m).verifiers)
+
+
+@pytest.mark.parametrize("method", BLOCK_METHODS)
+def test_block_verification_follows_the_target_law(models, method: str) -> None:
+    checks = run_law(models, method, N, verifier="block")
+    for prompt, check in zip(PROMPTS, checks, strict=True):
+        assert check.ok, f"{method} with verifier='block', prompt {prompt}: {check}"
+
+
+@pytest.mark.parametrize("method", BLOCK_METHODS)
+def test_block_verification_with_the_token_residual_fails(models, method: str, monkeypatch) -> None:
+    """The negative control of block verification: its correction drawn from Norm[(q - p)^+]."""
+    monkeypatch.setattr(specdec.rounds.sk, "verify_tree", functools.partial(sk.verify_tree, backend="torch"))
+    monkeypatch.setattr(reference_verify, "block_walk", wrong.block_walk_token_residual)
+    assert_caught(run_law(models, method, N, verifier="block"), f"{method}: block verification, token residual")
 
 
 def test_law_with_top_k_and_top_p(models) -> None:

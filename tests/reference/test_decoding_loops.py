@@ -66,6 +66,11 @@ EXACT = [
     pytest.param(
         toy.RAGGED_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 10_000, id="ragged-spechub-binary3"
     ),
+    # Block verification: fixed, ragged and token-dependent chain lengths (the positive partner of its control below).
+    pytest.param(toy.SPEC_TOY, toy.chain(3, method="block"), 20_000, id="spec-block-L3"),
+    pytest.param(toy.RAGGED_TOY, toy.chain(4, method="block"), 10_000, id="ragged-block-L4"),
+    pytest.param(toy.RAGGED_TOY, toy.chain(4, method="block", ragged=True), 10_000, id="ragged-block-ragged-lengths"),
+    pytest.param(toy.SPEC_TOY, toy.chain(4, method="block", stop_token=1), 20_000, id="spec-block-stopping-time"),
     # Positive partners of the PEAKED_TOY negative controls below.
     pytest.param(toy.PEAKED_TOY, toy.tree(ROOT3, draw="iid", verifier="rrs"), 10_000, id="peaked-rrs-K3"),
     pytest.param(toy.PEAKED_TOY, toy.tree(ROOT2, draw="swor", verifier="rrsw"), 10_000, id="peaked-rrsw-K2"),
@@ -143,6 +148,7 @@ NEGATIVE = [
         id="spechub-token-order",
     ),
     pytest.param(toy.SPEC_TOY, toy.wrong_gamma_one(K32), 10_000, id="spectr-gamma-1"),
+    pytest.param(toy.RAGGED_TOY, toy.wrong_block_token_residual(4), 20_000, id="block-token-residual"),
 ]
 
 
@@ -158,6 +164,7 @@ GREEDY = [
     toy.chain(1, greedy=True),
     toy.chain(4, greedy=True),
     toy.chain(4, ragged=True, greedy=True),
+    toy.chain(4, ragged=True, greedy=True, method="block"),
     toy.tree(SEQUOIA, draw="iid", verifier="rrs", greedy=True),
     toy.tree(SEQUOIA, draw="swor", verifier="rrsw", greedy=True),
     toy.tree(branching_parents([3, 2, 1]), draw="swor", verifier="rrsw", greedy=True),

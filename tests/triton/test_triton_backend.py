@@ -146,6 +146,7 @@ TREES = [
     ("rrsw", branching_parents([3, 2, 1])),
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", binary_tree_parents(3)),
+    ("block", branching_parents([1, 1, 1, 1])),
 ]
 
 
@@ -168,7 +169,7 @@ def test_verify_tree_matches_reference(method, parents, greedy):
                 if hub is not None:
                     hub[:, node] = h
         valid = torch.ones(batch, n, dtype=torch.bool)
-        if method in ("rrs", "rrsw"):
+        if method in ("rrs", "rrsw", "block"):
             valid[0, -2:] = False  # a ragged row
         au = torch.rand(batch, n, 3, dtype=torch.float64, generator=gen)
         fu = _u((batch, vocab), gen)
@@ -182,6 +183,26 @@ def test_verify_tree_matches_reference(method, parents, greedy):
             eos_token_id=eos,
             hub=None if hub is None else hub.to(DEV),
         )
+        ra = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="torch", **kw)
+        rb = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="triton", **kw)
+        for x, y in zip(ra, rb, strict=True):
+            assert torch.equal(x, y)
+
+
+def test_block_verification_draws_the_seeded_noise_of_the_reference():
+    """Block verification with the noise drawn in the kernel (Philox, no noise tensors): the reference's verdicts."""
+    gen = torch.Generator().manual_seed(5)
+    batch, n, vocab = 6, 5, 40
+    par = parents_tensor(branching_parents([1, 1, 1, 1]), batch)
+    z = torch.randn(batch, n, vocab, generator=gen)
+    p = torch.softmax(z, -1)
+    q = torch.softmax(0.8 * z + 0.4 * torch.randn(batch, n, vocab, generator=gen), -1)
+    tokens = torch.zeros(batch, n, dtype=torch.long)
+    for node in range(1, n):
+        tokens[:, node] = torch.multinomial(p[:, node - 1], 1, generator=gen).squeeze(1)
+    valid = torch.arange(n)[None, :] <= torch.tensor([4, 3, 0, 2, 4, 1])[:, None]
+    for seed in (0, 77):
+        kw = dict(method="block", valid=valid.to(DEV), seed=seed)
         ra = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="torch", **kw)
         rb = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="triton", **kw)
         for x, y in zip(ra, rb, strict=True):

@@ -189,7 +189,8 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
 
 // ---- node verifiers (docs/methods.md) ----
 
-enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub };
+// kBlock judges a whole chain (block verification), not one node: verify_tree_row runs it on its own.
+enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub, kBlock };
 
 inline bool parse_method(const std::string& name, Method* out) {
   if (name == "sd") *out = Method::kSD;
@@ -197,6 +198,7 @@ inline bool parse_method(const std::string& name, Method* out) {
   else if (name == "rrsw") *out = Method::kRRSw;
   else if (name == "kseq") *out = Method::kKSeq;
   else if (name == "spechub") *out = Method::kSpecHub;
+  else if (name == "block") *out = Method::kBlock;
   else return false;
   return true;
 }
@@ -654,10 +656,73 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
   return -2;
 }
 
+// ---- block verification of a chain (docs/methods.md, Block verification) ----
+
+// chain[0..len] = the root and the drafted nodes in depth order; rows p/q [N, V] by node. With the weights
+// w_0 = 1, w_i = min(1, w_{i-1} q(X_i) / p(X_i)) (double), the deepest level i whose test passes is tau: level
+// i < len tests U_i * (S_i + 1 - w_i) < S_i with S_i = sum_v (w_i q_i(v) - p_i(v))^+, the last level U_L < w_L. The next
+// token comes from q at the last node when tau = len, else from Norm[(w_tau q - p)^+] (q under the float64 zero-mass
+// rule). Returns tau; writes the next token.
+template <typename S>
+int64_t block_chain_row(const int64_t* tokens, const int64_t* chain, int64_t len, const S* p_rows, const S* q_rows,
+                        const double* accept_u, int64_t ku, const FinalNoise& fin, int64_t vocab,
+                        std::vector<double>& w, std::vector<double>& buf, int64_t* next_token) {
+  w.assign(len + 1, 1.0);
+  for (int64_t i = 1; i <= len; ++i) {
+    const int64_t prev = chain[i - 1], x = tokens[chain[i]];
+    w[i] = std::min(w[i - 1] * static_cast<double>(q_rows[prev * vocab + x]) /
+                        static_cast<double>(p_rows[prev * vocab + x]),
+                    1.0);
+  }
+  const auto excess_sum = [&](int64_t node, double wi) {
+    const S* p = p_rows + node * vocab;
+    const S* q = q_rows + node * vocab;
+    double tot = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) tot += std::max(wi * static_cast<double>(q[v]) - static_cast<double>(p[v]), 0.0);
+    return tot;
+  };
+  int64_t tau = 0;
+  for (int64_t i = len; i >= 1; --i) {
+    const double u = accept_u[chain[i] * ku];
+    bool ok;
+    if (i == len) {
+      ok = u * 1.0 < w[i];
+    } else {
+      const double s = excess_sum(chain[i], w[i]);
+      ok = u * (s + (1.0 - w[i])) < s;
+    }
+    if (ok) {
+      tau = i;
+      break;
+    }
+  }
+  const int64_t node = chain[tau];
+  if (tau == len) {
+    *next_token = sample_final(q_rows + node * vocab, vocab, fin);
+    return tau;
+  }
+  const S* p = p_rows + node * vocab;
+  const S* q = q_rows + node * vocab;
+  if (static_cast<int64_t>(buf.size()) < vocab) buf.resize(vocab);
+  double tot = 0.0;
+  for (int64_t v = 0; v < vocab; ++v) {
+    buf[v] = std::max(w[tau] * static_cast<double>(q[v]) - static_cast<double>(p[v]), 0.0);
+    tot += buf[v];
+  }
+  if (tot <= zero_mass_tol<double>()) {
+    for (int64_t v = 0; v < vocab; ++v) buf[v] = static_cast<double>(q[v]);
+  } else {
+    for (int64_t v = 0; v < vocab; ++v) buf[v] = buf[v] / tot;
+  }
+  *next_token = sample_final(buf.data(), vocab, fin);
+  return tau;
+}
+
 // ---- tree walk (SpecTr alive sets; greedy mode) ----
 
 struct TreeWork {
   std::vector<int64_t> child_start, child_list, alive, next_alive, cands, toks, path, ranks;
+  std::vector<double> weights, law;  // block verification
 };
 
 // One row. Returns n_accepted; writes accepted_nodes/accepted_rank [max_depth] (-1 padded) and next_token.
@@ -694,6 +759,28 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
   t.alive.assign(1, 0);
   t.path.clear();
   t.ranks.clear();
+  if (method == Method::kBlock && !greedy) {
+    t.cands.assign(1, 0);  // the chain: each node's first (only) child
+    while (t.child_start[t.cands.back()] < t.child_start[t.cands.back() + 1])
+      t.cands.push_back(t.child_list[t.child_start[t.cands.back()]]);
+    const int64_t len = static_cast<int64_t>(t.cands.size()) - 1;
+    if (len > max_depth) return -1;
+    int64_t out = -1;
+    int64_t tau = block_chain_row(tokens, t.cands.data(), len, p_rows, q_rows, accept_u, ku, fin_noise, vocab,
+                                  t.weights, t.law, &out);
+    for (int64_t d = 1; d <= tau; ++d)
+      if (is_eos(tokens[t.cands[d]], eos, n_eos)) {  // an accepted EOS ends the row
+        tau = d;
+        out = -1;
+        break;
+      }
+    for (int64_t d = 0; d < max_depth; ++d) {
+      acc_nodes[d] = d < tau ? t.cands[d + 1] : -1;
+      acc_rank[d] = d < tau ? 0 : -1;
+    }
+    *next_token = out;
+    return tau;
+  }
   bool done = false;
   int64_t out = -1;
   while (!done) {

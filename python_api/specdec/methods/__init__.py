@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .spec import (
     PARAMETERS,
+    VERIFIERS,
     MethodConfig,
     MethodSpec,
     available,
@@ -28,6 +29,7 @@ from . import ar, sd, rrs, rrsw, rsd_c, rsd_s, spectr, spechub, specdec_pp, csd 
 
 __all__ = [
     "PARAMETERS",
+    "VERIFIERS",
     "MethodConfig",
     "MethodSpec",
     "available",

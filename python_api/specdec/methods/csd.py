@@ -20,6 +20,7 @@ SPEC = register(
             "NeurIPS 2024, arXiv:2312.11462."
         ),
         verifier="sd",
+        verifiers=frozenset({"token", "block"}),
         builder=CascadeBuilder,
         label=lambda config: f"csd(L<={config.draft_length})",
         defaults={"draft_length": 24},

@@ -19,6 +19,7 @@ SPEC = register(
             "Accelerating Large Language Model Decoding with Speculative Sampling, 2023, arXiv:2302.01318."
         ),
         verifier="sd",
+        verifiers=frozenset({"token", "block"}),
         builder=ChainBuilder,
         label=lambda config: f"sd(L={config.draft_length})",
         defaults={"draft_length": 4},

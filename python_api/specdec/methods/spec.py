@@ -20,6 +20,10 @@ from ..autotree import AUTO_MAX_DEPTH
 #: every method parameter :func:`make_method` knows (each is a field of MethodConfig)
 PARAMETERS = frozenset({"draft_length", "branching", "parents", "beam_width", "num_chains"})
 
+#: the values of ``verifier=``: token-level verification (the method's own node verifier), or block verification of
+#: a chain (docs/methods.md, Block verification)
+VERIFIERS = ("token", "block")
+
 
 @dataclass(frozen=True, eq=False)  # one spec object per method: identity is equality (its tables are not hashable)
 class MethodSpec:
@@ -43,6 +47,8 @@ class MethodSpec:
       --num-chains) set for this method; None: every allowed one.
     * ``cascade``: the method drafts with a :class:`~specdec.drafters.CascadeDrafter` (the demo loads --cascade).
     * ``hub_pairs``: the verifier reads each node's hub token (SpecHub's pairs), which the loop passes as ``hub=``.
+    * ``verifiers``: the values of ``verifier=`` the method takes (:data:`VERIFIERS`): "block" only for methods that
+      draft one chain token by token (block verification judges such a chain).
     * ``description``: one paragraph with the paper reference (authors, title, venue, year, arXiv id).
     """
 
@@ -60,6 +66,7 @@ class MethodSpec:
     auto_builder: Callable[[MethodConfig], Any] | None = None
     cascade: bool = False
     hub_pairs: bool = False
+    verifiers: frozenset[str] = frozenset({"token"})
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -148,6 +155,8 @@ class MethodConfig:
     num_chains: int | None = None
     #: branching="auto": the tree's shape is chosen from the past rounds (the spec's auto_builder, specdec.autotree)
     auto: bool = False
+    #: "token" (the method's node verifier) or "block" (block verification of the chain): make_method's verifier=
+    verification: str = "token"
 
     @property
     def spec(self) -> MethodSpec:
@@ -156,8 +165,8 @@ class MethodConfig:
 
     @property
     def verifier(self) -> str | None:
-        """Node verifier name for specdec_kernels.verify_tree (None for ``ar``)."""
-        return self.spec.verifier
+        """The ``method`` of specdec_kernels.verify_tree: the spec's node verifier, or "block" (None for ``ar``)."""
+        return "block" if self.verification == "block" else self.spec.verifier
 
     @property
     def depth(self) -> int:
@@ -173,8 +182,9 @@ class MethodConfig:
         return max(depth)
 
     def describe(self) -> str:
-        """Short label, e.g. ``sd(L=4)`` or ``rsd_c(b=2,2)`` (the method's ``label``)."""
-        return self.spec.label(self)
+        """Short label, e.g. ``sd(L=4)``, ``rsd_c(b=2,2)`` (the method's ``label``) or ``sd(L=4)+block``."""
+        label = self.spec.label(self)
+        return label if self.verification == "token" else f"{label}+{self.verification}"
 
 
 def make_method(
@@ -185,16 +195,29 @@ def make_method(
     parents: Sequence[int] | None = None,
     beam_width: int | None = None,
     num_chains: int | None = None,
+    verifier: str | None = None,
 ) -> MethodConfig:
     """Validate ``method`` and its tree parameters; fill the method's defaults.
 
     Parameters: ``draft_length`` (chain length L, or the hard cap of an adaptive chain), ``branching`` (children
     per level, or ``"auto"`` where the method's spec has an ``auto_builder``: a shape chosen from the past rounds),
-    ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K).
+    ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K), ``verifier``
+    ("token", the default, or "block": block verification of the drafted chain, for ``sd``, ``specdec_pp`` and
+    ``csd``; greedy decoding is the same either way).
     Which of them a method takes, their defaults and any extra rule (spechub: binary trees) are in the method's
     module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).
     """
     spec = get(method)
+    verification = "token" if verifier is None else verifier
+    if verification not in VERIFIERS:
+        raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
+    if verification not in spec.verifiers:
+        takes = sorted(spec.verifiers)
+        offering = ", ".join(n for n in available() if verification in get(n).verifiers)
+        raise ValueError(
+            f"method {method!r} takes verifier={takes} only, got {verifier!r} (block verification judges one chain "
+            f"drafted token by token: methods {offering})"
+        )
     given = {
         k: v
         for k, v in {
@@ -260,6 +283,7 @@ def make_method(
         beam_width=opts.get("beam_width"),
         num_chains=opts.get("num_chains"),
         auto=auto,
+        verification=verification,
     )
     if spec.check is not None:
         spec.check(config)

@@ -21,6 +21,7 @@ SPEC = register(
             "Candidate Lengths, 2024, arXiv:2405.19715."
         ),
         verifier="sd",
+        verifiers=frozenset({"token", "block"}),
         builder=ChainBuilder,
         label=lambda config: f"specdec_pp(cap={config.draft_length})",
         defaults={"draft_length": 20},  # the hard cap of the paper's runs
