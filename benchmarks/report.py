@@ -82,9 +82,17 @@ from render.steps import (  # noqa: F401
     block_target_step,
     block_target_step_ops,
 )
+from render.verifiers import block_block_verification  # noqa: F401
 
 #: the files that hold generated blocks
-DOCS = ("README.md", "docs/benchmarks.md", "docs/drafts.md", "docs/distributed.md", "benchmarks/results/csd.md")
+DOCS = (
+    "README.md",
+    "docs/benchmarks.md",
+    "docs/drafts.md",
+    "docs/distributed.md",
+    "docs/methods.md",
+    "benchmarks/results/csd.md",
+)
 
 
 BLOCK = re.compile(r"(<!-- report:begin ([a-z0-9_-]+) -->\n)(.*?)(<!-- report:end -->)", re.S)
@@ -109,6 +117,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-cpp": block_llama_cpp,
     "llama-cpp-headline": lambda results: block_llama_cpp(results, brief=True),
     "tensor-parallel": block_tensor_parallel,
+    "block-verification": block_block_verification,
     "vllm": block_vllm,
     "csd": block_csd,
     "gpu-ops": block_gpu_ops,

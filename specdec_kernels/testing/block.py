@@ -42,23 +42,46 @@ def excess(w: float, p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.maximum(w * np.asarray(q, dtype=np.float64) - np.asarray(p, dtype=np.float64), 0.0)
 
 
-def stop_tests(tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray) -> list[tuple[float, float]]:
-    """(den, num) of each level 1..L: level i stops iff U_i * den < num."""
+def prefix_ratios(tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray) -> list[float]:
+    """r_0 = 1, r_i = prod_{j <= i} q(X_j | X_<j) / p(X_j | X_<j): the target's over the draft's prefix probability."""
+    r = [1.0]
+    for i, x in enumerate(tokens):
+        r.append(r[-1] * float(q_rows[i][x]) / float(p_rows[i][x]))
+    return r
+
+
+def hsd_capped_ratios(tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray) -> list[float]:
+    """Hierarchical Speculative Decoding's capped prefix ratios r_i / max(1, r_1, ..., r_i) (arXiv 2601.05724), from
+    their definition: equal to the block weights w_i, of which they are the closed form."""
+    r = prefix_ratios(tokens, p_rows, q_rows)
+    return [r[i] / max([1.0, *r[1 : i + 1]]) for i in range(len(r))]
+
+
+def stop_tests(
+    tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray, *, uncapped_final: bool = False
+) -> list[tuple[float, float]]:
+    """(den, num) of each level 1..L: level i stops iff U_i * den < num. ``uncapped_final``: the last level stops
+    with min(1, r_L) (the uncapped prefix ratio) instead of w_L, as the public code of Hierarchical Speculative
+    Decoding does; not exact (a negative control)."""
     w = weights(tokens, p_rows, q_rows)
     last = len(tokens)
     tests = []
     for i in range(1, last + 1):
         if i == last:
-            tests.append((1.0, w[i]))
+            final = min(1.0, prefix_ratios(tokens, p_rows, q_rows)[i]) if uncapped_final else w[i]
+            tests.append((1.0, final))
         else:
             s = float(excess(w[i], p_rows[i], q_rows[i]).sum())
             tests.append((s + (1.0 - w[i]), s))
     return tests
 
 
-def stop_probs(tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray) -> np.ndarray:
+def stop_probs(
+    tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray, *, uncapped_final: bool = False
+) -> np.ndarray:
     """P(tau = i | X) for i = 0..L: h_i times the probability that every deeper level passes on."""
-    h = [1.0] + [num / den if den > 0 else 0.0 for den, num in stop_tests(tokens, p_rows, q_rows)]
+    tests = stop_tests(tokens, p_rows, q_rows, uncapped_final=uncapped_final)
+    h = [1.0] + [num / den if den > 0 else 0.0 for den, num in tests]
     out = np.zeros(len(h))
     carry = 1.0
     for i in range(len(h) - 1, -1, -1):
@@ -177,13 +200,15 @@ def round_law(
     *,
     weighted: bool = True,
     stop: Callable[[tuple[int, ...]], bool] | None = None,
+    uncapped_final: bool = False,
 ) -> dict[tuple[int, ...], float]:
     """Exact law of one round's output X_1..X_tau, Y over every draft chain (``p_of``/``q_of``: the draft's and the
-    target's law after a prefix, the round starting from the empty prefix)."""
+    target's law after a prefix, the round starting from the empty prefix). ``weighted=False`` and
+    ``uncapped_final=True`` are the negative controls of :func:`block_chain` and :func:`stop_tests`."""
     law: dict[tuple[int, ...], float] = {}
     for chain, prob in _drafts(p_of, length, vocab, stop):
         p_rows, q_rows = _rows(p_of, chain), _rows(q_of, chain)
-        for tau, pt in enumerate(stop_probs(chain, p_rows, q_rows)):
+        for tau, pt in enumerate(stop_probs(chain, p_rows, q_rows, uncapped_final=uncapped_final)):
             if pt <= 0:
                 continue
             y_law = next_law(tau, chain, p_rows, q_rows, weighted)
@@ -220,16 +245,18 @@ def target_law(q_of: Laws, n_tokens: int, vocab: int) -> np.ndarray:
 
 def kept_given_chain(tokens: Sequence[int], p_rows: np.ndarray, q_rows: np.ndarray, rule: str = "block") -> float:
     """The mean number of the drafted tokens ``tokens`` a round keeps, given the chain (rows as in :func:`weights`):
-    ``rule`` "block" (E[tau]) or "token" (token-level SD: X_i is kept with probability min(1, q/p) once X_<i are)."""
-    if rule == "block":
-        return float(np.dot(np.arange(len(tokens) + 1), stop_probs(tokens, p_rows, q_rows)))
+    ``rule`` "block" (E[tau]), "token" (token-level SD: X_i is kept with probability min(1, q/p) once X_<i are) or
+    "uncapped" (the inexact uncapped final acceptance of :func:`stop_tests`)."""
+    if rule in ("block", "uncapped"):
+        probs = stop_probs(tokens, p_rows, q_rows, uncapped_final=rule == "uncapped")
+        return float(np.dot(np.arange(len(tokens) + 1), probs))
     if rule == "token":
         keep, mean = 1.0, 0.0
         for i, x in enumerate(tokens):
             keep *= min(1.0, float(q_rows[i][x]) / float(p_rows[i][x]))
             mean += keep
         return mean
-    raise ValueError(f"rule must be 'block' or 'token', got {rule!r}")
+    raise ValueError(f"rule must be 'block', 'token' or 'uncapped', got {rule!r}")
 
 
 def expected_accepted(
@@ -266,8 +293,10 @@ __all__ = [
     "excess",
     "expected_accepted",
     "extended_law",
+    "hsd_capped_ratios",
     "kept_given_chain",
     "next_law",
+    "prefix_ratios",
     "random_laws",
     "round_law",
     "stop_probs",

@@ -215,7 +215,7 @@ def target_greedy(model: ToyModel, start: torch.Tensor, n_tokens: int) -> np.nda
 
 def _append_next(path: torch.Tensor, n_acc: torch.Tensor, nxt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens of one iteration: the accepted path followed by the correction/bonus token (none after EOS)."""
-    seq = torch.cat([path, torch.zeros_like(path[:, :1])], dim=1)
+    seq = torch.cat([path, path.new_zeros((path.shape[0], 1))], dim=1)
     seq.scatter_(1, n_acc[:, None], nxt.clamp_min(0)[:, None])
     return seq, n_acc + (nxt >= 0).long()
 

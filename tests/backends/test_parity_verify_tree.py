@@ -13,12 +13,12 @@ from specdec_kernels.testing.oracles_tree import draw_tree
 
 pytestmark = requires_cpu_ext
 
-METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
+METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub", "block")
 
 
 def topology(method: str, shape: str) -> list[int]:
-    if method == "sd":
-        return chain_parents(4)
+    if method in ("sd", "block"):
+        return chain_parents(4 if shape == "small" else 7)
     if method == "kseq":
         return kseq_chain_parents(3, 3)
     if method == "spechub":

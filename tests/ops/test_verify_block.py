@@ -258,3 +258,31 @@ def test_block_is_a_tree_method_only() -> None:
     p = torch.full((1, 3), 1 / 3, dtype=torch.float64)
     with pytest.raises(ValueError, match="method must be one of"):
         sk.verify_node("block", torch.tensor([[0]]), torch.tensor([[True]]), p, p, seed=0)
+
+
+# ---- Hierarchical Speculative Decoding (arXiv 2601.05724) ----
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hsd_capped_prefix_ratios_are_the_block_weights(seed: int) -> None:
+    """HSD's lossless rule caps the prefix ratio r_i at its running maximum, r_i / max(1, r_1..r_i); that is the closed
+    form of the block weight recursion, so its stop probabilities and residuals are block verification's."""
+    rng = np.random.default_rng(seed)
+    vocab, length = 6, 7
+    p_rows = rng.dirichlet(np.full(vocab, 0.5), size=length + 1)
+    q_rows = rng.dirichlet(np.full(vocab, 0.5), size=length + 1)
+    tokens = [int(rng.choice(vocab, p=p_rows[i])) for i in range(length)]
+    np.testing.assert_allclose(
+        B.hsd_capped_ratios(tokens, p_rows, q_rows), B.weights(tokens, p_rows, q_rows), rtol=1e-13, atol=0
+    )
+
+
+@pytest.mark.parametrize(("vocab", "length", "seed"), [(3, 2, 1), (3, 3, 2), (4, 3, 3)])
+def test_hsd_with_the_uncapped_final_acceptance_is_not_exact(vocab: int, length: int, seed: int) -> None:
+    """The public code of HSD accepts a whole chain with min(1, r_L) instead of the capped ratio: it keeps more
+    tokens, and its law is not the target's (a negative control)."""
+    p_of, q_of = B.random_laws(vocab, seed)
+    law = B.round_law(p_of, q_of, length, vocab, uncapped_final=True)
+    assert max_law_error(law, q_of, length, vocab) > 1e-3
+    uncapped = B.expected_accepted(p_of, q_of, length, vocab, rule="uncapped")
+    assert uncapped > B.expected_accepted(p_of, q_of, length, vocab, rule="block")
