@@ -100,12 +100,11 @@ class SpeculativeDecoder:
     ``num_chains``, ``verifier``: "block" for block verification of ``sd``/``specdec_pp``/``csd`` chains, which
     keeps at least as many tokens as token-level verification). ``head``/``threshold``: an acceptance head and its
     threshold h (default: the head's own ``threshold`` attribute, which :func:`specdec.drafters.load_head` sets to
-    the tuned h; else 0.7) make the draft
-    depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++; with a tree method it stops
-    growing the tree once the best path's predicted rejection risk exceeds h). ``fast_path``: ``"auto"`` runs the
-    CPU fast path for the calls it takes, ``False`` leaves every module of the target and of a draft model passed
-    here alone (:class:`~specdec.models.HFCausalLM`; an adapter or a Drafter passed in keeps its own). ``last_stats``
-    holds the statistics of the latest call.
+    the tuned h; else 0.7) make the draft depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++;
+    with a tree method it stops growing the tree once the best path's predicted rejection risk exceeds h).
+    ``fast_path``: ``"auto"`` runs the CPU fast path for the calls it takes, ``False`` leaves every module of the
+    target and of a draft model passed here alone (:class:`~specdec.models.HFCausalLM`; an adapter or a Drafter
+    passed in keeps its own). ``last_stats`` holds the statistics of the latest call.
     """
 
     def __init__(
@@ -490,14 +489,27 @@ class SpecDecPPDecoder(SpeculativeDecoder):
     ``draft``: HF draft model (the target's tokenizer). ``head``: acceptance head (e.g.
     :func:`specdec.train.load_head`) or any callable hidden [..., H] -> Phat. ``threshold``: h (stop once the
     predicted probability of at least one rejection exceeds h; default: the head's own ``threshold``, else 0.7).
-    ``max_draft_length``: hard cap (20).
+    ``max_draft_length``: hard cap (20). ``verifier``: "token" (default) or "block" (block verification).
     """
 
     def __init__(
-        self, target: Any, draft: Any, head: Any, *, threshold: float | None = None, max_draft_length: int = 20
+        self,
+        target: Any,
+        draft: Any,
+        head: Any,
+        *,
+        threshold: float | None = None,
+        max_draft_length: int = 20,
+        verifier: str | None = None,
     ) -> None:
         super().__init__(
-            target, draft, method="specdec_pp", draft_length=max_draft_length, head=head, threshold=threshold
+            target,
+            draft,
+            method="specdec_pp",
+            draft_length=max_draft_length,
+            head=head,
+            threshold=threshold,
+            verifier=verifier,
         )
 
 

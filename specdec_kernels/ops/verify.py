@@ -10,6 +10,7 @@ import torch
 from .._registry import resolve
 from ..trees import child_counts, depth_from_parents
 from ._checks import (
+    PATH_METHODS,
     TREE_METHODS,
     NoisePlan,
     check_bool,
@@ -353,12 +354,14 @@ def verify_tree(
     alive chain nodes carrying t (docs/methods.md, SpecTr). ``block`` is block verification (docs/methods.md, Block
     verification): each row's tree must be a chain (ragged lengths through ``valid``) drafted token by token from
     ``p_rows``; the chain is judged as a whole, the node at depth i reading its uniform at accept_u[:, node, 0];
-    greedy, it is the ``sd`` walk. ``validate=False`` skips the O(N V) value checks
-    (laws sum to 1, drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure checks, for
-    callers that built the tree and the laws themselves (the driver: laws from ``process_logits``); shapes and
-    types are still checked and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths when the
-    caller already has them (the driver's trees carry them); they only size the outputs (L), are checked against
-    ``parent`` when ``validate`` is true, and default to ``depth_from_parents(parent)``.
+    greedy, it is the ``sd`` walk. ``traversal`` / ``traversalw`` are traversal verification (docs/methods.md,
+    Traversal verification) of trees whose children were drawn i.i.d. / without replacement, node n reading its
+    uniform at accept_u[:, n, 0]; greedy, they are the ``rrs`` / ``rrsw`` walk. ``validate=False`` skips the O(N V)
+    value checks (laws sum to 1, drafted tokens have p > 0, hub pairs, distinct siblings) and the tree-structure
+    checks, for callers that built the tree and the laws themselves (the driver: laws from ``process_logits``);
+    shapes and types are still checked and the kernels still bounds-check. ``depth`` [B, N] int: the nodes' depths
+    when the caller already has them (the driver's trees carry them); they only size the outputs (L), are checked
+    against ``parent`` when ``validate`` is true, and default to ``depth_from_parents(parent)``.
     """
     method = check_method(method, TREE_METHODS)
     check_tensor("tokens", tokens, ndim=2)
@@ -403,7 +406,8 @@ def verify_tree(
         _check_tree_values(tokens, par, child, counts, internal, valid, p_rows, q_rows, method, hub, greedy)
     elif method == "spechub" and not greedy and hub is None:
         raise ValueError("method 'spechub' needs hub= [B, N] (hub token of each node, from spechub_sample)")
-    kmax = root_children if method == "kseq" else max_children
+    # kseq: a uniform per chain; the path verifiers (block, traversal): one per node, read at slot 0
+    kmax = root_children if method == "kseq" else 1 if method in PATH_METHODS else max_children
     if accept_u is not None:
         _check_accept_u(accept_u, batch, n, kmax)
     # accept_u and final_noise come from one generator, or from distinct Philox purposes of one seed: they must
@@ -506,12 +510,12 @@ def _check_tree_values(
         check_shape("hub", hub, (batch, n))
         _check_tokens("hub (valid nodes)", hub, valid, vocab)
         _check_hub_pairs(tokens, par, child, counts, hub)
-    if method == "rrsw":
+    if method in ("rrsw", "traversalw"):
         sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])
         dup = sib & (tokens[:, :, None] == tokens[:, None, :])
         dup &= ~torch.eye(n, dtype=torch.bool, device=tokens.device)
         if bool(dup.any()):
-            raise ValueError("tokens: method 'rrsw' needs distinct siblings (drafted without replacement)")
+            raise ValueError(f"tokens: method {method!r} needs distinct siblings (drafted without replacement)")
 
 
 def _check_hub_pairs(

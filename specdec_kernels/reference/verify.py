@@ -322,6 +322,56 @@ def block_walk(
     return tau, sample_from(law, noise)
 
 
+def traversal_walk(
+    children: list[list[int]],
+    parent: list[int],
+    tokens: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    u: torch.Tensor,
+    noise: torch.Tensor,
+    swor: bool,
+) -> tuple[int, int]:
+    """Traversal verification of one tree (docs/methods.md, Traversal verification): returns (accepted node, next
+    token). Every node the walk reaches holds [a, test, R, D]: its acceptance probability, the (den, num) of its test
+    once a child of it was rejected (None before), its target law and its draft law, all float64. The walk descends
+    to the first child still in the tree until a node has none, tests it (U * den < num), and on a rejection removes
+    it and updates its parent; ``u[node]`` is the node's uniform."""
+    state = {0: [ONE, None, q[0].double(), p[0].double()]}
+    alive = [True] * len(children)
+    while True:
+        node = 0
+        while any(alive[c] for c in children[node]):
+            child = next(c for c in children[node] if alive[c])
+            if child not in state:
+                a, _, r, d = state[node]
+                x = int(tokens[child])
+                start = torch.clamp(a * r[x] / d[x], max=1.0) if d[x] > 0 else torch.zeros((), dtype=torch.float64)
+                state[child] = [start, None, q[child].double(), p[child].double()]
+            node = child
+        a, test, r, _ = state[node]
+        if node == 0:  # every child rejected: the root's token comes from its residual
+            return 0, sample_from(r, noise)
+        den, num = (ONE, a) if test is None else test
+        if passes(u[node], den, num):
+            return node, sample_from(r, noise)
+        alive[node] = False
+        up = state[parent[node]]
+        a, _, r, d = up
+        excess = (a * r - d).clamp_min(0.0)
+        mass = excess.sum()
+        den = mass + (1.0 - a)
+        up[0] = mass / den if den > 0 else a
+        up[1] = (den, mass)
+        if mass > zero_mass_tol(torch.float64):
+            up[2] = excess / mass
+        if swor:  # the rejected token leaves the law the next sibling was drawn from
+            d = d.clone()
+            d[int(tokens[node])] = 0.0
+            tot = d.sum()
+            up[3] = d / tot if tot > 0 else d
+
+
 @register("verify_tree", "torch")
 def verify_tree(
     tokens: torch.Tensor,
@@ -360,6 +410,20 @@ def verify_tree(
         path: list[int] = []
         ranks: list[int] = []
         out: int | None = None
+        if method in ("traversal", "traversalw") and not greedy:
+            p_b, q_b = p_rows[b].to(cd), q_rows[b].to(cd)
+            par_b = [int(x) for x in parent[b].tolist()]
+            node, out = traversal_walk(
+                children, par_b, tokens[b], p_b, q_b, accept_u[b, :, 0], final_noise[b], method == "traversalw"
+            )
+            while node != 0:
+                path.append(node)
+                node = par_b[node]
+            path.reverse()
+            hit = next((d for d, m in enumerate(path) if int(tokens[b, m]) in eos_set), None)
+            if hit is not None:  # an accepted EOS ends the row there
+                path, out = path[: hit + 1], -1
+            ranks = [children[par_b[m]].index(m) for m in path]
         if method == "block" and not greedy:
             chain = [0]
             while children[chain[-1]]:

@@ -1,6 +1,6 @@
 """Compile every Triton kernel to PTX/cubin for sm_80 and sm_90 without a GPU (a CI check).
 
-The seven kernels that consume noise are built twice: reading noise tensors (``RNG=False``) and drawing the
+The eight kernels that consume noise are built twice: reading noise tensors (``RNG=False``) and drawing the
 Philox stream in the kernel (``RNG=True``, key ``...[rng]``). Their seed travels as two "i32" words (the
 launchers always pass signed 32-bit halves, so this is the only signature they launch).
 
@@ -86,6 +86,11 @@ SIGNATURES["_verify_tree_kernel[greedy]"] = (
     SIGNATURES["_verify_tree_kernel[0]"][0],
     {"METHOD": 0, "KSEQ": False, "GREEDY": True, "RNG": False, "BLOCK_V": 1024},
 )
+SIGNATURES["_verify_block_kernel"] = (
+    [PI64, PI64, PI8, P32, P32, P64, P64, PI64, "i32", PI64, PI64, PI64, PI64, PI64, "i32", "i32", "i32", "i32", "i32",
+     *SEED],
+    {"RNG": False, "BLOCK_V": 1024},
+)  # fmt: skip
 # the in-kernel Philox variants of every noise-reading build (greedy verifiers draw no noise)
 for _key in [k for k, (_, c) in SIGNATURES.items() if "RNG" in c and not c.get("GREEDY", False)]:
     _types, _consts = SIGNATURES[_key]

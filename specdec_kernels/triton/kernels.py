@@ -76,6 +76,7 @@ from .tree import (  # noqa: F401
 )
 from .verify import (  # noqa: F401
     _emission_law_kernel,
+    _verify_block_kernel,
     _verify_chain_kernel,
     _verify_tree_kernel,
     emission_law,
