@@ -66,7 +66,7 @@ void emission_rows(const S* p, const S* q, int64_t rows, int64_t vocab, double l
 
 Method method_of(const std::string& name) {
   Method m;
-  TORCH_CHECK(parse_method(name, &m), "method must be one of sd, rrs, rrsw, kseq, spechub, block, got '", name, "'");
+  TORCH_CHECK(parse_method(name, &m), "method must be one of sd, rrs, rrsw, kseq, spechub, block, traversal, traversalw, got '", name, "'");
   return m;
 }
 
@@ -123,7 +123,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_node(
     const at::Tensor& q_in, const std::optional<at::Tensor>& accept_u, const std::optional<at::Tensor>& final_noise,
     const std::optional<at::Tensor>& hub_in, int64_t seed) {
   const Method method = method_of(method_name);
-  TORCH_CHECK(method != Method::kBlock, "method 'block' verifies chains (verify_tree), not single nodes");
+  TORCH_CHECK(method != Method::kBlock && method != Method::kTraversal && method != Method::kTraversalW, "method '",
+              method_name, "' verifies paths (verify_tree), not single nodes");
   const at::Tensor cand = as_long(cand_in, "cand");
   const at::Tensor cand_valid = as_bool(cand_valid_in, "cand_valid");
   TORCH_CHECK(cand.dim() == 2, "cand must be [B, K], got ", cand.sizes());

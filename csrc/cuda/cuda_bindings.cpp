@@ -55,6 +55,9 @@ int method_code(const std::string& m) {
   if (m == "kseq") return 2;
   if (m == "spechub") return 3;
   if (m == "block") return 4;
+  if (m == "traversal" || m == "traversalw")
+    TORCH_CHECK(false, "specdec: verify_tree method '", m, "' has no CUDA kernel; verify on CPU tensors (backend 'cpu' ",
+                "or 'torch')");
   TORCH_CHECK(false, "specdec: unknown method '", m, "'");
 }
 
@@ -277,6 +280,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
                                                        const std::optional<Tensor>& eos, int64_t max_depth,
                                                        int64_t seed) {
   const c10::cuda::CUDAGuard guard(q_rows.device());
+  // greedy, traversal verification walks as rrs / rrsw do (accept the child equal to the target's argmax)
+  const std::string walk = !greedy ? method : method == "traversal" ? "rrs" : method == "traversalw" ? "rrsw" : method;
   const int64_t B = tokens.size(0), N = tokens.size(1), V = q_rows.size(-1), KC = N > 1 ? N - 1 : 1;
   const int64_t L = max_depth > 0 ? max_depth : 1;
   Tensor qf = f32(q_rows), pf = (greedy || !p_rows.has_value()) ? qf : f32(*p_rows);
@@ -304,7 +309,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
                                  alive.data_ptr<int>(), ctok.data_ptr<int64_t>(), cnode.data_ptr<int64_t>(),
                                  ones.data_ptr<bool>(), r.data_ptr<float>(), s.data_ptr<float>(),
                                  acc.data_ptr<int64_t>(), rank.data_ptr<int64_t>(), n_acc.data_ptr<int64_t>(),
-                                 next.data_ptr<int64_t>(), B, N, V, KU, KC, L, method_code(method),
+                                 next.data_ptr<int64_t>(), B, N, V, KU, KC, L, method_code(walk),
                                  method == "kseq", greedy, stream()),
         "verify_tree");
   if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};

@@ -332,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="token",
         help="block: block verification of the drafted chain for "
         + ", ".join(m for m in registry.available() if "block" in registry.get(m).verifiers)
+        + "; traversal: traversal verification of the drafted tree for "
+        + ", ".join(m for m in registry.available() if "traversal" in registry.get(m).verifiers)
         + " (the other methods keep their own verifier)",
     )
     demo.add_argument("--beam-width", type=int, default=2, help=f"W for {_taking('beam_width')}")

@@ -97,8 +97,9 @@ class SpeculativeDecoder:
     ``"ngram"`` (Max-Gram prompt lookup), or None for ``method="ar"``. ``method`` defaults to ``"rsd_c"``, whose
     default ``branching="auto"`` chooses each round's tree for the machine (docs/methods.md). Method parameters: see
     :func:`specdec.methods.make_method` (``draft_length``, ``branching``, ``parents``, ``beam_width``,
-    ``num_chains``, ``verifier``: "block" for block verification of ``sd``/``specdec_pp``/``csd`` chains, which
-    keeps at least as many tokens as token-level verification). ``head``/``threshold``: an acceptance head and its
+    ``num_chains``, ``verifier``: "block" for block verification of ``sd``/``specdec_pp``/``csd`` chains,
+    "traversal" for traversal verification of ``rrs``/``rrsw``/``rsd_c`` trees; each keeps at least as many tokens
+    as token-level verification in expectation). ``head``/``threshold``: an acceptance head and its
     threshold h (default: the head's own ``threshold`` attribute, which :func:`specdec.drafters.load_head` sets to
     the tuned h; else 0.7) make the draft depth adaptive per row (required by ``method="specdec_pp"``, SpecDec++;
     with a tree method it stops growing the tree once the best path's predicted rejection risk exceeds h).
@@ -140,6 +141,11 @@ class SpeculativeDecoder:
             )
         if head is not None and not spec.drafts:
             raise ValueError(f"head= (adaptive draft depth) needs a drafting method, got method {method!r}")
+        if head is not None and self.config.verification == "traversal":
+            raise ValueError(
+                "verifier='traversal' needs a tree whose shape is fixed before drafting; head= grows it adaptively "
+                "(use verifier='token' with head=)"
+            )
         if threshold is not None and head is None:
             raise ValueError("threshold= is the acceptance head's stopping threshold h: pass head= too")
         if not isinstance(target, HFCausalLM):

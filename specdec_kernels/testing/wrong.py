@@ -237,3 +237,35 @@ def block_walk_token_residual(
         noise.double().numpy(),
         weighted=False,
     )
+
+
+def traversal_walk_raw_q(
+    children: list[list[int]],
+    parent: list[int],
+    tokens: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    u: torch.Tensor,
+    noise: torch.Tensor,
+    swor: bool,
+) -> tuple[int, int]:
+    """Traversal verification drawing the token after the accepted node from the target's raw row instead of the
+    node's updated residual, with the signature of ``specdec_kernels.reference.verify.traversal_walk``: it stands in
+    for it in the torch backend's ``verify_tree``. Reads the whole tree (padding excluded by ``children``)."""
+    from .traversal import walk_tests  # the float64 oracle, made wrong by one flag
+
+    ids = [0]
+    for m in ids:  # level order over the valid nodes
+        ids.extend(children[m])
+    ids.sort()
+    local = {m: i for i, m in enumerate(ids)}
+    par = [-1] + [local[parent[m]] for m in ids[1:]]
+    toks = [int(tokens[m]) for m in ids]
+    rows = torch.tensor(ids)
+    tests = walk_tests(par, toks, p[rows].double().numpy(), q[rows].double().numpy(), swor=swor, wrong="raw_q")
+    fin = noise.double().numpy()
+    for node, den, num, law in tests:
+        if node == 0 or float(u[ids[node]]) * den < num:
+            with np.errstate(divide="ignore"):
+                return ids[node], int(np.argmax(np.log(law) - np.log(-np.log(fin))))
+    raise AssertionError("the root always passes")

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._registry import BackendUnavailableError
 from .common import (
     ACCEPT,
     FINAL,
@@ -456,6 +457,10 @@ def _verify_block_kernel(
     tl.store(next_ptr + b, nxt)
 
 
+#: greedy, the path verifiers walk as these node verifiers do (accept the child equal to the target's argmax)
+GREEDY_AS = {"block": "sd", "traversal": "rrs", "traversalw": "rrsw"}
+
+
 def verify_tree(
     tokens: torch.Tensor,
     parent: torch.Tensor,
@@ -471,6 +476,10 @@ def verify_tree(
     max_depth: int,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    if method in ("traversal", "traversalw") and not greedy:
+        raise BackendUnavailableError(
+            f"op 'verify_tree': backend 'triton' has no kernel for method {method!r}; use backend 'cpu' or 'torch'"
+        )
     batch, n = tokens.shape
     vocab = q_rows.shape[-1]
     dev = tokens.device
@@ -541,7 +550,7 @@ def verify_tree(
             kc,
             max(max_depth, 1),
             *_seed_args(seed),
-            METHOD=METHOD_CODE["sd" if method == "block" else method],  # greedy block is the sd walk
+            METHOD=METHOD_CODE[GREEDY_AS.get(method, method)],
             KSEQ=method == "kseq",
             GREEDY=bool(greedy),
             RNG=rng,

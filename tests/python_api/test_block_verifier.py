@@ -1,4 +1,5 @@
-"""``verifier="block"``: who takes it, what it changes, and that every entry point passes it on.
+"""``verifier="block"`` and ``verifier="traversal"``: who takes them, what they change, and that every entry point
+passes them on.
 
 The law of block verification end to end is tested in test_law.py (with its negative control), its kernels in
 tests/ops/test_verify_block.py. Here: the option's validation and label, greedy output equal to the target's greedy
@@ -32,10 +33,40 @@ def test_block_is_offered_for_chain_methods_only() -> None:
     assert config.verifier == "block" and config.verification == "block"
     assert config.describe() == "sd(L=3)+block"
     assert make_method("sd").verifier == "sd" and make_method("sd", verifier="token").describe() == "sd(L=4)"
-    with pytest.raises(ValueError, match=r"method 'rsd_c' takes verifier=\['token'\] only.*sd, specdec_pp"):
+    with pytest.raises(
+        ValueError, match=r"method 'rsd_c' takes verifier=\['token', 'traversal'\] only.*sd, specdec_pp"
+    ):
         make_method("rsd_c", verifier="block")
+    with pytest.raises(ValueError, match=r"method 'sd' takes verifier=\['block', 'token'\] only.*rrs, rrsw, rsd_c"):
+        make_method("sd", verifier="traversal")
+    with pytest.raises(ValueError, match="method 'spechub' takes verifier"):
+        make_method("spechub", verifier="traversal")
     with pytest.raises(ValueError, match="verifier must be one of"):
         make_method("sd", verifier="blocks")
+
+
+def test_traversal_is_offered_for_fixed_shape_trees() -> None:
+    assert make_method("rsd_c", branching=(2, 1), verifier="traversal").verifier == "traversalw"
+    assert make_method("rrsw", branching=(2, 1), verifier="traversal").verifier == "traversalw"
+    assert make_method("rrs", branching=(2, 1), verifier="traversal").verifier == "traversal"
+    assert make_method("rsd_c", branching=(2, 1), verifier="traversal").describe() == "rsd_c(b=2,1)+traversal"
+
+
+def test_traversal_refuses_a_head(pair) -> None:
+    target, draft = pair
+    with pytest.raises(ValueError, match="verifier='traversal' needs a tree whose shape is fixed"):
+        specdec.SpeculativeDecoder(
+            target, draft, method="rsd_c", branching=(2, 1), verifier="traversal", head=lambda h: h[..., 0]
+        )
+
+
+@pytest.mark.parametrize(("method", "verifier"), [("rsd_c", "traversal"), ("rrs", "traversal")])
+def test_greedy_traversal_is_the_target_greedy_output(pair, method: str, verifier: str) -> None:
+    target, draft = pair
+    ids, mask = left_pad(PROMPTS)
+    dec = specdec.SpeculativeDecoder(target, draft, method=method, branching=(2, 2), verifier=verifier)
+    out = dec.generate(ids, mask, max_new_tokens=12, do_sample=False)
+    assert_target_greedy(target, PROMPTS, out.new_tokens, 12)
 
 
 @pytest.mark.parametrize("method", ["sd", "csd"])

@@ -274,6 +274,26 @@ def test_block_verification_follows_the_target_law(models, method: str) -> None:
         assert check.ok, f"{method} with verifier='block', prompt {prompt}: {check}"
 
 
+TRAVERSAL_METHODS = sorted(m for m in specdec.methods.available() if "traversal" in specdec.methods.get(m).verifiers)
+
+
+@pytest.mark.parametrize("method", TRAVERSAL_METHODS)
+def test_traversal_verification_follows_the_target_law(models, method: str) -> None:
+    checks = run_law(models, method, N, verifier="traversal")
+    for prompt, check in zip(PROMPTS, checks, strict=True):
+        assert check.ok, f"{method} with verifier='traversal', prompt {prompt}: {check}"
+
+
+@pytest.mark.parametrize("method", ["rrs", "rsd_c"])
+def test_traversal_verification_with_the_raw_target_row_fails(models, method: str, monkeypatch) -> None:
+    """The negative control of traversal verification: the token after the accepted node from q's raw row instead of
+    the node's updated residual."""
+    monkeypatch.setattr(specdec.rounds.sk, "verify_tree", functools.partial(sk.verify_tree, backend="torch"))
+    monkeypatch.setattr(reference_verify, "traversal_walk", wrong.traversal_walk_raw_q)
+    checks = run_law(models, method, N, verifier="traversal")
+    assert_caught(checks, f"{method}: traversal verification, raw target row")
+
+
 def block_token_residual_checks(models, method: str, monkeypatch) -> list:
     """The negative control of block verification: its correction drawn from Norm[(q - p)^+]. It errs only in
     rounds that keep a token of weight < 1 and stop before the chain's end, so it needs N_SLOW_CONTROL rows."""

@@ -189,8 +189,9 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
 
 // ---- node verifiers (docs/methods.md) ----
 
-// kBlock judges a whole chain (block verification), not one node: verify_tree_row runs it on its own.
-enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub, kBlock };
+// kBlock and kTraversal(W) judge whole paths (block and traversal verification), not one node: verify_tree_row runs
+// them on their own.
+enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub, kBlock, kTraversal, kTraversalW };
 
 inline bool parse_method(const std::string& name, Method* out) {
   if (name == "sd") *out = Method::kSD;
@@ -199,6 +200,8 @@ inline bool parse_method(const std::string& name, Method* out) {
   else if (name == "kseq") *out = Method::kKSeq;
   else if (name == "spechub") *out = Method::kSpecHub;
   else if (name == "block") *out = Method::kBlock;
+  else if (name == "traversal") *out = Method::kTraversal;
+  else if (name == "traversalw") *out = Method::kTraversalW;
   else return false;
   return true;
 }
@@ -718,12 +721,108 @@ int64_t block_chain_row(const int64_t* tokens, const int64_t* chain, int64_t len
   return tau;
 }
 
-// ---- tree walk (SpecTr alive sets; greedy mode) ----
+// One node on the path of a traversal walk: its acceptance probability a, and once a child of it was rejected
+// (updated) the (den, num) of its test. Its target and draft laws are the rows of TreeWork::tr_r / tr_d at its depth.
+struct TraversalLevel {
+  int64_t node;
+  double a, den, num;
+  bool updated;
+};
 
 struct TreeWork {
   std::vector<int64_t> child_start, child_list, alive, next_alive, cands, toks, path, ranks;
   std::vector<double> weights, law;  // block verification
+  std::vector<TraversalLevel> levels;  // traversal verification: the path from the root
+  std::vector<double> tr_r, tr_d;      // [depth + 1, V] target and draft laws along it
 };
+
+// ---- traversal verification of a tree (docs/methods.md, Traversal verification) ----
+
+// The walk descends to the first child still in the tree (t.next_alive[n] counts the removed children of n: they are
+// always its first ones) until a node has none, and tests it: U * den < num once a child of it was rejected, else
+// U < a. An accepted node ends the walk (the next token from its target law R); a rejected one leaves the tree and its
+// parent P is updated: excess = (a_P R_P - D_P)^+, S = sum, a_P = S / (S + 1 - a_P) with the test (S + 1 - a_P, S),
+// R_P = excess / S (kept when S <= 1e-12) and, for children drawn without replacement, D_P loses the rejected token
+// and is renormalised. A child starts with a = min(1, a_P R_P(x) / D_P(x)) (0 where D_P(x) = 0), R = q, D = p of its
+// own rows. The root, without children left, is accepted. Returns the depth of the accepted node (t.path holds the
+// path, t.ranks the sibling ranks) or -1 when the path would exceed max_depth.
+template <typename S>
+int64_t traversal_row(const int64_t* tokens, const S* p_rows, const S* q_rows, const double* accept_u, int64_t ku,
+                      const FinalNoise& fin, int64_t n, int64_t vocab, int64_t max_depth, bool swor, TreeWork& t,
+                      int64_t* next_token) {
+  t.levels.assign(1, TraversalLevel{0, 1.0, 1.0, 1.0, false});
+  const size_t rows = static_cast<size_t>(max_depth + 1) * vocab;
+  if (t.tr_r.size() < rows) {
+    t.tr_r.resize(rows);
+    t.tr_d.resize(rows);
+  }
+  const auto load = [&](int64_t depth, int64_t node) {
+    double* r = t.tr_r.data() + depth * vocab;
+    double* d = t.tr_d.data() + depth * vocab;
+    for (int64_t v = 0; v < vocab; ++v) {
+      r[v] = static_cast<double>(q_rows[node * vocab + v]);
+      d[v] = static_cast<double>(p_rows[node * vocab + v]);
+    }
+  };
+  load(0, 0);
+  t.next_alive.assign(n, 0);  // removed children per node
+  while (true) {
+    int64_t depth = static_cast<int64_t>(t.levels.size()) - 1;
+    int64_t node = t.levels.back().node;
+    while (t.child_start[node] + t.next_alive[node] < t.child_start[node + 1]) {  // descend to the first child left
+      const int64_t child = t.child_list[t.child_start[node] + t.next_alive[node]];
+      if (depth + 1 > max_depth) return -1;
+      const double* r = t.tr_r.data() + depth * vocab;
+      const double* d = t.tr_d.data() + depth * vocab;
+      const int64_t x = tokens[child];
+      const double a = d[x] > 0.0 ? std::min(t.levels.back().a * r[x] / d[x], 1.0) : 0.0;
+      t.levels.push_back(TraversalLevel{child, a, 1.0, a, false});
+      ++depth;
+      load(depth, child);
+      node = child;
+    }
+    const TraversalLevel& lv = t.levels.back();
+    const double* r = t.tr_r.data() + depth * vocab;
+    if (depth == 0 || accept_u[node * ku] * lv.den < lv.num) {
+      *next_token = sample_final(r, vocab, fin);
+      t.path.clear();
+      t.ranks.clear();
+      for (int64_t k = 1; k <= depth; ++k) {
+        t.path.push_back(t.levels[k].node);
+        t.ranks.push_back(t.next_alive[t.levels[k - 1].node]);
+      }
+      return depth;
+    }
+    // rejected: the node leaves the tree, its parent is updated
+    t.levels.pop_back();
+    TraversalLevel& up = t.levels.back();
+    ++t.next_alive[up.node];
+    double* ru = t.tr_r.data() + (depth - 1) * vocab;
+    double* du = t.tr_d.data() + (depth - 1) * vocab;
+    double mass = 0.0;
+    for (int64_t v = 0; v < vocab; ++v) mass += std::max(up.a * ru[v] - du[v], 0.0);
+    const double den = mass + (1.0 - up.a);
+    const double a_new = den > 0.0 ? mass / den : up.a;
+    if (mass > zero_mass_tol<double>()) {
+      for (int64_t v = 0; v < vocab; ++v) ru[v] = std::max(up.a * ru[v] - du[v], 0.0) / mass;
+    }
+    up.a = a_new;
+    up.den = den;
+    up.num = mass;
+    up.updated = true;
+    if (swor) {  // the rejected token leaves the law the next sibling was drawn from
+      du[tokens[node]] = 0.0;
+      double tot = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) tot += du[v];
+      if (tot > 0.0)
+        for (int64_t v = 0; v < vocab; ++v) du[v] = du[v] / tot;
+    }
+  }
+}
+
+// ---- tree walk (SpecTr alive sets; greedy mode) ----
+
+
 
 // One row. Returns n_accepted; writes accepted_nodes/accepted_rank [max_depth] (-1 padded) and next_token.
 // accept_u [N, KU]: the j-th test candidate of node n uses accept_u[n * KU + j]. Returns -1 when a walk needs
@@ -759,6 +858,24 @@ int64_t verify_tree_row(const int64_t* tokens,  // [N]
   t.alive.assign(1, 0);
   t.path.clear();
   t.ranks.clear();
+  if ((method == Method::kTraversal || method == Method::kTraversalW) && !greedy) {
+    int64_t out = -1;
+    int64_t m = traversal_row(tokens, p_rows, q_rows, accept_u, ku, fin_noise, n, vocab, max_depth,
+                              method == Method::kTraversalW, t, &out);
+    if (m < 0) return -1;
+    for (int64_t d = 0; d < m; ++d)
+      if (is_eos(tokens[t.path[d]], eos, n_eos)) {  // an accepted EOS ends the row
+        m = d + 1;
+        out = -1;
+        break;
+      }
+    for (int64_t d = 0; d < max_depth; ++d) {
+      acc_nodes[d] = d < m ? t.path[d] : -1;
+      acc_rank[d] = d < m ? t.ranks[d] : -1;
+    }
+    *next_token = out;
+    return m;
+  }
   if (method == Method::kBlock && !greedy) {
     t.cands.assign(1, 0);  // the chain: each node's first (only) child
     while (t.child_start[t.cands.back()] < t.child_start[t.cands.back() + 1])

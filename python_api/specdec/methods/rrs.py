@@ -17,6 +17,7 @@ SPEC = register(
             "Model Serving with Tree-based Speculative Inference and Verification, ASPLOS 2024, arXiv:2305.09781."
         ),
         verifier="rrs",
+        verifiers=frozenset({"token", "traversal"}),
         builder=IIDTreeBuilder,
         label=tree_label,
         defaults={"branching": "auto"},  # trees chosen per round for the machine (specdec.autotree)

@@ -17,6 +17,7 @@ SPEC = register(
             "arXiv:2402.14160."
         ),
         verifier="rrsw",
+        verifiers=frozenset({"token", "traversal"}),
         builder=SWORTreeBuilder,
         label=tree_label,
         defaults={"branching": "auto"},  # trees chosen per round for the machine (specdec.autotree)

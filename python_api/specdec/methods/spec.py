@@ -20,9 +20,9 @@ from ..autotree import AUTO_MAX_DEPTH
 #: every method parameter :func:`make_method` knows (each is a field of MethodConfig)
 PARAMETERS = frozenset({"draft_length", "branching", "parents", "beam_width", "num_chains"})
 
-#: the values of ``verifier=``: token-level verification (the method's own node verifier), or block verification of
-#: a chain (docs/methods.md, Block verification)
-VERIFIERS = ("token", "block")
+#: the values of ``verifier=``: token-level verification (the method's own node verifier), block verification of a
+#: chain, or traversal verification of a tree (docs/methods.md, Block verification, Traversal verification)
+VERIFIERS = ("token", "block", "traversal")
 
 
 @dataclass(frozen=True, eq=False)  # one spec object per method: identity is equality (its tables are not hashable)
@@ -47,8 +47,9 @@ class MethodSpec:
       --num-chains) set for this method; None: every allowed one.
     * ``cascade``: the method drafts with a :class:`~specdec.drafters.CascadeDrafter` (the demo loads --cascade).
     * ``hub_pairs``: the verifier reads each node's hub token (SpecHub's pairs), which the loop passes as ``hub=``.
-    * ``verifiers``: the values of ``verifier=`` the method takes (:data:`VERIFIERS`): "block" only for methods that
-      draft one chain token by token (block verification judges such a chain).
+    * ``verifiers``: the values of ``verifier=`` the method takes (:data:`VERIFIERS`): "block" for methods that
+      draft one chain token by token, "traversal" for trees of a fixed shape whose children are drawn i.i.d. or
+      without replacement (the draft processes whose exactness proofs cover them).
     * ``description``: one paragraph with the paper reference (authors, title, venue, year, arXiv id).
     """
 
@@ -155,7 +156,8 @@ class MethodConfig:
     num_chains: int | None = None
     #: branching="auto": the tree's shape is chosen from the past rounds (the spec's auto_builder, specdec.autotree)
     auto: bool = False
-    #: "token" (the method's node verifier) or "block" (block verification of the chain): make_method's verifier=
+    #: "token" (the method's node verifier), "block" (block verification of the chain) or "traversal" (traversal
+    #: verification of the tree): make_method's verifier=
     verification: str = "token"
 
     @property
@@ -165,8 +167,13 @@ class MethodConfig:
 
     @property
     def verifier(self) -> str | None:
-        """The ``method`` of specdec_kernels.verify_tree: the spec's node verifier, or "block" (None for ``ar``)."""
-        return "block" if self.verification == "block" else self.spec.verifier
+        """The ``method`` of specdec_kernels.verify_tree: the spec's node verifier, "block", or "traversal" /
+        "traversalw" for trees drawn i.i.d. / without replacement (None for ``ar``)."""
+        if self.verification == "block":
+            return "block"
+        if self.verification == "traversal":
+            return "traversalw" if self.spec.verifier == "rrsw" else "traversal"
+        return self.spec.verifier
 
     @property
     def depth(self) -> int:
@@ -202,8 +209,9 @@ def make_method(
     Parameters: ``draft_length`` (chain length L, or the hard cap of an adaptive chain), ``branching`` (children
     per level, or ``"auto"`` where the method's spec has an ``auto_builder``: a shape chosen from the past rounds),
     ``parents`` (a level-order parent list, node 0 = root), ``beam_width`` (W), ``num_chains`` (K), ``verifier``
-    ("token", the default, or "block": block verification of the drafted chain, for ``sd``, ``specdec_pp`` and
-    ``csd``; greedy decoding is the same either way).
+    ("token", the default; "block": block verification of the drafted chain, for ``sd``, ``specdec_pp`` and
+    ``csd``; "traversal": traversal verification of the drafted tree, for ``rrs``, ``rrsw`` and ``rsd_c``; greedy
+    decoding is the same either way).
     Which of them a method takes, their defaults and any extra rule (spechub: binary trees) are in the method's
     module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).
     """
@@ -214,9 +222,13 @@ def make_method(
     if verification not in spec.verifiers:
         takes = sorted(spec.verifiers)
         offering = ", ".join(n for n in available() if verification in get(n).verifiers)
+        what = {
+            "block": "block verification judges one chain drafted token by token",
+            "traversal": "traversal verification judges a tree of fixed shape with children drawn i.i.d. or "
+            "without replacement",
+        }[verification]
         raise ValueError(
-            f"method {method!r} takes verifier={takes} only, got {verifier!r} (block verification judges one chain "
-            f"drafted token by token: methods {offering})"
+            f"method {method!r} takes verifier={takes} only, got {verifier!r} ({what}: methods {offering})"
         )
     given = {
         k: v
