@@ -1,27 +1,31 @@
-"""Block verification against token-level verification on the real model: the same drafts, prompts and seeds in one
-run, with our AR as the baseline.
+"""Block and traversal verification against token-level verification on the real model: the same drafts, prompts and
+seeds in one run, with our AR as the baseline.
 
 Target SmolLM2-135M-Instruct (bf16). Configurations, each with ``verifier="token"`` and ``verifier="block"``: ``sd``
 with the shipped feature draft ``smollm2-eagle`` at draft lengths ``--lengths``, ``specdec_pp`` with that draft and
-its shipped head, ``csd`` with the shipped cascade ``smollm2-cascade``. Prompts: a JSONL file (``--prompts``, e.g.
-Vicuna-bench questions; ``--skip`` leaves out the first ones) or HumanEval by default; untruncated sampling at each of
-``--temperatures`` (greedy is the same under both verifiers by construction, so it is not run). Configurations rotate
-per prompt (A B C ... then ... C B A), every configuration of a prompt uses the same seed.
+its shipped head, ``csd`` with the shipped cascade ``smollm2-cascade``; and with ``verifier="token"`` and
+``verifier="traversal"``: ``rrs`` and ``rsd_c`` trees of branching ``--tree`` from the same draft. Prompts: a JSONL
+file (``--prompts``, e.g. Vicuna-bench questions; ``--skip`` leaves out the first ones) or HumanEval by default;
+untruncated sampling at each of ``--temperatures`` (greedy output is the same under every verifier by construction,
+so it is not run). Configurations rotate per prompt (A B C ... then ... C B A), every configuration of a prompt uses
+the same seed.
 
 Two measures per configuration:
 
-* measured: block efficiency (tokens per target forward) and tokens/s, with the speed ratio of block to token
-  verification of the same configuration;
-* exact on the run's own rows: every round's ``verify_tree`` call is also scored by the closed forms of
-  ``specdec_kernels.testing.block.kept_given_chain`` (the mean drafted tokens kept given the drafted chain, under
-  token-level SD and under block verification), so the two rules are compared on identical chains without sampling
-  noise. ``kept_token`` / ``kept_block`` are their means over the rounds of both verifier runs; ``gain`` = kept_block /
-  kept_token - 1 is the gain in accepted tokens and ``be_gain`` the gain in block efficiency it implies (1 + kept).
-  Per chain either rule may keep more; over the draft's chains block verification keeps at least as many in
-  expectation, and the paired means estimate that difference. The scoring time is taken out of the timings.
+* measured: block efficiency (tokens per target forward) and tokens/s, with the speed ratio of the path verifier
+  (block or traversal) to token-level verification of the same configuration;
+* exact on the run's own rows: every round's ``verify_tree`` call is also scored by the closed forms of both rules
+  (the mean drafted tokens kept given the drafted chain or tree: token-level SD vs block verification,
+  ``specdec_kernels.testing.block.kept_given_chain``; recursive rejection sampling vs traversal verification,
+  ``specdec_kernels.testing.traversal.accept_probs``), so the two are compared on identical drafts without sampling
+  noise. ``kept_token`` / ``kept_block`` are their means over the rounds of both verifier runs (``kept_block``: the
+  path verifier, block or traversal); ``gain`` = kept_block / kept_token - 1 is the gain in accepted tokens and
+  ``be_gain`` the gain in block efficiency it implies (1 + kept). Per draft either rule may keep more; over the
+  draft's chains and trees the path verifiers keep at least as many in expectation, and the paired means estimate that
+  difference. The scoring time is taken out of the timings.
 
 Run: python benchmarks/bench_block_verification.py [--prompts FILE.jsonl --skip 40] [--limit 8] [--new-tokens 64]
-     [--temperatures 0.7,1.0] [--lengths 3,5] [--threads 1]
+     [--temperatures 0.7,1.0] [--lengths 3,5] [--tree 2,2] [--threads 1]
 Writes benchmarks/results/block_verification.csv (appends; ``load`` is the 1-minute load average at the start).
 """
 
@@ -50,34 +54,78 @@ FIELDS = ["timestamp", "machine", "torch", "git_rev", "cpu_flags", "cpu_isa", "l
           "be_gain"]  # fmt: skip
 
 
-class ChainScorer:
-    """Wraps ``specdec_kernels.verify_tree``: each sampled call on chains is scored by both closed forms first."""
+class PathScorer:
+    """Wraps ``specdec_kernels.verify_tree``: each sampled call is first scored by the closed forms of both rules on
+    its own rows (chains: token-level SD and block verification; trees: recursive rejection sampling and traversal
+    verification), then verified as asked."""
 
     def __init__(self, verify_tree: Any) -> None:
-        from specdec_kernels.testing.block import kept_given_chain
-
-        self.inner, self.kept = verify_tree, kept_given_chain
+        self.inner = verify_tree
         self.config = ""
-        self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # rounds, token, block
+        self.sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # rounds, token-level, path rule
         self.seconds = 0.0  # time spent scoring, taken out of the timed generate calls
 
     def __call__(self, tokens, parent, p_rows, q_rows, *, method, valid=None, **kw):
         t0 = time.perf_counter()
-        if p_rows is not None and method in ("sd", "block"):
+        if p_rows is not None and method in PAIRS:
             live = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
             for b in range(tokens.shape[0]):
-                chain = [n for n in range(tokens.shape[1]) if bool(live[b, n])]  # level order: depth order
-                if len(chain) < 2:
+                ids = [n for n in range(tokens.shape[1]) if bool(live[b, n])]  # level order
+                if len(ids) < 2:
                     continue
-                p = p_rows[b, chain].double().numpy()
-                q = q_rows[b, chain].double().numpy()
-                toks = tokens[b, chain[1:]].tolist()
+                local = {m: i for i, m in enumerate(ids)}
+                par = [-1] + [local[int(parent[b, m])] for m in ids[1:]]
+                toks = [int(tokens[b, m]) for m in ids]
+                p = p_rows[b, ids].double().numpy()
+                q = q_rows[b, ids].double().numpy()
                 acc = self.sums[self.config]
                 acc[0] += 1
-                acc[1] += self.kept(toks, p, q, "token")
-                acc[2] += self.kept(toks, p, q, "block")
+                acc[1] += token_kept(PAIRS[method], par, toks, p, q)
+                acc[2] += path_kept(PAIRS[method], par, toks, p, q)
         self.seconds += time.perf_counter() - t0
         return self.inner(tokens, parent, p_rows, q_rows, method=method, valid=valid, **kw)
+
+
+#: verify_tree method -> the token-level node verifier of the same drafts ("sd" for chains)
+PAIRS = {"sd": "sd", "block": "sd", "rrs": "rrs", "traversal": "rrs", "rrsw": "rrsw", "traversalw": "rrsw"}
+
+
+def token_kept(rule: str, par: list[int], toks: list[int], p: np.ndarray, q: np.ndarray) -> float:
+    """Mean drafted tokens the token-level verifier keeps given the tree (rows by node, level order)."""
+    from specdec_kernels.testing.block import kept_given_chain
+    from specdec_kernels.testing.oracles_tree import rule_rrs, rule_rrsw
+
+    if rule == "sd":
+        return kept_given_chain(toks[1:], p, q, "token")
+    node_rule = rule_rrsw if rule == "rrsw" else rule_rrs
+    kids = [[c for c in range(1, len(par)) if par[c] == m] for m in range(len(par))]
+
+    def kept(m: int) -> float:
+        if not kids[m]:
+            return 0.0
+        tests, _ = node_rule([toks[c] for c in kids[m]], p[m], q[m])
+        carry, out = 1.0, 0.0
+        for j, den, num in tests:
+            h = min(1.0, num / den) if den > 0 else float(num > 0)
+            out += carry * h * (1.0 + kept(kids[m][j]))
+            carry *= 1.0 - h
+        return out
+
+    return kept(0)
+
+
+def path_kept(rule: str, par: list[int], toks: list[int], p: np.ndarray, q: np.ndarray) -> float:
+    """Mean drafted tokens block (chains) or traversal verification (trees) keeps given the tree."""
+    from specdec_kernels.testing.block import kept_given_chain
+    from specdec_kernels.testing.traversal import accept_probs, walk_tests
+
+    if rule == "sd":
+        return kept_given_chain(toks[1:], p, q, "block")
+    depth = [0] * len(par)
+    for m in range(1, len(par)):
+        depth[m] = depth[par[m]] + 1
+    tests = walk_tests(par, toks, p, q, swor=rule == "rrsw")
+    return sum(pa * depth[node] for node, pa, _ in accept_probs(tests))
 
 
 def configs(target: Any, args: argparse.Namespace) -> list[tuple[str, str, str, str, Any]]:
@@ -98,6 +146,11 @@ def configs(target: Any, args: argparse.Namespace) -> list[tuple[str, str, str, 
         out.append((dec.config.describe(), "specdec_pp", verifier, "smollm2-eagle", dec))
         dec = S(target, cascade, method="csd", verifier=verifier)
         out.append((dec.config.describe(), "csd", verifier, "smollm2-cascade", dec))
+    branching = tuple(int(b) for b in args.tree.split(","))
+    for verifier in ("token", "traversal"):
+        for method in ("rrs", "rsd_c"):
+            dec = S(target, draft, method=method, branching=branching, verifier=verifier)
+            out.append((dec.config.describe(), method, verifier, "smollm2-eagle", dec))
     return out
 
 
@@ -113,7 +166,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     texts = load_prompts(args.prompts, args.skip + args.limit)[args.skip :]
     prompts = [chat_prompt(tok, t) for t in texts]
     cfgs = configs(target, args)
-    scorer = ChainScorer(sk.verify_tree)
+    scorer = PathScorer(sk.verify_tree)
     load = os.getloadavg()[0]
     rows = []
     sk.verify_tree = scorer
@@ -145,7 +198,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def summarise(cfgs, acc, scorer: ChainScorer, temperature: float, load: float, args) -> list[dict[str, Any]]:
+def summarise(cfgs, acc, scorer: PathScorer, temperature: float, load: float, args) -> list[dict[str, Any]]:
     rate = {name: a[0] / a[3] for name, a in acc.items()}
     rows = []
     for name, method, verifier, draft, dec in cfgs:
@@ -157,11 +210,10 @@ def summarise(cfgs, acc, scorer: ChainScorer, temperature: float, load: float, a
                "rounds": int(a[2]), "block_efficiency": a[1] / max(1, a[2]), "tok_per_s": rate[name],
                "vs_ar": rate[name] / rate["ar"]}  # fmt: skip
         if method != "ar":
-            pair = dec.config.spec.label(dec.config)  # the token run's name is the plain label
-            token_name = pair
-            block_name = f"{pair}+block"
+            token_name = dec.config.spec.label(dec.config)  # the token run's name is the plain label
+            path_name = f"{token_name}+{'traversal' if method in ('rrs', 'rsd_c') else 'block'}"
             row["vs_token"] = rate[name] / rate[token_name]
-            s_tok, s_blk = scorer.sums[token_name], scorer.sums[block_name]
+            s_tok, s_blk = scorer.sums[token_name], scorer.sums[path_name]
             rounds = s_tok[0] + s_blk[0]
             if rounds:
                 kt, kb = (s_tok[1] + s_blk[1]) / rounds, (s_tok[2] + s_blk[2]) / rounds
@@ -180,6 +232,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="0.7,1.0")
     ap.add_argument("--lengths", default="3,5", help="sd draft lengths")
+    ap.add_argument("--tree", default="2,2", help="branching of the rrs and rsd_c trees (token vs traversal)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-csv", action="store_true")
     args = ap.parse_args()

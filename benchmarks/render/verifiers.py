@@ -1,4 +1,4 @@
-"""Block verification against token-level verification on the real model (block_verification.csv,
+"""Block and traversal verification against token-level verification on the real model (block_verification.csv,
 benchmarks/bench_block_verification.py)."""
 
 from __future__ import annotations
@@ -29,18 +29,18 @@ def block_block_verification(results: Path) -> str:
     for run in runs:
         r0 = run[0]
         by_config = {r["config"]: r for r in run}
-        head = ["method", "block eff. token / block", "tok/s token / block", "block vs token (tok/s)",
-                "block vs AR (tok/s)", "kept per round, exact: token / block", "gain: kept / block eff.",
+        head = ["method + path verifier", "block eff. token / path", "tok/s token / path", "path vs token (tok/s)",
+                "path vs AR (tok/s)", "kept per round, exact: token / path", "gain: kept / block eff.",
                 "rounds scored"]  # fmt: skip
         lines = []
         for r in run:
             if r["verifier"] != "token":
                 continue
-            b = by_config.get(f"{r['config']}+block")
+            b = by_config.get(f"{r['config']}+block") or by_config.get(f"{r['config']}+traversal")
             if b is None:
                 continue
             lines.append([
-                f"{r['config']} ({r['draft']})",
+                f"{b['config']} ({r['draft']})",
                 f"{num(r['block_efficiency'])} / {num(b['block_efficiency'])}",
                 f"{num(r['tok_per_s'])} / {num(b['tok_per_s'])}",
                 f"{float(b['vs_token']):.2f}x",
