@@ -55,9 +55,7 @@ int method_code(const std::string& m) {
   if (m == "kseq") return 2;
   if (m == "spechub") return 3;
   if (m == "block") return 4;
-  if (m == "traversal" || m == "traversalw")
-    TORCH_CHECK(false, "specdec: verify_tree method '", m, "' has no CUDA kernel; verify on CPU tensors (backend 'cpu' ",
-                "or 'torch')");
+  if (m == "traversal" || m == "traversalw") return 5;  // its own kernel (verify_traversal_kernel)
   TORCH_CHECK(false, "specdec: unknown method '", m, "'");
 }
 
@@ -302,6 +300,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
   Tensor u = noise_or_none(accept_u, u_shape, seed, q_rows, "accept_u");
   Tensor fin = noise_or_none(final_noise, {B, V}, seed, q_rows, "final_noise");
   const int64_t KU = u.defined() ? u.size(2) : KC;
+  if (!greedy && (method == "traversal" || method == "traversalw")) {
+    auto dopt = q_rows.options().dtype(at::kDouble);
+    Tensor removed = at::zeros({B, N}, tokens.options().dtype(at::kInt));
+    Tensor lv_node = at::zeros({B, L + 1}, lopt), lv = at::zeros({B, L + 1, 3}, dopt);
+    Tensor rr = at::empty({B, L + 1, V}, dopt), dd = at::empty_like(rr);
+    check(specdec_cuda_verify_traversal(i64(tokens).data_ptr<int64_t>(), i64(parent).data_ptr<int64_t>(),
+                                        valid.to(at::kBool).contiguous().data_ptr<bool>(), pf.data_ptr<float>(),
+                                        qf.data_ptr<float>(), noise_ptr(u), noise_ptr(fin), static_cast<uint64_t>(seed),
+                                        e.data_ptr<int64_t>(), e.numel(), removed.data_ptr<int>(),
+                                        lv_node.data_ptr<int64_t>(), lv.data_ptr<double>(), rr.data_ptr<double>(),
+                                        dd.data_ptr<double>(), acc.data_ptr<int64_t>(), rank.data_ptr<int64_t>(),
+                                        n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, N, V, KU, L,
+                                        method == "traversalw", stream()),
+          "verify_tree");
+    if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};
+    return {acc, n_acc, next, rank};
+  }
   check(specdec_cuda_verify_tree(i64(tokens).data_ptr<int64_t>(), i64(parent).data_ptr<int64_t>(),
                                  valid.to(at::kBool).contiguous().data_ptr<bool>(), pf.data_ptr<float>(),
                                  qf.data_ptr<float>(), h.data_ptr<int64_t>(), noise_ptr(u), noise_ptr(fin),

@@ -38,6 +38,11 @@ int specdec_cuda_verify_tree(const int64_t* tokens, const int64_t* parent, const
                              int64_t* cnode, const bool* ones, float* r, float* s, int64_t* acc, int64_t* rank,
                              int64_t* n_acc, int64_t* next, int64_t B, int64_t N, int64_t V, int64_t KU, int64_t KC,
                              int64_t L, int method, bool kseq, bool greedy, void* stream);
+int specdec_cuda_verify_traversal(const int64_t* tokens, const int64_t* parent, const bool* valid, const float* p,
+                                  const float* q, const double* accept_u, const double* fin, uint64_t seed,
+                                  const int64_t* eos, int64_t n_eos, int* removed, int64_t* lv_node, double* lv,
+                                  double* r, double* d, int64_t* acc, int64_t* rank, int64_t* n_acc, int64_t* next,
+                                  int64_t B, int64_t N, int64_t V, int64_t KU, int64_t L, bool swor, void* stream);
 }
 
 extern "C" {

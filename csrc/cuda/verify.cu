@@ -423,6 +423,142 @@ __device__ void block_walk(const int64_t* tokens, const int64_t* parent, const b
   }
 }
 
+// Traversal verification of one row's tree per block (docs/methods.md, Traversal verification). The path from the
+// root holds at each depth its node, (a, den, num) and its target / draft laws in double; thread 0 walks, the block
+// strides over the vocabulary for the row copies, the parent updates and the final sample.
+__global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B,N]
+                                        const bool* __restrict__ valid,                                          // [B,N]
+                                        const float* __restrict__ p, const float* __restrict__ q,  // [B, N, V]
+                                        const double* __restrict__ accept_u,  // [B, N, KU] or null (drawn)
+                                        const double* __restrict__ fin,       // [B, V] or null (drawn)
+                                        uint64_t seed, const int64_t* __restrict__ eos, int64_t n_eos,
+                                        int* __restrict__ removed,        // [B, N] zeroed: removed children per node
+                                        int64_t* __restrict__ lv_node,    // [B, L + 1]
+                                        double* __restrict__ lv,          // [B, L + 1, 3]: a, den, num
+                                        double* __restrict__ r, double* __restrict__ d,  // [B, L + 1, V]
+                                        int64_t* __restrict__ acc, int64_t* __restrict__ rank,  // [B, L]
+                                        int64_t* __restrict__ n_acc, int64_t* __restrict__ next,  // [B]
+                                        int64_t N, int64_t V, int64_t KU, int64_t L, bool swor) {
+  const int64_t b = blockIdx.x;
+  const NoiseRow fz = noise_row(fin, V, seed, kFinalNoise, b);
+  const int64_t* tok = tokens + b * N;
+  const int64_t* par = parent + b * N;
+  const bool* val = valid + b * N;
+  int* rem = removed + b * N;
+  int64_t* path = lv_node + b * (L + 1);
+  double* st = lv + b * (L + 1) * 3;
+  double* rr = r + b * (L + 1) * V;
+  double* dd = d + b * (L + 1) * V;
+  const float* pr = p + b * N * V;
+  const float* qr = q + b * N * V;
+  __shared__ int64_t depth, node, child;
+  __shared__ int verdict;  // 0 descend/test, 1 accepted, 2 rejected
+  if (threadIdx.x == 0) {
+    depth = 0;
+    path[0] = 0;
+    st[0] = 1.0;
+    st[1] = 1.0;
+    st[2] = 1.0;
+  }
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    rr[v] = static_cast<double>(qr[v]);
+    dd[v] = static_cast<double>(pr[v]);
+  }
+  __syncthreads();
+  while (true) {
+    // descend to the first child left (the removed children of a node are always its first ones)
+    while (true) {
+      if (threadIdx.x == 0) {
+        node = path[depth];
+        child = -1;
+        int seen = 0;
+        for (int64_t m = 1; m < N && child < 0; ++m) {
+          if (val[m] && par[m] == node) {
+            if (seen == rem[node]) child = m;
+            ++seen;
+          }
+        }
+        if (child >= 0) {
+          const int64_t x = tok[child];
+          const double rx = rr[depth * V + x], dx = dd[depth * V + x];
+          const double a = dx > 0.0 ? fmin(st[depth * 3] * rx / dx, 1.0) : 0.0;
+          ++depth;
+          path[depth] = child;
+          st[depth * 3] = a;
+          st[depth * 3 + 1] = 1.0;
+          st[depth * 3 + 2] = a;
+        }
+      }
+      __syncthreads();
+      if (child < 0) break;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+        rr[depth * V + v] = static_cast<double>(qr[child * V + v]);
+        dd[depth * V + v] = static_cast<double>(pr[child * V + v]);
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      const double u = depth == 0 ? 0.0 : noise_row(accept_u, KU, seed, kAcceptNoise, b * N + node).at(0);
+      verdict = (depth == 0 || u * st[depth * 3 + 1] < st[depth * 3 + 2]) ? 1 : 2;
+    }
+    __syncthreads();
+    if (verdict == 1) break;
+    // rejected: the node leaves the tree, its parent is updated
+    const int64_t up = depth - 1;
+    const double a_p = st[up * 3];
+    double mass = 0.0;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mass += fmax(a_p * rr[up * V + v] - dd[up * V + v], 0.0);
+    mass = block_sum<double>(mass);
+    if (mass > kZeroMassTolF64) {
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+        rr[up * V + v] = fmax(a_p * rr[up * V + v] - dd[up * V + v], 0.0) / mass;
+    }
+    __syncthreads();
+    if (swor) {  // the rejected token leaves the law the next sibling was drawn from
+      if (threadIdx.x == 0) dd[up * V + tok[node]] = 0.0;
+      __syncthreads();
+      double tot = 0.0;
+      for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += dd[up * V + v];
+      tot = block_sum<double>(tot);
+      if (tot > 0.0)
+        for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dd[up * V + v] = dd[up * V + v] / tot;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      const double den = mass + (1.0 - a_p);
+      st[up * 3] = den > 0.0 ? mass / den : a_p;
+      st[up * 3 + 1] = den;
+      st[up * 3 + 2] = mass;
+      ++rem[path[up]];
+      depth = up;
+    }
+    __syncthreads();
+  }
+  // the token after the accepted node: a Gumbel-max sample of its target law, in double
+  const double* law = rr + depth * V;
+  ArgBest best{-CUDART_INF, INT64_MAX};
+  for_each_noise(fz, V, [&](int64_t v, double u) {
+    best = pick(best, ArgBest{(law[v] > 0.0 ? ::log(law[v]) : -CUDART_INF) + gumbel(u), v});
+  });
+  best = block_argbest(best);
+  if (threadIdx.x == 0) {
+    int64_t out = best.i == INT64_MAX ? 0 : best.i, kept = depth;
+    for (int64_t k = 1; k <= depth; ++k) {
+      if (is_eos(tok[path[k]], eos, n_eos)) {  // an accepted EOS ends the row
+        kept = k;
+        out = -1;
+        break;
+      }
+    }
+    for (int64_t k = 0; k < L; ++k) {
+      acc[b * L + k] = k < kept ? path[k + 1] : -1;
+      rank[b * L + k] = k < kept ? rem[path[k]] : -1;
+    }
+    n_acc[b] = kept;
+    next[b] = out;
+  }
+}
+
 // Tree walk; candidates of a step = valid nodes whose parent is alive (one node, or for SpecTr every
 // alive chain node carrying the accepted token).
 __global__ void verify_tree_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B, N]
@@ -565,5 +701,18 @@ extern "C" int specdec_cuda_verify_tree(const int64_t* tokens, const int64_t* pa
   verify_tree_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       tokens, parent, valid, p, q, hub, accept_u, fin, seed, eos, n_eos, alive, ctok, cnode, ones, r, s, acc, rank,
       n_acc, next, N, V, KU, KC, L, method, kseq, greedy);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int specdec_cuda_verify_traversal(const int64_t* tokens, const int64_t* parent, const bool* valid,
+                                             const float* p, const float* q, const double* accept_u, const double* fin,
+                                             uint64_t seed, const int64_t* eos, int64_t n_eos, int* removed,
+                                             int64_t* lv_node, double* lv, double* r, double* d, int64_t* acc,
+                                             int64_t* rank, int64_t* n_acc, int64_t* next, int64_t B, int64_t N,
+                                             int64_t V, int64_t KU, int64_t L, bool swor, void* stream) {
+  if (B == 0) return 0;
+  verify_traversal_kernel<<<B, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      tokens, parent, valid, p, q, accept_u, fin, seed, eos, n_eos, removed, lv_node, lv, r, d, acc, rank, n_acc,
+      next, N, V, KU, L, swor);
   return static_cast<int>(cudaGetLastError());
 }

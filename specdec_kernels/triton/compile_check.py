@@ -1,6 +1,6 @@
 """Compile every Triton kernel to PTX/cubin for sm_80 and sm_90 without a GPU (a CI check).
 
-The eight kernels that consume noise are built twice: reading noise tensors (``RNG=False``) and drawing the
+The nine kernels that consume noise are built twice: reading noise tensors (``RNG=False``) and drawing the
 Philox stream in the kernel (``RNG=True``, key ``...[rng]``). Their seed travels as two "i32" words (the
 launchers always pass signed 32-bit halves, so this is the only signature they launch).
 
@@ -91,6 +91,12 @@ SIGNATURES["_verify_block_kernel"] = (
      *SEED],
     {"RNG": False, "BLOCK_V": 1024},
 )  # fmt: skip
+for _swor in (False, True):
+    SIGNATURES[f"_verify_traversal_kernel[{'swor' if _swor else 'iid'}]"] = (
+        [PI64, PI64, PI8, P32, P32, P64, P64, PI64, "i32", PI32, PI64, P64, P64, P64, PI64, PI64, PI64, PI64, "i32",
+         "i32", "i32", "i32", *SEED],
+        {"SWOR": _swor, "RNG": False, "BLOCK_V": 1024},
+    )  # fmt: skip
 # the in-kernel Philox variants of every noise-reading build (greedy verifiers draw no noise)
 for _key in [k for k, (_, c) in SIGNATURES.items() if "RNG" in c and not c.get("GREEDY", False)]:
     _types, _consts = SIGNATURES[_key]

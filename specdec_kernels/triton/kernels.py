@@ -78,6 +78,7 @@ from .verify import (  # noqa: F401
     _emission_law_kernel,
     _verify_block_kernel,
     _verify_chain_kernel,
+    _verify_traversal_kernel,
     _verify_tree_kernel,
     emission_law,
     verify_chain,

@@ -9,7 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .._registry import BackendUnavailableError
 from .common import (
     ACCEPT,
     FINAL,
@@ -457,6 +456,160 @@ def _verify_block_kernel(
     tl.store(next_ptr + b, nxt)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# verify_tree, methods "traversal" / "traversalw": one program walks one row's tree from the leaves up
+# (docs/methods.md, Traversal verification)
+
+
+@triton.jit
+def _first_child_left(par_ptr, valid_ptr, removed_ptr, node, N):
+    """The first child of ``node`` still in the tree (its removed children are always its first ones), or -1."""
+    skip = tl.load(removed_ptr + node)
+    seen = tl.zeros((), tl.int32)
+    found = tl.full((), -1, tl.int64)
+    for m in range(1, N):
+        if found < 0:
+            if tl.load(valid_ptr + m) != 0:
+                if tl.load(par_ptr + m) == node:
+                    if seen == skip:
+                        found = m + tl.zeros((), tl.int64)
+                    seen += 1
+    return found
+
+
+@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
+def _verify_traversal_kernel(
+    tok_ptr,  # [B, N] int64
+    par_ptr,  # [B, N] int64
+    valid_ptr,  # [B, N] int8
+    p_ptr,  # [B, N, V] fp32
+    q_ptr,  # [B, N, V] fp32
+    u_ptr,  # [B, N, KU] fp64 (unused when RNG)
+    fin_ptr,  # [B, V] fp64 (unused when RNG)
+    eos_ptr,  # [n_eos] int64
+    n_eos,
+    removed_ptr,  # [B, N] int32 scratch, zero initialised: removed children per node
+    lv_node_ptr,  # [B, L + 1] int64 scratch: the node at each depth of the walk's path
+    lv_ptr,  # [B, L + 1, 3] fp64 scratch: a, den, num of each node on the path
+    r_ptr,  # [B, L + 1, V] fp64 scratch: target law of each node on the path
+    d_ptr,  # [B, L + 1, V] fp64 scratch: draft law of each node on the path
+    acc_ptr,  # [B, L] int64 out, -1 initialised
+    rank_ptr,  # [B, L] int64 out, -1 initialised
+    nacc_ptr,  # [B] int64 out
+    next_ptr,  # [B] int64 out
+    N,
+    V,
+    KU,
+    L,
+    seed_lo,
+    seed_hi,
+    SWOR: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    tok = tok_ptr + b * N
+    par = par_ptr + b * N
+    valid = valid_ptr + b * N
+    removed = removed_ptr + b * N
+    lv_node = lv_node_ptr + b * (L + 1)
+    lv = lv_ptr + b * (L + 1) * 3
+    rows_r = r_ptr + b * (L + 1) * V
+    rows_d = d_ptr + b * (L + 1) * V
+    rows_p = p_ptr + b * N * V
+    rows_q = q_ptr + b * N * V
+    # the root: a = 1, tested (U < 1 always passes) only once it has no child left
+    tl.store(lv_node, tl.zeros((), tl.int64))
+    tl.store(lv + 0, 1.0)
+    tl.store(lv + 1, 1.0)
+    tl.store(lv + 2, 1.0)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        tl.store(rows_r + offs, tl.load(rows_q + offs, mask=m, other=0.0).to(tl.float64), mask=m)
+        tl.store(rows_d + offs, tl.load(rows_p + offs, mask=m, other=0.0).to(tl.float64), mask=m)
+    depth = tl.zeros((), tl.int64)
+    done = tl.zeros((), tl.int32)
+    nxt = tl.full((), -1, tl.int64)
+    while done == 0:
+        node = tl.load(lv_node + depth)
+        child = _first_child_left(par, valid, removed, node, N)
+        while child >= 0:  # descend to the first child left: it starts with a = min(1, a_P R_P(x) / D_P(x))
+            x = tl.load(tok + child)
+            a_par = tl.load(lv + depth * 3)
+            rx = tl.load(rows_r + depth * V + x)
+            dx = tl.load(rows_d + depth * V + x)
+            a = tl.where(dx > 0, tl.minimum(a_par * rx / tl.where(dx > 0, dx, 1.0), 1.0), 0.0)
+            depth += 1
+            tl.store(lv_node + depth, child)
+            tl.store(lv + depth * 3 + 0, a)
+            tl.store(lv + depth * 3 + 1, 1.0)
+            tl.store(lv + depth * 3 + 2, a)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                qv = tl.load(rows_q + child * V + offs, mask=m, other=0.0).to(tl.float64)
+                pv = tl.load(rows_p + child * V + offs, mask=m, other=0.0).to(tl.float64)
+                tl.store(rows_r + depth * V + offs, qv, mask=m)
+                tl.store(rows_d + depth * V + offs, pv, mask=m)
+            node = child
+            child = _first_child_left(par, valid, removed, node, N)
+        u = _noise_at(u_ptr + (b * N + node) * KU, 0, b * N + node, seed_lo, seed_hi, ACCEPT, RNG)
+        den = tl.load(lv + depth * 3 + 1)
+        num = tl.load(lv + depth * 3 + 2)
+        if (depth == 0) | (u * den < num):
+            nxt = _argmax_chunked(rows_r + depth * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG,
+                                  BLOCK_V)  # fmt: skip
+            done = 1
+        else:  # rejected: the node leaves the tree, its parent is updated
+            depth -= 1
+            up = tl.load(lv_node + depth)
+            tl.store(removed + up, tl.load(removed + up) + 1)
+            a_p = tl.load(lv + depth * 3)
+            mass = tl.zeros((), tl.float64)
+            for start in range(0, V, BLOCK_V):
+                offs = start + tl.arange(0, BLOCK_V)
+                m = offs < V
+                rv = tl.load(rows_r + depth * V + offs, mask=m, other=0.0)
+                dv = tl.load(rows_d + depth * V + offs, mask=m, other=0.0)
+                mass += tl.sum(tl.maximum(a_p * rv - dv, 0.0), axis=0)
+            den_new = mass + (1.0 - a_p)
+            a_new = tl.where(den_new > 0, mass / tl.where(den_new > 0, den_new, 1.0), a_p)
+            if mass > ZERO_MASS_TOL_F64:
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    rv = tl.load(rows_r + depth * V + offs, mask=m, other=0.0)
+                    dv = tl.load(rows_d + depth * V + offs, mask=m, other=0.0)
+                    tl.store(rows_r + depth * V + offs, tl.maximum(a_p * rv - dv, 0.0) / mass, mask=m)
+            tl.store(lv + depth * 3 + 0, a_new)
+            tl.store(lv + depth * 3 + 1, den_new)
+            tl.store(lv + depth * 3 + 2, mass)
+            if SWOR:  # the rejected token leaves the law the next sibling was drawn from
+                tl.store(rows_d + depth * V + tl.load(tok + node), 0.0)
+                tot = tl.zeros((), tl.float64)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    tot += tl.sum(tl.load(rows_d + depth * V + offs, mask=offs < V, other=0.0), axis=0)
+                if tot > 0:
+                    for start in range(0, V, BLOCK_V):
+                        offs = start + tl.arange(0, BLOCK_V)
+                        m = offs < V
+                        dv = tl.load(rows_d + depth * V + offs, mask=m, other=0.0)
+                        tl.store(rows_d + depth * V + offs, dv / tot, mask=m)
+    kept = depth
+    for k in range(1, depth + 1):  # an accepted EOS ends the row
+        if kept == depth:
+            if _is_eos(tl.load(tok + tl.load(lv_node + k)), eos_ptr, n_eos):
+                kept = k + tl.zeros((), tl.int64)
+                nxt = tl.full((), -1, tl.int64)
+    for k in range(1, kept + 1):
+        tl.store(acc_ptr + b * L + k - 1, tl.load(lv_node + k))
+        tl.store(rank_ptr + b * L + k - 1, tl.load(removed + tl.load(lv_node + k - 1)).to(tl.int64))
+    tl.store(nacc_ptr + b, kept)
+    tl.store(next_ptr + b, nxt)
+
+
 #: greedy, the path verifiers walk as these node verifiers do (accept the child equal to the target's argmax)
 GREEDY_AS = {"block": "sd", "traversal": "rrs", "traversalw": "rrsw"}
 
@@ -476,10 +629,6 @@ def verify_tree(
     max_depth: int,
     seed: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    if method in ("traversal", "traversalw") and not greedy:
-        raise BackendUnavailableError(
-            f"op 'verify_tree': backend 'triton' has no kernel for method {method!r}; use backend 'cpu' or 'torch'"
-        )
     batch, n = tokens.shape
     vocab = q_rows.shape[-1]
     dev = tokens.device
@@ -493,6 +642,38 @@ def verify_tree(
     n_acc = torch.empty(batch, dtype=torch.long, device=dev)
     nxt = torch.empty(batch, dtype=torch.long, device=dev)
     eos_t = (torch.empty(0, dtype=torch.long) if eos is None else eos).to(dev).long().contiguous()
+    if method in ("traversal", "traversalw") and not greedy:
+        if batch:
+            lv_n = max(max_depth, 1) + 1  # the kernel strides its path scratch by L + 1, L = max(max_depth, 1)
+            _verify_traversal_kernel[(batch,)](
+                tokens.long().contiguous(),
+                parent.long().contiguous(),
+                valid.to(torch.int8).contiguous(),
+                pf,
+                qf,
+                accept_u,
+                final_noise,
+                eos_t if eos_t.numel() else n_acc,
+                eos_t.numel(),
+                torch.zeros((batch, n), dtype=torch.int32, device=dev),
+                torch.zeros((batch, lv_n), dtype=torch.long, device=dev),
+                torch.zeros((batch, lv_n, 3), dtype=torch.float64, device=dev),
+                torch.empty((batch, lv_n, vocab), dtype=torch.float64, device=dev),
+                torch.empty((batch, lv_n, vocab), dtype=torch.float64, device=dev),
+                acc if max_depth else n_acc,
+                rank if max_depth else n_acc,
+                n_acc,
+                nxt,
+                n,
+                vocab,
+                1 if rng else accept_u.shape[2],
+                max(max_depth, 1),
+                *_seed_args(seed),
+                SWOR=method == "traversalw",
+                RNG=rng,
+                BLOCK_V=_block(vocab),
+            )
+        return acc, n_acc, nxt, rank
     if method == "block" and not greedy:
         if batch:
             _verify_block_kernel[(batch,)](

@@ -82,6 +82,7 @@ def test_verify_node_matches_reference(method, k):
         ("rrsw", branching_parents([3, 2, 1])),
         ("kseq", kseq_chain_parents(3, 2)),
         ("block", branching_parents([1, 1, 1, 1])),
+        ("traversal", branching_parents([2, 2, 1])),
     ],
 )
 @pytest.mark.parametrize("greedy", [False, True])
@@ -314,7 +315,7 @@ def _tree_case(method, parents, batch, vocab, seed):
         if not kids:
             continue
         lp = torch.log(p[:, node])
-        if method == "rrsw":
+        if method in ("rrsw", "traversalw"):
             tokens[:, kids] = sk.gumbel_topk(lp, len(kids), seed=seed + node, backend="torch").tokens
         elif method == "spechub":  # two children per internal node: the hub pair
             d = sk.spechub_sample(lp, seed=seed + node, backend="torch")
@@ -332,6 +333,8 @@ TREES = [
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", branching_parents([2, 2])),
     ("block", branching_parents([1, 1, 1, 1])),
+    ("traversal", branching_parents([3, 2, 1])),
+    ("traversalw", branching_parents([3, 2, 1])),
 ]
 
 

@@ -108,7 +108,7 @@ def _candidates(method, k, p, gen):
     if method == "spechub":
         d = sk.spechub_sample(lp, seed=seed)
         return d.tokens, d.valid, d.hub
-    if method == "rrsw":
+    if method in ("rrsw", "traversalw"):
         d = sk.gumbel_topk(lp, k, seed=seed)
         return d.tokens, d.valid, None
     cand = torch.multinomial(p, k, replacement=True, generator=gen)
@@ -147,6 +147,8 @@ TREES = [
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", binary_tree_parents(3)),
     ("block", branching_parents([1, 1, 1, 1])),
+    ("traversal", branching_parents([2, 2])),
+    ("traversalw", branching_parents([3, 2, 1])),
 ]
 
 
@@ -169,7 +171,7 @@ def test_verify_tree_matches_reference(method, parents, greedy):
                 if hub is not None:
                     hub[:, node] = h
         valid = torch.ones(batch, n, dtype=torch.bool)
-        if method in ("rrs", "rrsw", "block"):
+        if method in ("rrs", "rrsw", "block", "traversal", "traversalw"):
             valid[0, -2:] = False  # a ragged row
         au = torch.rand(batch, n, 3, dtype=torch.float64, generator=gen)
         fu = _u((batch, vocab), gen)
@@ -309,3 +311,28 @@ def test_every_kernel_compiles_to_ptx_for_sm80_and_sm90():
     from specdec_kernels.triton.compile_check import SIGNATURES
 
     assert f"{2 * len(SIGNATURES)} kernel builds OK" in out.stdout
+
+
+@pytest.mark.parametrize("method,draw", [("traversal", "rrs"), ("traversalw", "rrsw")])
+def test_traversal_verification_draws_the_seeded_noise_of_the_reference(method, draw):
+    """Traversal verification with the noise drawn in the kernel (Philox, no noise tensors): the reference's
+    verdicts, on ragged trees."""
+    from specdec_kernels.testing.oracles_tree import draw_tree
+
+    gen = torch.Generator().manual_seed(6)
+    batch, vocab = 6, 30
+    parents = branching_parents([2, 2])
+    n = len(parents)
+    z = torch.randn(batch, n, vocab, generator=gen)
+    p = torch.softmax(z, -1)
+    q = torch.softmax(0.8 * z + 0.5 * torch.randn(batch, n, vocab, generator=gen), -1)
+    tokens, valid, par, _ = draw_tree(draw, parents, p, gen, 3)
+    valid[1, 5:] = False
+    par = torch.where(valid, par, 0)
+    par[:, 0] = -1
+    for seed in (0, 41):
+        kw = dict(method=method, valid=valid.to(DEV), seed=seed)
+        ra = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="torch", **kw)
+        rb = sk.verify_tree(tokens.to(DEV), par.to(DEV), p.to(DEV), q.to(DEV), backend="triton", **kw)
+        for x, y in zip(ra, rb, strict=True):
+            assert torch.equal(x, y)
