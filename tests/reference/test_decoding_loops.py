@@ -71,6 +71,12 @@ EXACT = [
     pytest.param(toy.RAGGED_TOY, toy.chain(4, method="block"), 10_000, id="ragged-block-L4"),
     pytest.param(toy.RAGGED_TOY, toy.chain(4, method="block", ragged=True), 10_000, id="ragged-block-ragged-lengths"),
     pytest.param(toy.SPEC_TOY, toy.chain(4, method="block", stop_token=1), 20_000, id="spec-block-stopping-time"),
+    # Traversal verification: i.i.d. and without-replacement trees, irregular and ragged.
+    pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="iid", verifier="traversal"), 20_000, id="spec-traversal-iid-2-2"),
+    pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="swor", verifier="traversalw"), 20_000, id="spec-traversal-swor-2-2"),
+    pytest.param(
+        toy.RAGGED_TOY, toy.tree(SEQUOIA, draw="swor", verifier="traversalw"), 10_000, id="ragged-traversal-sequoia"
+    ),
     # Positive partners of the PEAKED_TOY negative controls below.
     pytest.param(toy.PEAKED_TOY, toy.tree(ROOT3, draw="iid", verifier="rrs"), 10_000, id="peaked-rrs-K3"),
     pytest.param(toy.PEAKED_TOY, toy.tree(ROOT2, draw="swor", verifier="rrsw"), 10_000, id="peaked-rrsw-K2"),
@@ -149,6 +155,9 @@ NEGATIVE = [
     ),
     pytest.param(toy.SPEC_TOY, toy.wrong_gamma_one(K32), 10_000, id="spectr-gamma-1"),
     pytest.param(toy.RAGGED_TOY, toy.wrong_block_token_residual(4), 20_000, id="block-token-residual"),
+    pytest.param(
+        toy.SPEC_TOY, toy.wrong_token_order(B22, draw="swor", verifier="traversalw"), 10_000, id="traversal-token-order"
+    ),
 ]
 
 
@@ -165,6 +174,8 @@ GREEDY = [
     toy.chain(4, greedy=True),
     toy.chain(4, ragged=True, greedy=True),
     toy.chain(4, ragged=True, greedy=True, method="block"),
+    toy.tree(SEQUOIA, draw="swor", verifier="traversalw", greedy=True),
+    toy.tree(SEQUOIA, draw="iid", verifier="traversal", greedy=True),
     toy.tree(SEQUOIA, draw="iid", verifier="rrs", greedy=True),
     toy.tree(SEQUOIA, draw="swor", verifier="rrsw", greedy=True),
     toy.tree(branching_parents([3, 2, 1]), draw="swor", verifier="rrsw", greedy=True),
