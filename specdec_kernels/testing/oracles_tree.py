@@ -247,8 +247,8 @@ def draw_tree(
     method: str, parents: Sequence[int], p_rows: torch.Tensor, generator: torch.Generator, noise_seed: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Draft tokens for the level-order topology ``parents``, each node's children drawn from its p row as
-    ``method`` prescribes: i.i.d. (sd, rrs, kseq, block), Gumbel-top-k (rrsw), SpecHub's hub pair (spechub). A
-    candidate the op leaves invalid becomes padding, and so do its descendants.
+    ``method`` prescribes: i.i.d. (sd, rrs, kseq, block, traversal), Gumbel-top-k (rrsw, traversalw), SpecHub's hub
+    pair (spechub). A candidate the op leaves invalid becomes padding, and so do its descendants.
 
     Shape: p_rows [B, N, V] -> tokens [B, N], valid [B, N], parent [B, N] (padding re-parented to the root, -1 at
     the root), hub [B, N] (spechub) or None."""
@@ -261,9 +261,9 @@ def draw_tree(
         if not kids:
             continue
         k = len(kids)
-        if method in ("sd", "rrs", "kseq", "block"):
+        if method in ("sd", "rrs", "kseq", "block", "traversal"):
             tokens[:, kids] = torch.multinomial(p_rows[:, m], k, replacement=True, generator=generator)
-        elif method == "rrsw":
+        elif method in ("rrsw", "traversalw"):
             draw = gumbel_topk(p_rows[:, m].log(), k, noise=open_uniform((batch, vocab), noise_seed + m))
             tokens[:, kids] = draw.tokens.clamp_min(0)
             valid[:, kids] &= draw.valid
