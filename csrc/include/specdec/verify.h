@@ -726,14 +726,14 @@ int64_t block_chain_row(const int64_t* tokens, const int64_t* chain, int64_t len
 struct TraversalLevel {
   int64_t node;
   double a, den, num;
-  bool updated;
+  bool own_r, own_d;  // the level's row of TreeWork::tr_r / tr_d holds R / D (else they are the node's q / p rows)
 };
 
 struct TreeWork {
   std::vector<int64_t> child_start, child_list, alive, next_alive, cands, toks, path, ranks;
   std::vector<double> weights, law;  // block verification
   std::vector<TraversalLevel> levels;  // traversal verification: the path from the root
-  std::vector<double> tr_r, tr_d;      // [depth + 1, V] target and draft laws along it
+  std::vector<double> tr_r, tr_d;      // [depth + 1, V] target and draft laws along it, once updated
 };
 
 // ---- traversal verification of a tree (docs/methods.md, Traversal verification) ----
@@ -750,21 +750,21 @@ template <typename S>
 int64_t traversal_row(const int64_t* tokens, const S* p_rows, const S* q_rows, const double* accept_u, int64_t ku,
                       const FinalNoise& fin, int64_t n, int64_t vocab, int64_t max_depth, bool swor, TreeWork& t,
                       int64_t* next_token) {
-  t.levels.assign(1, TraversalLevel{0, 1.0, 1.0, 1.0, false});
+  // a level reads its node's own q / p rows until an update gives it a row of its own (the same doubles)
+  t.levels.assign(1, TraversalLevel{0, 1.0, 1.0, 1.0, false, false});
   const size_t rows = static_cast<size_t>(max_depth + 1) * vocab;
   if (t.tr_r.size() < rows) {
     t.tr_r.resize(rows);
     t.tr_d.resize(rows);
   }
-  const auto load = [&](int64_t depth, int64_t node) {
-    double* r = t.tr_r.data() + depth * vocab;
-    double* d = t.tr_d.data() + depth * vocab;
-    for (int64_t v = 0; v < vocab; ++v) {
-      r[v] = static_cast<double>(q_rows[node * vocab + v]);
-      d[v] = static_cast<double>(p_rows[node * vocab + v]);
-    }
+  const auto r_at = [&](int64_t depth, int64_t v) {
+    const TraversalLevel& lv = t.levels[depth];
+    return lv.own_r ? t.tr_r[depth * vocab + v] : static_cast<double>(q_rows[lv.node * vocab + v]);
   };
-  load(0, 0);
+  const auto d_at = [&](int64_t depth, int64_t v) {
+    const TraversalLevel& lv = t.levels[depth];
+    return lv.own_d ? t.tr_d[depth * vocab + v] : static_cast<double>(p_rows[lv.node * vocab + v]);
+  };
   t.next_alive.assign(n, 0);  // removed children per node
   while (true) {
     int64_t depth = static_cast<int64_t>(t.levels.size()) - 1;
@@ -772,19 +772,17 @@ int64_t traversal_row(const int64_t* tokens, const S* p_rows, const S* q_rows, c
     while (t.child_start[node] + t.next_alive[node] < t.child_start[node + 1]) {  // descend to the first child left
       const int64_t child = t.child_list[t.child_start[node] + t.next_alive[node]];
       if (depth + 1 > max_depth) return -1;
-      const double* r = t.tr_r.data() + depth * vocab;
-      const double* d = t.tr_d.data() + depth * vocab;
       const int64_t x = tokens[child];
-      const double a = d[x] > 0.0 ? std::min(t.levels.back().a * r[x] / d[x], 1.0) : 0.0;
-      t.levels.push_back(TraversalLevel{child, a, 1.0, a, false});
+      const double rx = r_at(depth, x), dx = d_at(depth, x);
+      const double a = dx > 0.0 ? std::min(t.levels.back().a * rx / dx, 1.0) : 0.0;
+      t.levels.push_back(TraversalLevel{child, a, 1.0, a, false, false});
       ++depth;
-      load(depth, child);
       node = child;
     }
     const TraversalLevel& lv = t.levels.back();
-    const double* r = t.tr_r.data() + depth * vocab;
     if (depth == 0 || accept_u[node * ku] * lv.den < lv.num) {
-      *next_token = sample_final(r, vocab, fin);
+      *next_token = lv.own_r ? sample_final(t.tr_r.data() + depth * vocab, vocab, fin)
+                             : sample_final(q_rows + node * vocab, vocab, fin);
       t.path.clear();
       t.ranks.clear();
       for (int64_t k = 1; k <= depth; ++k) {
@@ -795,28 +793,33 @@ int64_t traversal_row(const int64_t* tokens, const S* p_rows, const S* q_rows, c
     }
     // rejected: the node leaves the tree, its parent is updated
     t.levels.pop_back();
-    TraversalLevel& up = t.levels.back();
-    ++t.next_alive[up.node];
-    double* ru = t.tr_r.data() + (depth - 1) * vocab;
-    double* du = t.tr_d.data() + (depth - 1) * vocab;
+    const int64_t up_depth = depth - 1;
+    const double a_p = t.levels.back().a;
+    ++t.next_alive[t.levels.back().node];
     double mass = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) mass += std::max(up.a * ru[v] - du[v], 0.0);
-    const double den = mass + (1.0 - up.a);
-    const double a_new = den > 0.0 ? mass / den : up.a;
+    for (int64_t v = 0; v < vocab; ++v) mass += std::max(a_p * r_at(up_depth, v) - d_at(up_depth, v), 0.0);
+    const double den = mass + (1.0 - a_p);
     if (mass > zero_mass_tol<double>()) {
-      for (int64_t v = 0; v < vocab; ++v) ru[v] = std::max(up.a * ru[v] - du[v], 0.0) / mass;
+      double* ru = t.tr_r.data() + up_depth * vocab;
+      for (int64_t v = 0; v < vocab; ++v) ru[v] = std::max(a_p * r_at(up_depth, v) - d_at(up_depth, v), 0.0) / mass;
+      t.levels.back().own_r = true;
     }
-    up.a = a_new;
-    up.den = den;
-    up.num = mass;
-    up.updated = true;
     if (swor) {  // the rejected token leaves the law the next sibling was drawn from
+      double* du = t.tr_d.data() + up_depth * vocab;
+      if (!t.levels.back().own_d) {
+        for (int64_t v = 0; v < vocab; ++v) du[v] = d_at(up_depth, v);
+        t.levels.back().own_d = true;
+      }
       du[tokens[node]] = 0.0;
       double tot = 0.0;
       for (int64_t v = 0; v < vocab; ++v) tot += du[v];
       if (tot > 0.0)
         for (int64_t v = 0; v < vocab; ++v) du[v] = du[v] / tot;
     }
+    TraversalLevel& up = t.levels.back();
+    up.a = den > 0.0 ? mass / den : a_p;
+    up.den = den;
+    up.num = mass;
   }
 }
 
