@@ -66,7 +66,8 @@ void emission_rows(const S* p, const S* q, int64_t rows, int64_t vocab, double l
 
 Method method_of(const std::string& name) {
   Method m;
-  TORCH_CHECK(parse_method(name, &m), "method must be one of sd, rrs, rrsw, kseq, spechub, block, traversal, traversalw, got '", name, "'");
+  TORCH_CHECK(parse_method(name, &m),
+              "method must be one of sd, rrs, rrsw, kseq, spechub, block, traversal, traversalw, got '", name, "'");
   return m;
 }
 
@@ -215,6 +216,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_tree(
   const at::Tensor u = noise_or_philox(accept_u, u_shape, seed, kAcceptNoise, "accept_u");
   const at::Tensor fin = final_uniforms(final_noise, {batch, vocab}, seed);
   const int64_t ku = u.size(2);
+  const bool path_method = method == Method::kBlock || method == Method::kTraversal || method == Method::kTraversalW;
+  TORCH_CHECK(greedy || !path_method || ku >= 1, "accept_u must hold at least one uniform per node for method '",
+              method_name, "'");
   at::Tensor hub;
   if (hub_in.has_value()) {
     hub = as_long(*hub_in, "hub");

@@ -300,6 +300,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
   Tensor u = noise_or_none(accept_u, u_shape, seed, q_rows, "accept_u");
   Tensor fin = noise_or_none(final_noise, {B, V}, seed, q_rows, "final_noise");
   const int64_t KU = u.defined() ? u.size(2) : KC;
+  TORCH_CHECK(greedy || KU >= 1, "specdec::verify_tree: accept_u must hold at least one uniform per node");
   if (!greedy && (method == "traversal" || method == "traversalw")) {
     auto dopt = q_rows.options().dtype(at::kDouble);
     Tensor removed = at::zeros({B, N}, tokens.options().dtype(at::kInt));
@@ -314,6 +315,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
                                         n_acc.data_ptr<int64_t>(), next.data_ptr<int64_t>(), B, N, V, KU, L,
                                         method == "traversalw", stream()),
           "verify_tree");
+    TORCH_CHECK(B == 0 || n_acc.min().item<int64_t>() >= 0,
+                "specdec::verify_tree: a tree is deeper than max_depth; pass the tree's real depth");
     if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};
     return {acc, n_acc, next, rank};
   }
@@ -327,6 +330,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> verify_tree(const Tensor& tokens, con
                                  next.data_ptr<int64_t>(), B, N, V, KU, KC, L, method_code(walk),
                                  method == "kseq", greedy, stream()),
         "verify_tree");
+  if (method == "block" && !greedy)
+    TORCH_CHECK(B == 0 || n_acc.min().item<int64_t>() >= 0,
+                "specdec::verify_tree: a chain is longer than max_depth; pass the tree's real depth");
   if (max_depth == 0) return {acc.narrow(1, 0, 0), n_acc, next, rank.narrow(1, 0, 0)};
   return {acc, n_acc, next, rank};
 }

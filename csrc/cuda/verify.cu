@@ -373,6 +373,13 @@ __device__ void block_walk(const int64_t* tokens, const int64_t* parent, const b
     len = m;
   }
   __syncthreads();
+  if (len > L) {  // a chain longer than the outputs (a wrong max_depth): the row reports n_accepted = -1
+    if (threadIdx.x == 0) {
+      *n_acc = -1;
+      *next = -1;
+    }
+    return;
+  }
   int64_t tau = 0;
   for (int64_t i = len; i >= 1 && tau == 0; --i) {
     const int64_t node = chain[i - 1];
@@ -426,8 +433,9 @@ __device__ void block_walk(const int64_t* tokens, const int64_t* parent, const b
 // Traversal verification of one row's tree per block (docs/methods.md, Traversal verification). The path from the
 // root holds at each depth its node, (a, den, num) and its target / draft laws in double; thread 0 walks, the block
 // strides over the vocabulary for the row copies, the parent updates and the final sample.
-__global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, const int64_t* __restrict__ parent,  // [B,N]
-                                        const bool* __restrict__ valid,                                          // [B,N]
+__global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens,
+                                        const int64_t* __restrict__ parent,  // [B, N]
+                                        const bool* __restrict__ valid,      // [B, N]
                                         const float* __restrict__ p, const float* __restrict__ q,  // [B, N, V]
                                         const double* __restrict__ accept_u,  // [B, N, KU] or null (drawn)
                                         const double* __restrict__ fin,       // [B, V] or null (drawn)
@@ -453,7 +461,9 @@ __global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, cons
   const float* qr = q + b * N * V;
   __shared__ int64_t depth, node, child;
   __shared__ int verdict;  // 0 descend/test, 1 accepted, 2 rejected
+  __shared__ bool too_deep;  // a path longer than L (a wrong max_depth): the row reports n_accepted = -1
   if (threadIdx.x == 0) {
+    too_deep = false;
     depth = 0;
     path[0] = 0;
     st[0] = 1.0;
@@ -478,6 +488,10 @@ __global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, cons
             ++seen;
           }
         }
+        if (child >= 0 && depth + 1 > L) {
+          too_deep = true;
+          child = -1;
+        }
         if (child >= 0) {
           const int64_t x = tok[child];
           const double rx = rr[depth * V + x], dx = dd[depth * V + x];
@@ -499,7 +513,7 @@ __global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, cons
     }
     if (threadIdx.x == 0) {
       const double u = depth == 0 ? 0.0 : noise_row(accept_u, KU, seed, kAcceptNoise, b * N + node).at(0);
-      verdict = (depth == 0 || u * st[depth * 3 + 1] < st[depth * 3 + 2]) ? 1 : 2;
+      verdict = (too_deep || depth == 0 || u * st[depth * 3 + 1] < st[depth * 3 + 2]) ? 1 : 2;
     }
     __syncthreads();
     if (verdict == 1) break;
@@ -554,7 +568,7 @@ __global__ void verify_traversal_kernel(const int64_t* __restrict__ tokens, cons
       acc[b * L + k] = k < kept ? path[k + 1] : -1;
       rank[b * L + k] = k < kept ? rem[path[k]] : -1;
     }
-    n_acc[b] = kept;
+    n_acc[b] = too_deep ? -1 : kept;
     next[b] = out;
   }
 }

@@ -418,6 +418,9 @@ def _verify_block_kernel(
                 tl.store(chain + length, n + tl.zeros((), tl.int64))
                 cur = n + tl.zeros((), tl.int64)
                 length += 1
+    # a scalar store is one lane's: every lane must see the chain before reading it back (global memory, no implicit
+    # ordering between lanes; the same barrier follows every scratch write below)
+    tl.debug_barrier()
     # tau: the deepest level whose test passes; level i < length tests U (S + 1 - w) < S, the last U < w
     tau = tl.zeros((), tl.int64)
     i = length
@@ -528,13 +531,14 @@ def _verify_traversal_kernel(
         m = offs < V
         tl.store(rows_r + offs, tl.load(rows_q + offs, mask=m, other=0.0).to(tl.float64), mask=m)
         tl.store(rows_d + offs, tl.load(rows_p + offs, mask=m, other=0.0).to(tl.float64), mask=m)
+    tl.debug_barrier()
     depth = tl.zeros((), tl.int64)
     done = tl.zeros((), tl.int32)
     nxt = tl.full((), -1, tl.int64)
     while done == 0:
         node = tl.load(lv_node + depth)
         child = _first_child_left(par, valid, removed, node, N)
-        while child >= 0:  # descend to the first child left: it starts with a = min(1, a_P R_P(x) / D_P(x))
+        while (child >= 0) & (depth < L):  # descend to the first child left: a = min(1, a_P R_P(x) / D_P(x))
             x = tl.load(tok + child)
             a_par = tl.load(lv + depth * 3)
             rx = tl.load(rows_r + depth * V + x)
@@ -552,19 +556,23 @@ def _verify_traversal_kernel(
                 pv = tl.load(rows_p + child * V + offs, mask=m, other=0.0).to(tl.float64)
                 tl.store(rows_r + depth * V + offs, qv, mask=m)
                 tl.store(rows_d + depth * V + offs, pv, mask=m)
+            tl.debug_barrier()
             node = child
             child = _first_child_left(par, valid, removed, node, N)
+        too_deep = child >= 0  # a path longer than L (a wrong max_depth): the row reports n_accepted = -1
         u = _noise_at(u_ptr + (b * N + node) * KU, 0, b * N + node, seed_lo, seed_hi, ACCEPT, RNG)
         den = tl.load(lv + depth * 3 + 1)
         num = tl.load(lv + depth * 3 + 2)
-        if (depth == 0) | (u * den < num):
+        if too_deep:
+            depth = tl.full((), -1, tl.int64)
+            done = 1
+        elif (depth == 0) | (u * den < num):
             nxt = _argmax_chunked(rows_r + depth * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG,
                                   BLOCK_V)  # fmt: skip
             done = 1
         else:  # rejected: the node leaves the tree, its parent is updated
             depth -= 1
             up = tl.load(lv_node + depth)
-            tl.store(removed + up, tl.load(removed + up) + 1)
             a_p = tl.load(lv + depth * 3)
             mass = tl.zeros((), tl.float64)
             for start in range(0, V, BLOCK_V):
@@ -582,23 +590,25 @@ def _verify_traversal_kernel(
                     rv = tl.load(rows_r + depth * V + offs, mask=m, other=0.0)
                     dv = tl.load(rows_d + depth * V + offs, mask=m, other=0.0)
                     tl.store(rows_r + depth * V + offs, tl.maximum(a_p * rv - dv, 0.0) / mass, mask=m)
-            tl.store(lv + depth * 3 + 0, a_new)
-            tl.store(lv + depth * 3 + 1, den_new)
-            tl.store(lv + depth * 3 + 2, mass)
             if SWOR:  # the rejected token leaves the law the next sibling was drawn from
-                tl.store(rows_d + depth * V + tl.load(tok + node), 0.0)
+                gone = tl.load(tok + node)
                 tot = tl.zeros((), tl.float64)
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
-                    tot += tl.sum(tl.load(rows_d + depth * V + offs, mask=offs < V, other=0.0), axis=0)
-                if tot > 0:
-                    for start in range(0, V, BLOCK_V):
-                        offs = start + tl.arange(0, BLOCK_V)
-                        m = offs < V
-                        dv = tl.load(rows_d + depth * V + offs, mask=m, other=0.0)
-                        tl.store(rows_d + depth * V + offs, dv / tot, mask=m)
+                    dv = tl.load(rows_d + depth * V + offs, mask=offs < V, other=0.0)
+                    tot += tl.sum(tl.where(offs == gone, 0.0, dv), axis=0)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    dv = tl.where(offs == gone, 0.0, tl.load(rows_d + depth * V + offs, mask=m, other=0.0))
+                    tl.store(rows_d + depth * V + offs, tl.where(tot > 0, dv / tl.where(tot > 0, tot, 1.0), dv), mask=m)
+            tl.store(lv + depth * 3 + 0, a_new)
+            tl.store(lv + depth * 3 + 1, den_new)
+            tl.store(lv + depth * 3 + 2, mass)
+            tl.store(removed + up, tl.load(removed + up) + 1)
+            tl.debug_barrier()
     kept = depth
-    for k in range(1, depth + 1):  # an accepted EOS ends the row
+    for k in range(1, depth + 1):  # an accepted EOS ends the row (no iteration after an overflow: depth = -1)
         if kept == depth:
             if _is_eos(tl.load(tok + tl.load(lv_node + k)), eos_ptr, n_eos):
                 kept = k + tl.zeros((), tl.int64)
@@ -673,6 +683,8 @@ def verify_tree(
                 RNG=rng,
                 BLOCK_V=_block(vocab),
             )
+            if bool((n_acc < 0).any()):
+                raise ValueError("verify_tree: a tree is deeper than max_depth; pass the tree's real depth")
         return acc, n_acc, nxt, rank
     if method == "block" and not greedy:
         if batch:

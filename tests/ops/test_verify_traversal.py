@@ -154,8 +154,8 @@ def test_kernel_law_by_enumeration(backend: str, shape, swor: bool, seed: int) -
 
 
 def ragged_trees(batch: int, vocab: int, seed: int, swor: bool, dtype=torch.float64, closeness: float = 0.6):
-    """Random level-order topologies (at most 10 nodes, 3 children), children drawn from p as ``swor`` says, target
-    rows near the draft's."""
+    """A random level-order topology (at most 10 nodes, 3 children), children drawn from p as ``swor`` says, target
+    rows near the draft's; random subtrees of each row cut off as padding, row 0 the root alone."""
     rng = np.random.default_rng(seed)
     g = torch.Generator().manual_seed(seed)
     parents = random_parents(rng, 10, 3)
@@ -164,6 +164,15 @@ def ragged_trees(batch: int, vocab: int, seed: int, swor: bool, dtype=torch.floa
     zq = closeness * zp + (1 - closeness) * torch.randn((batch, n, vocab), generator=g, dtype=torch.float64) * 1.5
     p_rows, q_rows = torch.softmax(zp, -1).to(dtype), torch.softmax(zq, -1).to(dtype)
     tokens, valid, parent, _ = draw_tree("rrsw" if swor else "rrs", parents, p_rows, g, seed)
+    # padding: random subtrees cut off, and row 0 holds the root alone
+    drop = torch.rand((batch, n), generator=g) < 0.2
+    drop[:, 0] = False
+    drop[0, 1:] = True
+    for c in range(1, n):
+        valid[:, c] &= ~drop[:, c] & valid[:, parents[c]]
+    parent = torch.where(valid, torch.tensor(parents).expand(batch, n), 0)
+    parent[:, 0] = -1
+    tokens = tokens.masked_fill(~valid, 0)
     u = torch.rand((batch, n, 1), generator=g, dtype=torch.float64)
     fin = torch.rand((batch, vocab), generator=g, dtype=torch.float64).clamp_min(2.0**-60)
     return tokens, parent, valid, p_rows, q_rows, u, fin
@@ -229,12 +238,15 @@ def test_accepted_eos_ends_the_row(backend: str) -> None:
     free = verify_tree(
         tokens, parent, p_rows, q_rows, method="traversal", valid=valid, accept_u=u, final_noise=fin, backend=backend
     )
+    hits = 0
     for b in range(16):
         path = [int(tokens[b, m]) for m in free.accepted_nodes[b, : int(free.n_accepted[b])]]
         if eos in path:
+            hits += 1
             assert int(out.n_accepted[b]) == path.index(eos) + 1 and int(out.next_token[b]) == -1
         else:
             assert int(out.n_accepted[b]) == len(path) and int(out.next_token[b]) == int(free.next_token[b])
+    assert 0 < hits < 16  # both kinds of rows occur
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -4,8 +4,8 @@ passes them on.
 The law of block verification end to end is tested in test_law.py (with its negative control), its kernels in
 tests/ops/test_verify_block.py. Here: the option's validation and label, greedy output equal to the target's greedy
 decoding (block verification of one-hot rows is SD's greedy walk), the same sampled tokens through
-``specdec.generate``, ``custom_generate`` and a built decoder for one seed, the demo flag, and that block verification
-keeps at least as many tokens as token-level SD on the same drafts (block efficiency of a seeded run).
+``specdec.generate``, ``custom_generate`` and a built decoder for one seed (and other tokens than with the token
+verifier), and the demo flag.
 """
 
 from __future__ import annotations
@@ -96,19 +96,9 @@ def test_every_entry_point_passes_the_verifier_on(pair) -> None:
     dec = specdec.SpeculativeDecoder(target, draft, method="sd", verifier="block")
     c = target.generate(ids, attention_mask=mask, custom_generate=dec.custom_generate, **kw)
     assert a.tolist() == b.tolist() == c.tolist()
-
-
-def test_block_keeps_at_least_as_many_tokens_over_a_run(pair) -> None:
-    """Same drafts, prompts and seeds (64 rows, 24 tokens each): the block efficiency is not below SD's. A
-    statement about expectations checked on one seeded run: the margin is the run's own sampling noise."""
-    target, draft = pair
-    ids, mask = left_pad([PROMPTS[i % 2] for i in range(64)])
-    kept = {}
-    for verifier in ("token", "block"):
-        dec = specdec.SpeculativeDecoder(target, draft, method="sd", draft_length=4, verifier=verifier)
-        dec.generate(ids, mask, max_new_tokens=24, do_sample=True, temperature=1.0, top_k=0, seed=3)
-        kept[verifier] = dec.last_stats.block_efficiency
-    assert kept["block"] >= kept["token"] - 0.05, kept
+    assert dec.last_stats.method == "sd(L=4)+block"
+    token = specdec.generate(target, draft, ids, method="sd", attention_mask=mask, **kw)
+    assert token.stats.method == "sd(L=4)" and token.sequences.tolist() != a.tolist()  # the option changed the run
 
 
 def test_demo_flag_reaches_the_methods_that_take_it() -> None:

@@ -663,9 +663,9 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
 
 // chain[0..len] = the root and the drafted nodes in depth order; rows p/q [N, V] by node. With the weights
 // w_0 = 1, w_i = min(1, w_{i-1} q(X_i) / p(X_i)) (double), the deepest level i whose test passes is tau: level
-// i < len tests U_i * (S_i + 1 - w_i) < S_i with S_i = sum_v (w_i q_i(v) - p_i(v))^+, the last level U_L < w_L. The next
-// token comes from q at the last node when tau = len, else from Norm[(w_tau q - p)^+] (q under the float64 zero-mass
-// rule). Returns tau; writes the next token.
+// i < len tests U_i * (S_i + 1 - w_i) < S_i with S_i = sum_v (w_i q_i(v) - p_i(v))^+, the last level U_L < w_L. The
+// next token comes from q at the last node when tau = len, else from Norm[(w_tau q - p)^+] (q under the float64
+// zero-mass rule). Returns tau; writes the next token.
 template <typename S>
 int64_t block_chain_row(const int64_t* tokens, const int64_t* chain, int64_t len, const S* p_rows, const S* q_rows,
                         const double* accept_u, int64_t ku, const FinalNoise& fin, int64_t vocab,
@@ -681,7 +681,8 @@ int64_t block_chain_row(const int64_t* tokens, const int64_t* chain, int64_t len
     const S* p = p_rows + node * vocab;
     const S* q = q_rows + node * vocab;
     double tot = 0.0;
-    for (int64_t v = 0; v < vocab; ++v) tot += std::max(wi * static_cast<double>(q[v]) - static_cast<double>(p[v]), 0.0);
+    for (int64_t v = 0; v < vocab; ++v)
+      tot += std::max(wi * static_cast<double>(q[v]) - static_cast<double>(p[v]), 0.0);
     return tot;
   };
   int64_t tau = 0;
