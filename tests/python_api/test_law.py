@@ -374,6 +374,9 @@ def auto_law(models, method: str, tmp_path, monkeypatch) -> tuple[list, AutoTree
     target, draft = models
     decoder = specdec.SpeculativeDecoder(target, draft, method=method, branching="auto")
     decoder.builder.curve = CostCurve(target={1: 1.0, 10**6: 1.0}, draft={1: 0.01, 32: 0.01})
+    # the node budget follows the machine's fast-path row limit (8 rows on AVX2, where the first round is then a
+    # chain, which no sibling-handling control can fail): fixed here so that every machine drafts wide trees
+    decoder.builder.max_nodes = 16
     ids, mask = left_pad([PROMPTS[i % 2] for i in range(2 * N)])
     out = decoder.generate(ids, mask, max_new_tokens=2, do_sample=True, temperature=TEMPERATURE, seed=3)
     return first_two_checks(target, out.new_tokens, SamplingConfig(temperature=TEMPERATURE), 0.08), decoder.builder
