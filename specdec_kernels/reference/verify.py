@@ -372,6 +372,47 @@ def traversal_walk(
             up[3] = d / tot if tot > 0 else d
 
 
+def _block_path(children, parent, tokens, p, q, u, noise) -> tuple[list[int], int]:
+    chain = [0]
+    while children[chain[-1]]:
+        chain.append(children[chain[-1]][0])
+    tau, out = block_walk(chain, tokens, p, q, u, noise)
+    return chain[1 : tau + 1], out
+
+
+def _traversal_path(swor: bool):
+    def walk(children, parent, tokens, p, q, u, noise) -> tuple[list[int], int]:
+        node, out = traversal_walk(children, parent, tokens, p, q, u, noise, swor)
+        path = []
+        while node != 0:
+            path.append(node)
+            node = parent[node]
+        return path[::-1], out
+
+    return walk
+
+
+#: the path verifiers of verify_tree: (children, parent, tokens, p, q, u, noise) -> (accepted path, next token)
+PATH_WALKS = {"block": _block_path, "traversal": _traversal_path(False), "traversalw": _traversal_path(True)}
+
+
+def _walks_paths(method: str, greedy: bool) -> bool:
+    """Whether ``method`` runs its path walk; greedy, the path verifiers walk as the node verifiers do."""
+    return method in PATH_WALKS and not greedy
+
+
+def _path_verdict(
+    method: str, children: list[list[int]], parent: torch.Tensor, tokens: torch.Tensor, rows: tuple, eos_set: set[int]
+) -> tuple[list[int], list[int], int]:
+    """One row's (accepted path, sibling ranks, next token) under a path verifier; an accepted EOS ends the row."""
+    par = [int(x) for x in parent.tolist()]
+    path, out = PATH_WALKS[method](children, par, tokens, *rows)
+    hit = next((d for d, m in enumerate(path) if int(tokens[m]) in eos_set), None)
+    if hit is not None:
+        path, out = path[: hit + 1], -1
+    return path, [children[par[m]].index(m) for m in path], out
+
+
 @register("verify_tree", "torch")
 def verify_tree(
     tokens: torch.Tensor,
@@ -401,6 +442,7 @@ def verify_tree(
     nxt = torch.empty((batch,), dtype=torch.long, device=dev)
     eos_set = set() if eos is None else {int(e) for e in eos}
     cd = _compute_dtype(p_rows, q_rows)
+    path_method = _walks_paths(method, greedy)
     for b in range(batch):
         children: list[list[int]] = [[] for _ in range(n)]
         for m in range(1, n):
@@ -410,31 +452,9 @@ def verify_tree(
         path: list[int] = []
         ranks: list[int] = []
         out: int | None = None
-        if method in ("traversal", "traversalw") and not greedy:
-            p_b, q_b = p_rows[b].to(cd), q_rows[b].to(cd)
-            par_b = [int(x) for x in parent[b].tolist()]
-            node, out = traversal_walk(
-                children, par_b, tokens[b], p_b, q_b, accept_u[b, :, 0], final_noise[b], method == "traversalw"
-            )
-            while node != 0:
-                path.append(node)
-                node = par_b[node]
-            path.reverse()
-            hit = next((d for d, m in enumerate(path) if int(tokens[b, m]) in eos_set), None)
-            if hit is not None:  # an accepted EOS ends the row there
-                path, out = path[: hit + 1], -1
-            ranks = [children[par_b[m]].index(m) for m in path]
-        if method == "block" and not greedy:
-            chain = [0]
-            while children[chain[-1]]:
-                chain.append(children[chain[-1]][0])
-            p_b, q_b = p_rows[b].to(cd), q_rows[b].to(cd)
-            tau, out = block_walk(chain, tokens[b], p_b, q_b, accept_u[b, :, 0], final_noise[b])
-            path = chain[1 : tau + 1]
-            hit = next((d for d, node in enumerate(path) if int(tokens[b, node]) in eos_set), None)
-            if hit is not None:  # an accepted EOS ends the row there
-                path, out = path[: hit + 1], -1
-            ranks = [0] * len(path)
+        if path_method:
+            rows = (p_rows[b].to(cd), q_rows[b].to(cd), accept_u[b, :, 0], final_noise[b])
+            path, ranks, out = _path_verdict(method, children, parent[b], tokens[b], rows, eos_set)
         while out is None:
             rep = alive[0]
             cands = [c for m in alive for c in children[m]] if method == "kseq" else children[rep]

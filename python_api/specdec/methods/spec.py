@@ -194,6 +194,25 @@ class MethodConfig:
         return label if self.verification == "token" else f"{label}+{self.verification}"
 
 
+def _verification(spec: MethodSpec, verifier: str | None) -> str:
+    """``verifier=`` checked against :data:`VERIFIERS` and the values ``spec`` takes ("token" when None)."""
+    verification = "token" if verifier is None else verifier
+    if verification not in VERIFIERS:
+        raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
+    if verification not in spec.verifiers:
+        takes = sorted(spec.verifiers)
+        offering = ", ".join(n for n in available() if verification in get(n).verifiers)
+        what = {
+            "block": "block verification judges one chain drafted token by token",
+            "traversal": "traversal verification judges a tree of fixed shape with children drawn i.i.d. or "
+            "without replacement",
+        }[verification]
+        raise ValueError(
+            f"method {spec.name!r} takes verifier={takes} only, got {verifier!r} ({what}: methods {offering})"
+        )
+    return verification
+
+
 def make_method(
     method: str,
     *,
@@ -216,20 +235,7 @@ def make_method(
     module of :mod:`specdec.methods` (``specdec.methods.get(method).allowed`` / ``.defaults``).
     """
     spec = get(method)
-    verification = "token" if verifier is None else verifier
-    if verification not in VERIFIERS:
-        raise ValueError(f"verifier must be one of {VERIFIERS}, got {verifier!r}")
-    if verification not in spec.verifiers:
-        takes = sorted(spec.verifiers)
-        offering = ", ".join(n for n in available() if verification in get(n).verifiers)
-        what = {
-            "block": "block verification judges one chain drafted token by token",
-            "traversal": "traversal verification judges a tree of fixed shape with children drawn i.i.d. or "
-            "without replacement",
-        }[verification]
-        raise ValueError(
-            f"method {method!r} takes verifier={takes} only, got {verifier!r} ({what}: methods {offering})"
-        )
+    verification = _verification(spec, verifier)
     given = {
         k: v
         for k, v in {
