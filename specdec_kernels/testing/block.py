@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from .oracles_tree import sample_gumbel_max
+
 ZERO_MASS = 1e-12  # the float64 zero-mass rule (docs/exactness.md)
 
 #: the law after a prefix of tokens (a context-dependent model of any order)
@@ -103,11 +105,6 @@ def next_law(
     return q if tot <= ZERO_MASS else m / tot
 
 
-def _gumbel_max(probs: np.ndarray, u: np.ndarray) -> int:
-    with np.errstate(divide="ignore"):
-        return int(np.argmax(np.log(probs) - np.log(-np.log(u))))
-
-
 def block_chain(
     tokens: Sequence[int],
     p_rows: np.ndarray,
@@ -123,7 +120,7 @@ def block_chain(
         if u[i - 1] * den < num:
             tau = i
             break
-    return tau, _gumbel_max(next_law(tau, tokens, p_rows, q_rows, weighted), noise)
+    return tau, sample_gumbel_max(next_law(tau, tokens, p_rows, q_rows, weighted), noise)
 
 
 def block_tree_walk(

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .block import ZERO_MASS, Laws
+from .oracles_tree import sample_gumbel_max
 
 #: negative controls of :func:`round_law`: the draft law kept after a rejection for trees drawn without replacement
 #: ("no_removal"), and the bonus token from the target's raw row instead of the updated residual ("raw_q")
@@ -99,11 +100,6 @@ def accept_probs(tests: list[tuple[int, float, float, np.ndarray]]) -> list[tupl
     return out
 
 
-def _gumbel_max(probs: np.ndarray, u: np.ndarray) -> int:
-    with np.errstate(divide="ignore"):
-        return int(np.argmax(np.log(probs) - np.log(-np.log(u))))
-
-
 def traversal_walk(
     parent: Sequence[int],
     tokens: Sequence[int],
@@ -121,7 +117,7 @@ def traversal_walk(
             while node != 0:
                 path.append(node)
                 node = parent[node]
-            return path[::-1], _gumbel_max(law, noise)
+            return path[::-1], sample_gumbel_max(law, noise)
     raise AssertionError("the root always passes")
 
 

@@ -252,6 +252,7 @@ def traversal_walk_raw_q(
     """Traversal verification drawing the token after the accepted node from the target's raw row instead of the
     node's updated residual, with the signature of ``specdec_kernels.reference.verify.traversal_walk``: it stands in
     for it in the torch backend's ``verify_tree``. Reads the whole tree (padding excluded by ``children``)."""
+    from .oracles_tree import sample_gumbel_max
     from .traversal import walk_tests  # the float64 oracle, made wrong by one flag
 
     ids = [0]
@@ -266,6 +267,5 @@ def traversal_walk_raw_q(
     fin = noise.double().numpy()
     for node, den, num, law in tests:
         if node == 0 or float(u[ids[node]]) * den < num:
-            with np.errstate(divide="ignore"):
-                return ids[node], int(np.argmax(np.log(law) - np.log(-np.log(fin))))
+            return ids[node], sample_gumbel_max(law, fin)
     raise AssertionError("the root always passes")
