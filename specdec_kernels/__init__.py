@@ -12,6 +12,7 @@ from ._version import __version__
 from .native import cpu_isa, cpu_model, crop_slots, skinny_linear_isa
 from .ops import (
     ChainVerdict,
+    GDSDraft,
     GumbelTopK,
     NodeVerdict,
     SBSStep,
@@ -22,6 +23,7 @@ from .ops import (
     decoder_stack,
     emission_law,
     filter_kv,
+    gds_sample,
     gumbel_topk,
     is_greedy,
     kseq_gamma,
@@ -56,6 +58,7 @@ __all__ = [
     "BACKENDS",
     "BackendUnavailableError",
     "ChainVerdict",
+    "GDSDraft",
     "GumbelTopK",
     "NodeVerdict",
     "SBSStep",
@@ -76,6 +79,7 @@ __all__ = [
     "depth_from_parents",
     "emission_law",
     "filter_kv",
+    "gds_sample",
     "gumbel_topk",
     "implementation",
     "implementations",

@@ -11,9 +11,11 @@ from .decode import (
     skinny_linear_int8,
 )
 from .sampling import (
+    GDSDraft,
     GumbelTopK,
     SBSStep,
     SpecHubDraft,
+    gds_sample,
     gumbel_topk,
     is_greedy,
     process_logits,
@@ -35,6 +37,7 @@ from .verify import (
 
 __all__ = [
     "ChainVerdict",
+    "GDSDraft",
     "GumbelTopK",
     "NodeVerdict",
     "SBSStep",
@@ -45,6 +48,7 @@ __all__ = [
     "decoder_stack",
     "emission_law",
     "filter_kv",
+    "gds_sample",
     "gumbel_topk",
     "is_greedy",
     "kseq_gamma",

@@ -10,8 +10,7 @@ import torch
 
 from .._rng import SEED_LIMIT, check_seed
 
-METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
-#: verify_tree also takes the chain-level verifiers, which judge a whole path instead of one node
+METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub", "gds")
 #: the verify_tree methods that judge whole paths (one uniform per node) rather than a node's candidates
 PATH_METHODS = ("block", "traversal", "traversalw")
 TREE_METHODS = (*METHODS, *PATH_METHODS)

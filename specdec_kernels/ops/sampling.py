@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from .._registry import resolve
+from ..reference.sampling import gds_top
 from ._checks import (
     NoisePlan,
     check_bool,
@@ -39,6 +40,11 @@ class SpecHubDraft(NamedTuple):
     tokens: torch.Tensor  # [..., 2] int64 (slot 0, slot 1), -1 where invalid
     hub: torch.Tensor  # [...] int64 hub token argmax p
     valid: torch.Tensor  # [..., 2] bool; slot 1 is invalid when p(hub) ~ 1 or p has a single token
+
+
+class GDSDraft(NamedTuple):
+    tokens: torch.Tensor  # [..., k] int64: the most likely tokens, then the sampled one (last valid slot); -1 invalid
+    valid: torch.Tensor  # [..., k] bool; slots past the sampled one are invalid when p has fewer than k tokens
 
 
 def is_greedy(temperature: float) -> bool:
@@ -209,3 +215,33 @@ def spechub_sample(
     plan = NoisePlan(generator, seed)
     u = plan.noise("noise", noise, logp.shape, logp.device, open_low=True)
     return SpecHubDraft(*resolve("spechub_sample", backend, logp.device)(logp, u, plan.seed))
+
+
+def gds_sample(
+    logp: torch.Tensor,
+    k: int,
+    *,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    seed: int | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> GDSDraft:
+    """Greedy draft sampling's k drafts (docs/methods.md, GDS): the k - 1 most likely tokens of p in decreasing order
+    (ties to the lower id; at most all but one token of p's support), then one Gumbel-max draw from p without them.
+
+    Shape: logp [..., V] -> tokens/valid [..., k]; the sampled draft is the last valid slot, which the ``gds``
+    verifier reads as such. ``noise`` [..., V] uniforms in (0, 1) for the draw (``sample_categorical``'s contract).
+    """
+    check_tensor("logp", logp, min_ndim=1)
+    if validate:
+        check_logp("logp", logp)
+    vocab = logp.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
+    top, n_top, rest = gds_top(logp, k)
+    x = sample_categorical(rest, noise=noise, generator=generator, seed=seed, backend=backend, validate=False)
+    tokens = torch.cat([top, torch.full_like(top[..., :1], -1)], dim=-1)
+    tokens.scatter_(-1, n_top[..., None], x[..., None])
+    slots = torch.arange(k, device=logp.device)
+    return GDSDraft(tokens, slots <= n_top[..., None])

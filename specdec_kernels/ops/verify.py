@@ -106,13 +106,15 @@ def verify_node(
     analytic: bool = False,
     backend: str | None = None,
 ) -> NodeVerdict:
-    """Verify the K candidates of one node per row with ``method`` in sd, rrs, rrsw, kseq, spechub (docs/methods.md).
+    """Verify the K candidates of one node per row with ``method`` (sd, rrs, rrsw, kseq, spechub, gds; docs/methods.md).
 
     Shape: cand [B, K] int64 in draft order, cand_valid [B, K] bool, p [B, V] draft law the candidates were drawn
     from, q [B, V] target law, hub [B] (spechub), accept_u [B, K] uniforms in [0, 1) (slot j uses
     accept_u[:, j]), final_noise [B, V] uniforms in (0, 1). ``analytic=True`` also returns each slot's acceptance
     probability (given it is reached) and the final residual, for exact enumeration (docs/exactness.md).
     sd needs K = 1; spechub needs K = 2 with the hub among the valid candidates; rrsw needs distinct candidates.
+    gds (greedy draft sampling, ``gds_sample``) needs distinct candidates, the last valid one drawn from p without
+    the others.
     """
     method = check_method(method)
     check_tensor("cand", cand, ndim=2)
@@ -131,8 +133,8 @@ def verify_node(
     _check_candidates(cand, cand_valid, p, vocab)
     if method == "sd" and k != 1:
         raise ValueError(f"method 'sd' verifies exactly one candidate per node (K = 1), got K = {k}")
-    if method == "rrsw":
-        _check_distinct("cand", cand, cand_valid)
+    if method in ("rrsw", "gds"):
+        _check_distinct("cand", cand, cand_valid, method)
     if method == "spechub":
         if k != 2:
             raise ValueError(f"method 'spechub' needs K = 2 candidates (hub pair), got K = {k}")
@@ -161,13 +163,14 @@ def verify_node(
     return NodeVerdict(*impl(method, cand, cand_valid, p, q, u, fin, hub, analytic, plan.seed))
 
 
-def _check_distinct(name: str, cand: torch.Tensor, cand_valid: torch.Tensor) -> None:
+def _check_distinct(name: str, cand: torch.Tensor, cand_valid: torch.Tensor, method: str) -> None:
     rows = cand.masked_fill(~cand_valid, -1)
     same = (rows[..., :, None] == rows[..., None, :]) & cand_valid[..., :, None] & cand_valid[..., None, :]
     same &= ~torch.eye(rows.shape[-1], dtype=torch.bool, device=rows.device)
     if bool(same.any()):
         raise ValueError(
-            f"{name}: method 'rrsw' needs distinct sibling candidates (drafted without replacement), found a duplicate"
+            f"{name}: method {method!r} needs distinct sibling candidates (drafted without replacement), found a "
+            "duplicate"
         )
 
 
@@ -510,7 +513,7 @@ def _check_tree_values(
         check_shape("hub", hub, (batch, n))
         _check_tokens("hub (valid nodes)", hub, valid, vocab)
         _check_hub_pairs(tokens, par, child, counts, hub)
-    if method in ("rrsw", "traversalw"):
+    if method in ("rrsw", "traversalw", "gds"):
         sib = child[:, :, None] & child[:, None, :] & (par[:, :, None] == par[:, None, :])
         dup = sib & (tokens[:, :, None] == tokens[:, None, :])
         dup &= ~torch.eye(n, dtype=torch.bool, device=tokens.device)

@@ -156,3 +156,16 @@ def spechub_sample(
     tokens = torch.stack([x1, x2.masked_fill(~v2, -1)], dim=-1)
     valid = torch.stack([torch.ones_like(v2), v2], dim=-1)
     return tokens, hub, valid
+
+
+def gds_top(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy draft sampling's deterministic part: the k - 1 most likely tokens by row in decreasing order (ties to
+    the lower id), at most all but one token of the support so that a draw is left. Returns top [..., k - 1] (-1
+    past the n_top kept), n_top [...] and logp with them removed (-inf), the law of the sampled draft."""
+    support = (logp > -math.inf).sum(dim=-1)
+    n_top = torch.clamp(torch.clamp(support - 1, min=0), max=k - 1)
+    top = torch.sort(logp, dim=-1, descending=True, stable=True).indices[..., : k - 1]
+    kept = torch.arange(k - 1, device=logp.device) < n_top[..., None]
+    drawn = torch.zeros(logp.shape, dtype=torch.bool, device=logp.device)
+    drawn.scatter_(-1, top, kept)
+    return torch.where(kept, top, -1), n_top, logp.masked_fill(drawn, -math.inf)

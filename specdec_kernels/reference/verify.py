@@ -173,7 +173,30 @@ def node_chain(
             return [(1, qai[i], q1[i]), (0, s_ai, qa if s_ai > 0 else zero64)], fin
         i = cand[0]  # pair type (i, a)
         return [(0, p64[i], q64[i]), (1, s_ia, qa - a3 if s_ia > 0 else zero64)], fin
+    if method == "gds":
+        return gds_chain(cand, p, q)
     raise ValueError(f"unknown method {method!r}")
+
+
+def gds_chain(cand: list[int], p: torch.Tensor, q: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """Greedy draft sampling (docs/methods.md, GDS): the last candidate was drawn from p without the others (the
+    deterministic set D) and is tested first against that law; the residual then holds q(D) on D, and each token of
+    D is accepted with its share of what the residual has left (den = the mass not yet tested); the final residual
+    is the residual without D (q when nothing is left there)."""
+    *det, x = cand
+    s = p.clone()
+    s[det] = 0.0
+    s = s / s.sum()
+    tests: list[tuple[int, torch.Tensor, torch.Tensor]] = [(len(det), s[x], q[x])]
+    r = residual(q, s)
+    left = torch.ones((), dtype=r.dtype, device=r.device)
+    for j, d in enumerate(det):
+        tests.append((j, left, r[d]))
+        left = left - r[d]
+    fin = r.clone()
+    fin[det] = 0.0
+    tot = fin.sum()
+    return tests, (q if tot <= zero_mass_tol(q.dtype) else fin / tot)
 
 
 @register("verify_node", "torch")

@@ -53,10 +53,23 @@ _NEXT_LAW = {"sd": _iid_law, "rrs": _iid_law, "rrsw": _swor_law}
 def _recursive_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray) -> Chain:
     """Recursive rejection sampling over the candidates, each tested against the law it was drawn from."""
     next_law = _NEXT_LAW[method]
+    return _rejection_chain([(k, x, next_law(p, cand[:k])) for k, x in enumerate(cand)], q)
+
+
+def _gds_chain(cand: Sequence[int], p: np.ndarray, q: np.ndarray) -> Chain:
+    """Greedy draft sampling: rejection sampling with each candidate's own draft law, the sampled one (last slot,
+    drawn from p without the others) first, then the others as draws that were certain (point masses)."""
+    *det, x = cand
+    point = np.eye(len(p))
+    return _rejection_chain([(len(det), x, _swor_law(p, det))] + [(j, d, point[d]) for j, d in enumerate(det)], q)
+
+
+def _rejection_chain(order: Sequence[tuple[int, int, np.ndarray]], q: np.ndarray) -> Chain:
+    """Rejection sampling along ``order`` = [(slot, token, the law it was drawn from)] against the target mass
+    still unassigned."""
     u = q.copy()
     tests: list[tuple[int, float, float]] = []
-    for k, x in enumerate(cand):
-        law = next_law(p, cand[:k])
+    for k, x, law in order:
         size = float(u.sum())
         tests.append((k, float(law[x]), float(u[x]) / size))
         left = np.maximum(u - size * law, 0.0)
@@ -103,6 +116,8 @@ def node_chain(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, h
         return _kseq_chain(cand, p, q)
     if method == "spechub":
         return _spechub_chain(cand, p, q, hub)
+    if method == "gds":
+        return _gds_chain(cand, p, q)
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..ops import NodeVerdict, gumbel_topk, sample_categorical, spechub_sample, verify_node
+from ..ops import NodeVerdict, gds_sample, gumbel_topk, sample_categorical, spechub_sample, verify_node
 
 ZERO_MASS_TOL = 1e-12  # zero-mass rule (docs/exactness.md), fp64 oracles
 SWOR_MASS_EPS = 1e-7  # Gumbel-top-k: no further draws once the remaining draft mass is this small
@@ -201,6 +201,29 @@ def spechub_acceptance(p: np.ndarray, q: np.ndarray) -> Acceptance:
     return Acceptance(total, np.array([hp.a1.sum() + hp.a3, hp.a2.sum() + hp.a4]))
 
 
+def gds_split(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy draft sampling's parts: D, the k - 1 most likely tokens (ties to the lower id; at most all but one
+    token of p's support, so that a draw is left), and the law of the sampled draft, p without D renormalised."""
+    p = normalize(as_law(p))
+    support = int((p > 0).sum())
+    top = np.argsort(-p, kind="stable")[: max(0, min(k - 1, support - 1))]
+    rest = p.copy()
+    rest[top] = 0.0
+    return top, rest / rest.sum()
+
+
+def gds_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
+    """Every tuple holds D, and the verifier reaches the optimum q(D) + sum_{x not in D} min(q(x), p'(x)): slot j < |D|
+    is accepted exactly when the output is D's j-th token (rate q(d_j)), the sampled slot at rate sum min(q, p')."""
+    top, sampled = gds_split(p, k)
+    off = np.ones(len(q), dtype=bool)
+    off[top] = False
+    slots = np.zeros(k)
+    slots[: len(top)] = q[top]
+    slots[len(top)] = float(np.minimum(q[off], sampled[off]).sum())
+    return Acceptance(float(slots.sum()), slots)
+
+
 def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
     """Closed-form acceptance of ``method`` with ``k`` candidates."""
     p, q = as_law(p), as_law(q)
@@ -219,6 +242,8 @@ def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
         if k != 2:
             raise ValueError(f"spechub has K = 2, got {k}")
         return spechub_acceptance(p, q)
+    if method == "gds":
+        return gds_acceptance(p, q, k)
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -283,6 +308,13 @@ def draft_law(method: str, logp: Sequence[float] | np.ndarray | torch.Tensor, k:
                 t = (ys[0],) if single else (ys[0], a)
             out[t] = out.get(t, 0.0) + prob
         return out
+    if method == "gds":
+        # the op's order: the most likely tokens by logp (ties to the lower id), then a draw over what is left
+        top = np.argsort(-lp, kind="stable")[: max(0, min(k - 1, int((w > 0).sum()) - 1))]
+        rest = w.copy()
+        rest[top] = 0.0
+        head = tuple(int(x) for x in top)
+        return {(*head, int(x)): float(rest[x] / rest.sum()) for x in np.flatnonzero(rest > 0)}
     raise ValueError(f"unknown method {method!r}")
 
 
@@ -365,6 +397,8 @@ def test_order(method: str, cand: Sequence[int], hub: int | None) -> list[int]:
     """Order in which a node's valid candidates are tested (SpecHub (a, i) tests slot 1 first)."""
     if method == "spechub" and len(cand) == 2 and cand[0] == hub:
         return [1, 0]
+    if method == "gds":  # the sampled draft (last slot) first
+        return [len(cand) - 1, *range(len(cand) - 1)]
     return list(range(len(cand)))
 
 
@@ -475,6 +509,11 @@ def draft_candidates(
     if method == "spechub":
         d = spechub_sample(logp, generator=generator)
         return d.tokens, d.valid, d.hub
+    if method == "gds":
+        g = gds_sample(logp, min(k, logp.shape[-1]), generator=generator)
+        pad = k - g.tokens.shape[-1]
+        tokens = torch.cat([g.tokens, torch.full_like(g.tokens[:, :1], -1).expand(-1, pad)], dim=-1)
+        return tokens, torch.cat([g.valid, torch.zeros_like(g.valid[:, :1]).expand(-1, pad)], dim=-1), None
     raise ValueError(f"unknown method {method!r}")
 
 
