@@ -56,6 +56,7 @@ int method_code(const std::string& m) {
   if (m == "spechub") return 3;
   if (m == "block") return 4;
   if (m == "traversal" || m == "traversalw") return 5;  // its own kernel (verify_traversal_kernel)
+  if (m == "gds") return 6;
   TORCH_CHECK(false, "specdec: unknown method '", m, "'");
 }
 

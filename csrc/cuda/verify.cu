@@ -11,7 +11,7 @@ namespace cuda {
 
 constexpr float kZeroMassTol = 1e-6f;  // zero-mass rule (docs/exactness.md), fp32
 constexpr double kZeroMassTolF64 = 1e-12;  // zero-mass rule, fp64 (SpecHub's double plan)
-enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3, kBlock = 4 };
+enum Method : int { kRrs = 0, kRrsw = 1, kKseq = 2, kSpecHub = 3, kBlock = 4, kGds = 6 };
 
 __device__ __forceinline__ float ratio_prob(float num, float den) {
   if (den > 0.0f) return fminf(fmaxf(num / den, 0.0f), 1.0f);
@@ -129,7 +129,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
                                    const NoiseRow& u,      // [K] acceptance uniforms by slot
                                    int64_t hub,
                                    float* r,               // [V] scratch -> final residual
-                                   float* s,               // [V] scratch (rrsw)
+                                   float* s,               // [V] scratch (rrsw, gds)
                                    float* ap,              // [K] accept_prob or nullptr
                                    int64_t V, int method) {
   int64_t chosen = -1;
@@ -154,6 +154,45 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
         }
       }
     }
+  } else if (method == kGds) {
+    // Greedy draft sampling: the last valid candidate was drawn from p without the others (the set D) and is tested
+    // first against that law; each token of D then takes its share of the residual still untested.
+    int64_t last = -1;
+    for (int64_t j = 0; j < K; ++j)
+      if (cvalid[j]) last = j;
+    copy_row(p, s, V);
+    if (threadIdx.x == 0)
+      for (int64_t j = 0; j < K; ++j)
+        if (cvalid[j] && j != last) s[cand[j]] = 0.0f;
+    __syncthreads();
+    float rest = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest += s[v];
+    rest = block_sum<float>(rest);
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s[v] /= rest;
+    __syncthreads();
+    const int64_t x = cand[last];
+    const float den = s[x], num = q[x];
+    if (analytic && threadIdx.x == 0) ap[last] = ratio_prob(num, den);
+    if (passes(u.at(last), den, num)) chosen = last;
+    residual_inplace(r, s, V);
+    float left = 1.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      if (!cvalid[j] || j == last) continue;
+      const float rd = r[cand[j]];
+      if (analytic && threadIdx.x == 0) ap[j] = ratio_prob(rd, left);
+      if (chosen < 0 && passes(u.at(j), left, rd)) chosen = j;
+      left = left - rd;
+    }
+    __syncthreads();  // every thread has read r before D leaves it
+    if (threadIdx.x == 0)
+      for (int64_t j = 0; j < K; ++j)
+        if (cvalid[j] && j != last) r[cand[j]] = 0.0f;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += r[v];
+    tot = block_sum<float>(tot);
+    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) r[v] = tot > kZeroMassTol ? r[v] / tot : q[v];
+    __syncthreads();
   } else if (method == kKseq) {
     int n_valid = 0;
     for (int64_t j = 0; j < K; ++j) n_valid += cvalid[j];

@@ -241,7 +241,8 @@ def gds_sample(
         raise ValueError(f"k must be an int in [1, V={vocab}], got {k!r}")
     top, n_top, rest = gds_top(logp, k)
     x = sample_categorical(rest, noise=noise, generator=generator, seed=seed, backend=backend, validate=False)
-    tokens = torch.cat([top, torch.full_like(top[..., :1], -1)], dim=-1)
+    tokens = torch.full((*logp.shape[:-1], k), -1, dtype=torch.long, device=logp.device)
+    tokens[..., : k - 1] = top
     tokens.scatter_(-1, n_top[..., None], x[..., None])
     slots = torch.arange(k, device=logp.device)
     return GDSDraft(tokens, slots <= n_top[..., None])

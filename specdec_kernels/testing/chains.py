@@ -61,7 +61,11 @@ def _gds_chain(cand: Sequence[int], p: np.ndarray, q: np.ndarray) -> Chain:
     drawn from p without the others) first, then the others as draws that were certain (point masses)."""
     *det, x = cand
     point = np.eye(len(p))
-    return _rejection_chain([(len(det), x, _swor_law(p, det))] + [(j, d, point[d]) for j, d in enumerate(det)], q)
+    tests, fin = _rejection_chain([(len(det), x, _swor_law(p, det))] + [(j, d, point[d]) for j, d in enumerate(det)], q)
+    off = np.ones(len(p), dtype=bool)
+    off[det] = False
+    # never reached when nothing is left outside D; the op then samples q
+    return tests, (fin if fin[off].sum() > ZERO_MASS_TOL else q)
 
 
 def _rejection_chain(order: Sequence[tuple[int, int, np.ndarray]], q: np.ndarray) -> Chain:

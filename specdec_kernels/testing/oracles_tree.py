@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..ops import gumbel_topk, spechub_sample
+from ..ops import gds_sample, gumbel_topk, spechub_sample
 from .oracles import spechub_parts
 
 ZERO_MASS = 1e-12  # zero-mass rule (docs/exactness.md), fp64 oracle tolerance
@@ -29,6 +29,7 @@ __all__ = [
     "parents_from_counts",
     "random_parents",
     "residual",
+    "rule_gds",
     "rule_kseq",
     "rule_rrs",
     "rule_rrsw",
@@ -123,12 +124,32 @@ def rule_spechub(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None 
     return [(0, float(p[i]), float(q[i])), (1, hp.s_ia, float(q[a]) - hp.a3 if hp.s_ia > 0 else 0.0)], hp.final
 
 
+def rule_gds(cand: list[int], p: np.ndarray, q: np.ndarray, hub: int | None = None) -> tuple[Tests, np.ndarray]:
+    """Greedy draft sampling: the last candidate, drawn from p without the others (D), is tested against that law;
+    then the tokens of D in slot order, each against the residual's mass not yet tested; the final law is the
+    residual without D."""
+    *det, x = cand
+    s = p.copy()
+    s[det] = 0.0
+    s = s / s.sum()
+    tests: Tests = [(len(det), float(s[x]), float(q[x]))]
+    r = residual(q, s)
+    left = 1.0
+    for j, d in enumerate(det):
+        tests.append((j, left, float(r[d])))
+        left -= float(r[d])
+    fin = r.copy()
+    fin[det] = 0.0
+    return tests, (q if fin.sum() <= ZERO_MASS else fin / fin.sum())
+
+
 RULES: dict[str, NodeRule] = {
     "sd": rule_rrs,
     "rrs": rule_rrs,
     "rrsw": rule_rrsw,
     "kseq": rule_kseq,
     "spechub": rule_spechub,
+    "gds": rule_gds,
 }
 
 
@@ -248,7 +269,8 @@ def draw_tree(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Draft tokens for the level-order topology ``parents``, each node's children drawn from its p row as
     ``method`` prescribes: i.i.d. (sd, rrs, kseq, block, traversal), Gumbel-top-k (rrsw, traversalw), SpecHub's hub
-    pair (spechub). A candidate the op leaves invalid becomes padding, and so do its descendants.
+    pair (spechub), greedy draft sampling (gds). A candidate the op leaves invalid becomes padding, and so do its
+    descendants.
 
     Shape: p_rows [B, N, V] -> tokens [B, N], valid [B, N], parent [B, N] (padding re-parented to the root, -1 at
     the root), hub [B, N] (spechub) or None."""
@@ -265,6 +287,10 @@ def draw_tree(
             tokens[:, kids] = torch.multinomial(p_rows[:, m], k, replacement=True, generator=generator)
         elif method in ("rrsw", "traversalw"):
             draw = gumbel_topk(p_rows[:, m].log(), k, noise=open_uniform((batch, vocab), noise_seed + m))
+            tokens[:, kids] = draw.tokens.clamp_min(0)
+            valid[:, kids] &= draw.valid
+        elif method == "gds":
+            draw = gds_sample(p_rows[:, m].log(), k, noise=open_uniform((batch, vocab), noise_seed + m))
             tokens[:, kids] = draw.tokens.clamp_min(0)
             valid[:, kids] &= draw.valid
         elif method == "spechub":

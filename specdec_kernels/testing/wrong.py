@@ -74,12 +74,57 @@ def _rrsw_next_residual(method: str, cand: Sequence[int], p: np.ndarray, q: np.n
     return tests, r
 
 
+def _gds_unrenormalized(method: str, cand: Sequence[int], p: np.ndarray, q: np.ndarray, hub: int | None) -> Chain:
+    """gds that tests the drawn candidate against p instead of p without the greedy tokens (and subtracts p from the
+    residual): the draw's law is taken for the draft's."""
+    *det, x = cand
+    tests = [(len(det), p[x], q[x])]
+    r = residual(q, p)
+    left = 1.0
+    for j, d in enumerate(det):
+        tests.append((j, left, r[d]))
+        left -= r[d]
+    fin = r.copy()
+    fin[det] = 0.0
+    return tests, (q if fin.sum() <= 0 else normalize(fin))
+
+
+def gds_greedy_first_chain(cand: Sequence[int], p: np.ndarray, q: np.ndarray) -> Chain:
+    """gds with the greedy tokens tested before the drawn one (each token of D against what q has left, then the
+    draw against its law), in that test order: exact, but it spends target mass on D that the drawn candidate could
+    have taken, so it accepts less than the optimum (a control for the optimality tests, not for the law tests)."""
+    *det, x = cand
+    tests = []
+    r = q
+    for j, d in enumerate(det):
+        tests.append((j, 1.0, r[d]))
+        rest = r.copy()
+        rest[d] = 0.0
+        r = normalize(rest) if rest.sum() > 1e-12 else r
+    s = p.copy()
+    s[det] = 0.0
+    s = normalize(s)
+    tests.append((len(det), s[x], r[x]))
+    return tests, residual(r, s)
+
+
 rrs_skip_duplicates = ChainVerifier(_rrs_skip_duplicates, "rrs_skip_duplicates", methods=("rrs",))
 kseq_gamma_one = ChainVerifier(_kseq_gamma_one, "kseq_gamma_one", methods=("kseq",))
 rrsw_unrenormalized = ChainVerifier(_rrsw_unrenormalized, "rrsw_unrenormalized", methods=("rrsw",))
 rrsw_next_residual = ChainVerifier(_rrsw_next_residual, "rrsw_next_residual", methods=("rrsw",))
 
-NODE_CONTROLS = {v.name: v for v in (rrs_skip_duplicates, kseq_gamma_one, rrsw_unrenormalized, rrsw_next_residual)}
+gds_unrenormalized = ChainVerifier(_gds_unrenormalized, "gds_unrenormalized", methods=("gds",))
+
+NODE_CONTROLS = {
+    v.name: v
+    for v in (
+        rrs_skip_duplicates,
+        kseq_gamma_one,
+        rrsw_unrenormalized,
+        rrsw_next_residual,
+        gds_unrenormalized,
+    )
+}
 
 
 def sbs_step_untruncated(

@@ -45,7 +45,7 @@ SIGNATURES["_verify_chain_kernel[greedy]"] = (
     SIGNATURES["_verify_chain_kernel"][0],
     {"GREEDY": True, "RNG": False, "BLOCK_V": 1024},
 )
-for _m in range(4):
+for _m in range(5):  # the METHOD codes of triton/node.py
     SIGNATURES[f"_verify_node_kernel[{_m}]"] = (
         [PI64, PI8, P32, P32, P64, P64, PI64, P32, P32, P32, PI64, PI64, "i32", "i32", *SEED],
         {"METHOD": _m, "ANALYTIC": True, "RNG": False, "BLOCK_V": 1024},

@@ -28,7 +28,8 @@ M_RRS = 0  # sd and rrs: residual against the same p every round
 M_RRSW = 1
 M_KSEQ = 2
 M_SPECHUB = 3
-METHOD_CODE = {"sd": M_RRS, "rrs": M_RRS, "rrsw": M_RRSW, "kseq": M_KSEQ, "spechub": M_SPECHUB}
+M_GDS = 4
+METHOD_CODE = {"sd": M_RRS, "rrs": M_RRS, "rrsw": M_RRSW, "kseq": M_KSEQ, "spechub": M_SPECHUB, "gds": M_GDS}
 
 
 @triton.jit
@@ -341,6 +342,86 @@ def _node_hub(
 
 
 @triton.jit
+def _node_gds(
+    cand_ptr,
+    cvalid_ptr,
+    K,
+    p_ptr,
+    q_ptr,
+    u_ptr,
+    u_row,
+    seed_lo,
+    seed_hi,
+    r_ptr,
+    s_ptr,
+    ap_ptr,
+    V,
+    ANALYTIC: tl.constexpr,
+    RNG: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Greedy draft sampling: the last valid candidate was drawn from p without the others (the set D) and is tested
+    first against that law (s_ptr); each token of D then takes its share of the residual still untested (r_ptr
+    holds q on entry, the residual without D on return, q when nothing is left there)."""
+    last = tl.full((), -1, tl.int64)
+    for j in range(0, K):
+        if tl.load(cvalid_ptr + j) != 0:
+            last = tl.zeros((), tl.int64) + j
+    _copy_row(p_ptr, s_ptr, V, BLOCK_V)
+    tl.debug_barrier()
+    for j in range(0, K):
+        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
+            tl.store(s_ptr + tl.load(cand_ptr + j), 0.0)
+    tl.debug_barrier()
+    rest = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        rest += tl.sum(tl.load(s_ptr + offs, mask=offs < V, other=0.0), axis=0)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        tl.store(s_ptr + offs, tl.load(s_ptr + offs, mask=m, other=0.0) / rest, mask=m)
+    tl.debug_barrier()
+    x = tl.load(cand_ptr + last)
+    den = tl.load(s_ptr + x)
+    num = tl.load(q_ptr + x).to(tl.float32)
+    if ANALYTIC:
+        tl.store(ap_ptr + last, _ratio_prob(num, den))
+    chosen = tl.full((), -1, tl.int64)
+    if _noise_at(u_ptr, last, u_row, seed_lo, seed_hi, ACCEPT, RNG) * den.to(tl.float64) < num.to(tl.float64):
+        chosen = last
+    _residual_inplace(r_ptr, s_ptr, V, BLOCK_V)
+    tl.debug_barrier()
+    left = tl.full((), 1.0, tl.float32)
+    for j in range(0, K):
+        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
+            rd = tl.load(r_ptr + tl.load(cand_ptr + j))
+            if ANALYTIC:
+                tl.store(ap_ptr + j, _ratio_prob(rd, left))
+            if (chosen < 0) & (
+                _noise_at(u_ptr, j, u_row, seed_lo, seed_hi, ACCEPT, RNG) * left.to(tl.float64) < rd.to(tl.float64)
+            ):
+                chosen = tl.zeros((), tl.int64) + j
+            left = left - rd
+    tl.debug_barrier()
+    for j in range(0, K):
+        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
+            tl.store(r_ptr + tl.load(cand_ptr + j), 0.0)
+    tl.debug_barrier()
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        tot += tl.sum(tl.load(r_ptr + offs, mask=offs < V, other=0.0), axis=0)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        r = tl.load(r_ptr + offs, mask=m, other=0.0)
+        q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(r_ptr + offs, tl.where(tot > ZERO_MASS_TOL, r / tot, q), mask=m)
+    return chosen
+
+
+@triton.jit
 def _verify_node_row(
     cand_ptr,  # [K] int64 candidate tokens by slot
     cvalid_ptr,  # [K] int8
@@ -353,7 +434,7 @@ def _verify_node_row(
     seed_hi,
     hub,  # int64 hub token (spechub)
     r_ptr,  # [V] fp32 scratch: current target residual; holds the final residual on return
-    s_ptr,  # [V] fp32 scratch: current draft law (rrsw)
+    s_ptr,  # [V] fp32 scratch: current draft law (rrsw, gds)
     ap_ptr,  # [K] fp32 accept_prob by slot (ANALYTIC)
     V,
     METHOD: tl.constexpr,
@@ -367,7 +448,26 @@ def _verify_node_row(
     _copy_row(q_ptr, r_ptr, V, BLOCK_V)
     if METHOD == 1:
         _copy_row(p_ptr, s_ptr, V, BLOCK_V)
-    if METHOD <= 1:
+    if METHOD == 4:
+        chosen = _node_gds(
+            cand_ptr,
+            cvalid_ptr,
+            K,
+            p_ptr,
+            q_ptr,
+            u_ptr,
+            u_row,
+            seed_lo,
+            seed_hi,
+            r_ptr,
+            s_ptr,
+            ap_ptr,
+            V,
+            ANALYTIC,
+            RNG,
+            BLOCK_V,
+        )
+    elif METHOD <= 1:
         chosen = _node_rrs(
             cand_ptr,
             cvalid_ptr,
@@ -497,7 +597,7 @@ def verify_node(
     dev = p.device
     rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, k), (batch, vocab), dev)
     r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
-    s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method == "rrsw" else r
+    s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method in ("rrsw", "gds") else r
     ap = torch.zeros((batch, k), dtype=torch.float32, device=dev)
     slot = torch.empty(batch, dtype=torch.long, device=dev)
     tok = torch.empty(batch, dtype=torch.long, device=dev)

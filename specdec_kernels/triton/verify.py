@@ -731,7 +731,7 @@ def verify_tree(
             torch.empty((batch, kc), dtype=torch.long, device=dev),
             torch.ones(kc, dtype=torch.int8, device=dev),
             r,
-            torch.empty_like(r) if method == "rrsw" else r,
+            torch.empty_like(r) if method in ("rrsw", "gds") else r,
             torch.empty((batch, kc), dtype=torch.float32, device=dev),
             acc if max_depth else n_acc,
             rank if max_depth else n_acc,

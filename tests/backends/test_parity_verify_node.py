@@ -12,7 +12,7 @@ from specdec_kernels import _registry
 
 pytestmark = requires_cpu_ext
 
-METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub")
+METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub", "gds")
 
 
 def node_case(
@@ -33,6 +33,9 @@ def node_case(
         cand_valid = torch.ones_like(cand, dtype=torch.bool)
     elif method == "rrsw":
         draw = sk.gumbel_topk(p.log(), min(k, vocab), noise=open_uniform((batch, vocab), seed + 1))
+        cand, cand_valid = draw.tokens.clamp_min(0), draw.valid
+    elif method == "gds":
+        draw = sk.gds_sample(p.log(), min(k, vocab), noise=open_uniform((batch, vocab), seed + 1))
         cand, cand_valid = draw.tokens.clamp_min(0), draw.valid
     else:
         draw = sk.spechub_sample(p.log(), noise=open_uniform((batch, vocab), seed + 1))

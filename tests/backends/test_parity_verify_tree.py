@@ -13,7 +13,7 @@ from specdec_kernels.testing.oracles_tree import draw_tree
 
 pytestmark = requires_cpu_ext
 
-METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub", "block")
+METHODS = ("sd", "rrs", "rrsw", "kseq", "spechub", "gds", "block")
 
 
 def topology(method: str, shape: str) -> list[int]:
@@ -89,10 +89,10 @@ def test_greedy_and_eos(method: str) -> None:
     out = check(method, case, seed=21)
     eos = [int(case["tokens"][b, int(out.accepted_nodes[b, 0])]) for b in range(3) if out.n_accepted[b] > 0]
     check(method, case, seed=21, eos=eos)
-    # greedy: make some rows follow the target's argmax so that the walk goes deep (rrsw siblings must stay
-    # distinct: there p = q already puts the argmax among the Gumbel-top-k children most of the time)
+    # greedy: make some rows follow the target's argmax so that the walk goes deep (rrsw and gds siblings must stay
+    # distinct: there p = q already puts the argmax among the children most of the time)
     greedy_case = dict(case)
-    if method == "rrsw":
+    if method in ("rrsw", "gds"):
         check(method, case, seed=22, greedy=True)
         return
     tokens = case["tokens"].clone()

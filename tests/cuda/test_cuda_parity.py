@@ -51,7 +51,7 @@ def test_sampling_ops_match_reference(vocab):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,k", [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2)])
+@pytest.mark.parametrize("method,k", [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2), ("gds", 3)])
 def test_verify_node_matches_reference(method, k):
     gen = torch.Generator().manual_seed(k)
     batch, vocab = 8, 300
@@ -63,6 +63,9 @@ def test_verify_node_matches_reference(method, k):
         cand, valid, hub = d.tokens, d.valid, d.hub
     elif method == "rrsw":
         d = sk.gumbel_topk(torch.log(p), k, seed=1)
+        cand, valid = d.tokens, d.valid
+    elif method == "gds":
+        d = sk.gds_sample(torch.log(p), k, seed=1)
         cand, valid = d.tokens, d.valid
     else:
         cand = torch.multinomial(p, k, replacement=True)
@@ -230,6 +233,9 @@ def _node_case(method, k, batch, vocab, seed):
     elif method == "rrsw":
         d = sk.gumbel_topk(torch.log(p), k, seed=seed, backend="torch")
         cand, valid = d.tokens.clamp_min(0), d.valid
+    elif method == "gds":
+        d = sk.gds_sample(torch.log(p), k, seed=seed, backend="torch")
+        cand, valid = d.tokens.clamp_min(0), d.valid
     else:
         cand = sk.sample_categorical(torch.log(p)[:, None, :].expand(-1, k, -1), seed=seed, backend="torch")
         valid = torch.ones_like(cand, dtype=torch.bool)
@@ -237,7 +243,7 @@ def _node_case(method, k, batch, vocab, seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method,k", [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2)])
+@pytest.mark.parametrize("method,k", [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2), ("gds", 3)])
 @pytest.mark.parametrize("vocab", [7, 300, 32001])
 def test_seeded_verify_node_matches_reference(method, k, vocab):
     """accept_u row b, element = slot (ACCEPT); final_noise row b (FINAL)."""
@@ -317,6 +323,8 @@ def _tree_case(method, parents, batch, vocab, seed):
         lp = torch.log(p[:, node])
         if method in ("rrsw", "traversalw"):
             tokens[:, kids] = sk.gumbel_topk(lp, len(kids), seed=seed + node, backend="torch").tokens
+        elif method == "gds":
+            tokens[:, kids] = sk.gds_sample(lp, len(kids), seed=seed + node, backend="torch").tokens
         elif method == "spechub":  # two children per internal node: the hub pair
             d = sk.spechub_sample(lp, seed=seed + node, backend="torch")
             tokens[:, kids] = torch.where(d.valid, d.tokens, d.hub[:, None])
@@ -332,6 +340,7 @@ TREES = [
     ("rrsw", branching_parents([3, 2, 1])),
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", branching_parents([2, 2])),
+    ("gds", branching_parents([3, 2, 1])),
     ("block", branching_parents([1, 1, 1, 1])),
     ("traversal", branching_parents([3, 2, 1])),
     ("traversalw", branching_parents([3, 2, 1])),

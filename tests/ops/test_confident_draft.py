@@ -31,11 +31,25 @@ from specdec_kernels.testing import wrong as W
 from specdec_kernels.testing.stats import law_check
 
 FP32_LAW = 1e-7
+# gds has no cut-off: its drawn draft always comes from the non-greedy tail, so at 1 - p(a) <= 1e-7 every ratio of
+# the whole non-greedy target mass (0.75 here) is read off tail entries that carry their own float32 rounding
+# (measured: up to 1.6e-7; the unrenormalised control misses by percents)
+GDS_FP32_LAW = 2e-7
 BACKENDS = available_backends("verify_node")
 Q = np.array([0.25, 0.25, 0.3, 0.2])
 # 1 - p(a): four decades, then just above and just below the sampler's cut-off 1 - p(a) <= 1e-7 (one draft only)
 CONFIDENCE = [1e-4, 1e-5, 1e-6, 1e-7, 1e-7 * 1.2, 1e-7 * 0.8]
-METHOD_K = [("sd", 1), ("rrs", 2), ("rrsw", 2), ("rrsw", 3), ("kseq", 2), ("kseq", 3), ("spechub", 2)]
+METHOD_K = [
+    ("sd", 1),
+    ("rrs", 2),
+    ("rrsw", 2),
+    ("rrsw", 3),
+    ("kseq", 2),
+    ("kseq", 3),
+    ("spechub", 2),
+    ("gds", 2),
+    ("gds", 3),
+]
 
 
 def confident(e: float) -> np.ndarray:
@@ -57,7 +71,8 @@ def law_error(method: str, k: int, e: float, verifier) -> float:
 @pytest.mark.parametrize("method,k", METHOD_K)
 def test_confident_draft_law_is_target(backend, method, k, e):
     err = law_error(method, k, e, functools.partial(verify_node, backend=backend))
-    assert err <= FP32_LAW, f"{method} K={k} on {backend} at 1 - p(a) = {e:g}: max |law - q| = {err:.3g}"
+    budget = GDS_FP32_LAW if method == "gds" else FP32_LAW
+    assert err <= budget, f"{method} K={k} on {backend} at 1 - p(a) = {e:g}: max |law - q| = {err:.3g}"
 
 
 def test_cutoff_cases_sit_on_both_sides():

@@ -75,7 +75,7 @@ def _random_rows(gen: torch.Generator, batch: int, vocab: int) -> torch.Tensor:
 
 
 INTERPRETED_BACKENDS = [b for b in available_backends("verify_node") if b not in FAST_BACKENDS]
-NODE_METHODS = [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2)]
+NODE_METHODS = [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 2), ("spechub", 2), ("gds", 3)]
 
 
 def _check_against_oracle(backend, method, k, batch, vocab, dtype):

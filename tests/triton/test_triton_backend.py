@@ -111,12 +111,16 @@ def _candidates(method, k, p, gen):
     if method in ("rrsw", "traversalw"):
         d = sk.gumbel_topk(lp, k, seed=seed)
         return d.tokens, d.valid, None
+    if method == "gds":
+        d = sk.gds_sample(lp, k, seed=seed)
+        return d.tokens, d.valid, None
     cand = torch.multinomial(p, k, replacement=True, generator=gen)
     return cand, torch.ones_like(cand, dtype=torch.bool), None
 
 
 @pytest.mark.parametrize(
-    "method,k", [("sd", 1), ("rrs", 3), ("rrsw", 2), ("rrsw", 3), ("kseq", 2), ("kseq", 3), ("spechub", 2)]
+    "method,k",
+    [("sd", 1), ("rrs", 3), ("rrsw", 2), ("rrsw", 3), ("kseq", 2), ("kseq", 3), ("spechub", 2), ("gds", 2), ("gds", 3)],
 )
 @pytest.mark.parametrize("vocab", [5, 300])
 def test_verify_node_matches_reference(method, k, vocab):
@@ -146,6 +150,7 @@ TREES = [
     ("rrsw", branching_parents([3, 2, 1])),
     ("kseq", kseq_chain_parents(3, 2)),
     ("spechub", binary_tree_parents(3)),
+    ("gds", branching_parents([3, 2, 1])),
     ("block", branching_parents([1, 1, 1, 1])),
     ("traversal", branching_parents([2, 2])),
     ("traversalw", branching_parents([3, 2, 1])),
@@ -171,7 +176,7 @@ def test_verify_tree_matches_reference(method, parents, greedy):
                 if hub is not None:
                     hub[:, node] = h
         valid = torch.ones(batch, n, dtype=torch.bool)
-        if method in ("rrs", "rrsw", "block", "traversal", "traversalw"):
+        if method in ("rrs", "rrsw", "gds", "block", "traversal", "traversalw"):
             valid[0, -2:] = False  # a ragged row
         au = torch.rand(batch, n, 3, dtype=torch.float64, generator=gen)
         fu = _u((batch, vocab), gen)

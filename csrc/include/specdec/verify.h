@@ -191,7 +191,7 @@ int64_t verify_chain_row(const int64_t* draft,    // [L]
 
 // kBlock and kTraversal(W) judge whole paths (block and traversal verification), not one node: verify_tree_row runs
 // them on their own.
-enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub, kBlock, kTraversal, kTraversalW };
+enum class Method { kSD, kRRS, kRRSw, kKSeq, kSpecHub, kGDS, kBlock, kTraversal, kTraversalW };
 
 inline bool parse_method(const std::string& name, Method* out) {
   if (name == "sd") *out = Method::kSD;
@@ -199,6 +199,7 @@ inline bool parse_method(const std::string& name, Method* out) {
   else if (name == "rrsw") *out = Method::kRRSw;
   else if (name == "kseq") *out = Method::kKSeq;
   else if (name == "spechub") *out = Method::kSpecHub;
+  else if (name == "gds") *out = Method::kGDS;
   else if (name == "block") *out = Method::kBlock;
   else if (name == "traversal") *out = Method::kTraversal;
   else if (name == "traversalw") *out = Method::kTraversalW;
@@ -522,6 +523,29 @@ const S* node_chain(Method method, const int64_t* cand, int64_t n_cand, const S*
         fin[v] = static_cast<S>((v == a ? fin_a : plan.term(p[v], q[v], true).q2) / tot);
       return fin;
     }
+    case Method::kGDS: {
+      // Greedy draft sampling: the last candidate was drawn from p without the others (the set D) and is tested
+      // first against that law; each token of D then takes its share of the residual still untested.
+      const int64_t n_det = n_cand - 1, x = cand[n_det];
+      S* s = w.c.get();
+      for (int64_t v = 0; v < vocab; ++v) s[v] = p[v];
+      for (int64_t j = 0; j < n_det; ++j) s[cand[j]] = S(0);
+      const S rest = static_cast<S>(sum_row(s, vocab));
+      for (int64_t v = 0; v < vocab; ++v) s[v] = s[v] / rest;
+      w.tests.push_back({n_det, static_cast<double>(s[x]), static_cast<double>(q[x])});
+      S* r = bufs[0];
+      residual_row(q, s, vocab, r);
+      S left = S(1);
+      for (int64_t j = 0; j < n_det; ++j) {
+        w.tests.push_back({j, static_cast<double>(left), static_cast<double>(r[cand[j]])});
+        left = left - r[cand[j]];
+      }
+      for (int64_t j = 0; j < n_det; ++j) r[cand[j]] = S(0);
+      normalize_or(r, q, vocab);
+      return r;
+    }
+    default:
+      break;
   }
   return q;
 }
@@ -655,6 +679,17 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
       *fin = r;
       return -1;
     }
+    case Method::kGDS: {  // every test needs the draw's normaliser, one pass over p
+      const S* r = node_chain(method, cand, n_cand, p, q, hub, vocab, w);
+      for (const NodeTest<S>& t : w.tests) {
+        if (t.slot >= ku) return -2;
+        if (pass(t.slot, t.den, t.num)) return t.slot;
+      }
+      *fin = r;
+      return -1;
+    }
+    default:
+      break;
   }
   return -2;
 }
