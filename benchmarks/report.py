@@ -82,7 +82,7 @@ from render.steps import (  # noqa: F401
     block_target_step,
     block_target_step_ops,
 )
-from render.verifiers import block_block_verification  # noqa: F401
+from render.verifiers import block_block_verification, block_optimum  # noqa: F401
 
 #: the files that hold generated blocks
 DOCS = (
@@ -118,6 +118,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "llama-cpp-headline": lambda results: block_llama_cpp(results, brief=True),
     "tensor-parallel": block_tensor_parallel,
     "block-verification": block_block_verification,
+    "optimum": block_optimum,
     "vllm": block_vllm,
     "csd": block_csd,
     "gpu-ops": block_gpu_ops,

@@ -57,3 +57,38 @@ def block_block_verification(results: Path) -> str:
         out.append(title + "\n\n" + table(head, lines) + "\n\n" + provenance(run, machine="machine", torch="torch",
                                                                                extra=extra))  # fmt: skip
     return "\n\n".join(out) + "\n"
+
+
+#: a run of bench_optimum: one prompt set and length on one machine
+OPT_KEY = ("machine", "prompts", "skip", "limit", "new_tokens")
+
+
+def block_optimum(results: Path) -> str:
+    """Per draft and temperature, each verifier's one-step acceptance and its fraction of the optimum of its own
+    draft process and of the best process at the same number of drafts (optimum.csv, benchmarks/bench_optimum.py)."""
+    runs = list(newest_runs(read_csv(results, "optimum"), OPT_KEY).values())
+    if not runs:
+        return "No run recorded in `benchmarks/results/optimum.csv`.\n"
+    out = []
+    for run in runs:
+        r0 = run[0]
+        head = ["draft", "T", "n", "verifier (draft process)", "acceptance", "optimum of its process",
+                "fraction of it", "fraction of the best process's optimum (best)"]  # fmt: skip
+        lines = [
+            [
+                r["draft"],
+                f"{float(r['temperature']):g}",
+                r["n"],
+                f"`{r['method']}` ({r['process']})",
+                num(r["alpha"]),
+                num(r["optimum_own"]),
+                f"{float(r['frac_own']):.3f}",
+                f"{float(r['frac_best']):.3f} ({r['best_process']})",
+            ]
+            for r in run
+        ]
+        rows = sorted({(r["draft"], r["temperature"], r["rows"]) for r in run})
+        counts = ", ".join(f"{d} T = {float(t):g}: {n}" for d, t, n in rows)
+        title = (f"**{_prompt_set(r0)}**, {r0['new_tokens']} new tokens per prompt; rows (rounds) scored: {counts}")
+        out.append(title + "\n\n" + table(head, lines) + "\n\n" + provenance(run, machine="machine", torch="torch"))
+    return "\n\n".join(out) + "\n"

@@ -23,7 +23,16 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..ops import emission_law, gumbel_topk, sample_categorical, sbs_step, spechub_sample, verify_chain, verify_tree
+from ..ops import (
+    emission_law,
+    gds_sample,
+    gumbel_topk,
+    sample_categorical,
+    sbs_step,
+    spechub_sample,
+    verify_chain,
+    verify_tree,
+)
 from ..trees import chain_parents, check_parents
 from . import block as block_oracle
 from . import oracles_tree
@@ -336,9 +345,10 @@ def chain(
 # Static trees verified by verify_tree. A tree is the pair (sibling draw, node verifier); which pair a decoding method
 # uses is the method's own business (specdec.methods), so nothing here is named after a method.
 
-#: how a node's children are drawn: i.i.d. (``sample_categorical``), without replacement (``gumbel_topk``), or as a
-#: SpecHub hub pair (``spechub_sample``); "beam" (``sbs_step``) grows the tree level by level instead, see :func:`beam`
-DRAWS = ("iid", "swor", "spechub")
+#: how a node's children are drawn: i.i.d. (``sample_categorical``), without replacement (``gumbel_topk``), as a
+#: SpecHub hub pair (``spechub_sample``), or greedy draft sampling (``gds_sample``); "beam" (``sbs_step``) grows the
+#: tree level by level instead, see :func:`beam`
+DRAWS = ("iid", "swor", "spechub", "gds")
 
 
 def _draw_tree(
@@ -365,7 +375,7 @@ def _draw_tree(
         k = len(ids)
         logp = model.draft_logp[tokens[:, node]]
         if greedy:
-            # Greedy: i.i.d. children degenerate to copies of argmax p; SWOR and SpecHub take the top-k.
+            # Greedy: i.i.d. children degenerate to copies of argmax p; SWOR, SpecHub and gds take the top-k.
             order = torch.sort(logp, dim=-1, descending=True, stable=True).indices
             cand = order[:, :1].expand(-1, k) if draw == "iid" else order[:, :k]
             ok = torch.isfinite(logp.gather(-1, cand))
@@ -375,6 +385,9 @@ def _draw_tree(
         elif draw == "swor":
             pick = gumbel_topk(logp, k, generator=gen)
             cand, ok = pick.tokens, pick.valid
+        elif draw == "gds":
+            g = gds_sample(logp, k, generator=gen)
+            cand, ok = g.tokens, g.valid
         else:
             pair = spechub_sample(logp, generator=gen)
             cand, ok = pair.tokens[:, :k], pair.valid[:, :k]

@@ -241,6 +241,7 @@ TREE_CONTROLS = {
         kseq_gamma_one,
         spechub_qai_unnormalized,
         spechub_fp32_one_minus_pa,
+        gds_unrenormalized,
     )
 }
 

@@ -26,6 +26,7 @@ METHODS = {
     "rsd_s": {"beam_width": 3, "draft_length": 4},
     "spectr": {"num_chains": 3, "draft_length": 3},
     "spechub": {"branching": (2, 1, 2)},
+    "gds": {"branching": (3, 1, 2)},
     "csd": {"draft_length": 6},
 }
 

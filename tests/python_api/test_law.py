@@ -75,6 +75,7 @@ CASES = {
     "rsd_s": {"beam_width": 3, "draft_length": 3},
     "spectr": {"num_chains": 3, "draft_length": 2},
     "spechub": {"branching": (2, 2)},
+    "gds": {"branching": (3, 2)},
     "specdec_pp": {"draft_length": 3},
     "csd": {"draft_length": 3},
 }
@@ -86,6 +87,7 @@ CONTROLS = {
     "rrsw": "rrsw_unrenormalized",
     "kseq": "kseq_gamma_one",
     "spechub": "spechub_qai_unnormalized",
+    "gds": "gds_unrenormalized",
 }
 SLOW_CONTROLS = [
     ("rrs", "residual_q"),

@@ -27,7 +27,7 @@ from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 from specdec_kernels.testing import toy
 from specdec_kernels.testing.stats import LawCheck
 
-BUILT_IN = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "specdec_pp", "csd")
+BUILT_IN = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "gds", "specdec_pp", "csd")
 REFERENCE = re.compile(r"(19|20)\d\d.*arXiv:\d{4}\.\d{4,5}")
 
 

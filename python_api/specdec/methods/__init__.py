@@ -24,7 +24,7 @@ from .spec import (
 
 # The built-in methods register themselves on import, in the order available() lists them.
 # isort: off
-from . import ar, sd, rrs, rrsw, rsd_c, rsd_s, spectr, spechub, specdec_pp, csd  # noqa: E402, F401
+from . import ar, sd, rrs, rrsw, rsd_c, rsd_s, spectr, spechub, gds, specdec_pp, csd  # noqa: E402, F401
 # isort: on
 
 __all__ = [

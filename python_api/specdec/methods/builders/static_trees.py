@@ -1,5 +1,6 @@
 """Static draft trees (docs/methods.md): SpecInfer RRS with i.i.d. siblings, RRSw and RSD-C with siblings drawn
-without replacement (Gumbel-top-k, whose descending order is the draft order the verifier must consume)."""
+without replacement (Gumbel-top-k, whose descending order is the draft order the verifier must consume), and greedy
+draft sampling (the most likely tokens, then one draw from the rest)."""
 
 from __future__ import annotations
 
@@ -49,4 +50,28 @@ class SWORTreeBuilder(StaticTreeBuilder):
             return tokens, valid, None
         assert logp is not None
         pick = sk.gumbel_topk(logp, k, seed=op_seed(generator), validate=False)
+        return pick.tokens, pick.valid, None
+
+
+class GDSTreeBuilder(StaticTreeBuilder):
+    """gds: a node's children are its draft law's k - 1 most likely tokens and one draw from the others (the last
+    child, which the gds verifier reads as the drawn one); fewer when the law has fewer than k tokens with mass.
+    Greedy: top-k of the raw draft logits."""
+
+    draw = "gds"
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        logp: torch.Tensor | None,
+        counts: torch.Tensor,
+        k: int,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        if greedy:
+            tokens, valid = greedy_topk(logits, k)
+            return tokens, valid, None
+        assert logp is not None
+        pick = sk.gds_sample(logp, k, seed=op_seed(generator), validate=False)
         return pick.tokens, pick.valid, None
