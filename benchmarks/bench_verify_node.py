@@ -26,7 +26,7 @@ def main() -> None:
     z[:, :8] += torch.linspace(14, 6, 8)
     p = torch.softmax(z, -1)
     q = torch.softmax(z + 0.5 * torch.randn(z.shape, generator=g), -1)
-    for method, k in [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 3), ("spechub", 2)]:
+    for method, k in [("sd", 1), ("rrs", 3), ("rrsw", 3), ("kseq", 3), ("spechub", 2), ("gds", 3)]:
         hub = None
         if method in ("sd", "rrs", "kseq"):
             cand = torch.multinomial(p, k, replacement=True, generator=g)
@@ -34,6 +34,9 @@ def main() -> None:
         elif method == "rrsw":
             draw = sk.gumbel_topk(p.log(), k, noise=open_uniform((batch, vocab), 1))
             cand, cand_valid = draw.tokens.clamp_min(0), draw.valid
+        elif method == "gds":
+            pick = sk.gds_sample(p.log(), k, noise=open_uniform((batch, vocab), 1))
+            cand, cand_valid = pick.tokens.clamp_min(0), pick.valid
         else:
             draw = sk.spechub_sample(p.log(), noise=open_uniform((batch, vocab), 1))
             cand, cand_valid, hub = draw.tokens.clamp_min(0), draw.valid, draw.hub

@@ -4,7 +4,7 @@ Cases: the goal shape (8 rows x 32 nodes x 49152 vocab, every method, high and l
 axis at a time around it:
 vocab 32000 / 49152 / 128256, rows 1 / 8 / 64, tree sizes 8 / 16 / 32 / 64 (``--quick``: the goal shape only).
 Trees have exactly N nodes: per method a level-filled template (rrs/rrsw: 4 children at the root then 2, spechub:
-binary, kseq: 4 i.i.d. chains, sd and block: one chain; traversal and traversalw: the rrs and rrsw trees), the last
+binary, kseq: 4 i.i.d. chains, sd and block: one chain; traversal, traversalw and gds: the rrs and rrsw trees), the last
 level cut at N. ``block`` / ``traversal(w)`` (the path verifiers) and ``sd`` / ``rrs(w)`` (token level) judge the
 same trees: their rows compare the verifiers' cost.
 
@@ -24,7 +24,7 @@ from _timing import Recorder, impl, open_uniform, parse_args
 from specdec_kernels.testing.oracles_tree import draw_tree
 
 OP = "verify_tree"
-METHODS = ("rrsw", "rrs", "spechub", "kseq", "sd", "block", "traversalw", "traversal")
+METHODS = ("rrsw", "rrs", "spechub", "kseq", "sd", "block", "traversalw", "traversal", "gds")
 GOAL = (8, 32, 49152)
 
 

@@ -89,6 +89,6 @@ def block_optimum(results: Path) -> str:
         ]
         rows = sorted({(r["draft"], r["temperature"], r["rows"]) for r in run})
         counts = ", ".join(f"{d} T = {float(t):g}: {n}" for d, t, n in rows)
-        title = (f"**{_prompt_set(r0)}**, {r0['new_tokens']} new tokens per prompt; rows (rounds) scored: {counts}")
+        title = f"**{_prompt_set(r0)}**, {r0['new_tokens']} new tokens per prompt; rows (rounds) scored: {counts}"
         out.append(title + "\n\n" + table(head, lines) + "\n\n" + provenance(run, machine="machine", torch="torch"))
     return "\n\n".join(out) + "\n"

@@ -29,8 +29,8 @@ VERIFIERS = ("token", "block", "traversal")
 class MethodSpec:
     """Everything specific to one decoding method.
 
-    * ``verifier``: the node verifier of ``specdec_kernels.verify_tree`` ("sd", "rrs", "rrsw", "kseq", "spechub");
-      None for a method that drafts nothing (``ar``).
+    * ``verifier``: the node verifier of ``specdec_kernels.verify_tree`` ("sd", "rrs", "rrsw", "kseq", "spechub",
+      "gds"); None for a method that drafts nothing (``ar``).
     * ``builder``: the tree-builder class, or any factory ``MethodConfig -> TreeBuilder``; None when nothing is
       drafted.
     * ``label``: the short display label of a config (CLI, benchmarks, statistics), e.g. ``rsd_c(b=2,1)``.
