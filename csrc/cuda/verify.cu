@@ -120,6 +120,22 @@ __device__ void kseq_gamma_row(const float* p, const float* q, int k, int64_t V,
   *beta = be;
 }
 
+// gds: zero the greedy candidates (every valid slot but `last`) in the row, then divide it by its sum; with a
+// fallback, the row becomes the fallback when that sum is numerically zero.
+__device__ void drop_greedy_and_normalize(float* row, const int64_t* cand, const bool* cvalid, int64_t K, int64_t last,
+                                          const float* fallback, int64_t V) {
+  if (threadIdx.x == 0)
+    for (int64_t j = 0; j < K; ++j)
+      if (cvalid[j] && j != last) row[cand[j]] = 0.0f;
+  __syncthreads();
+  float tot = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += row[v];
+  tot = block_sum<float>(tot);
+  const bool use_fallback = fallback != nullptr && !(tot > kZeroMassTol);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) row[v] = use_fallback ? fallback[v] : row[v] / tot;
+  __syncthreads();
+}
+
 // One node: returns the accepted slot (-1 = none); the final residual is left normalized in r.
 __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
                                    const bool* cvalid,     // [K]
@@ -161,15 +177,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
     for (int64_t j = 0; j < K; ++j)
       if (cvalid[j]) last = j;
     copy_row(p, s, V);
-    if (threadIdx.x == 0)
-      for (int64_t j = 0; j < K; ++j)
-        if (cvalid[j] && j != last) s[cand[j]] = 0.0f;
-    __syncthreads();
-    float rest = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) rest += s[v];
-    rest = block_sum<float>(rest);
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) s[v] /= rest;
-    __syncthreads();
+    drop_greedy_and_normalize(s, cand, cvalid, K, last, nullptr, V);
     const int64_t x = cand[last];
     const float den = s[x], num = q[x];
     if (analytic && threadIdx.x == 0) ap[last] = ratio_prob(num, den);
@@ -184,15 +192,7 @@ __device__ int64_t verify_node_row(const int64_t* cand,    // [K] tokens by slot
       left = left - rd;
     }
     __syncthreads();  // every thread has read r before D leaves it
-    if (threadIdx.x == 0)
-      for (int64_t j = 0; j < K; ++j)
-        if (cvalid[j] && j != last) r[cand[j]] = 0.0f;
-    __syncthreads();
-    float tot = 0.0f;
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) tot += r[v];
-    tot = block_sum<float>(tot);
-    for (int64_t v = threadIdx.x; v < V; v += blockDim.x) r[v] = tot > kZeroMassTol ? r[v] / tot : q[v];
-    __syncthreads();
+    drop_greedy_and_normalize(r, cand, cvalid, K, last, q, V);
   } else if (method == kKseq) {
     int n_valid = 0;
     for (int64_t j = 0; j < K; ++j) n_valid += cvalid[j];

@@ -342,6 +342,33 @@ def _node_hub(
 
 
 @triton.jit
+def _drop_greedy_and_normalize(
+    row_ptr, cand_ptr, cvalid_ptr, K, last, fallback_ptr, V, FALLBACK: tl.constexpr, BLOCK_V: tl.constexpr
+):
+    """gds: zero the greedy candidates (every valid slot but ``last``) in the row, then divide it by its sum; with
+    FALLBACK, the row becomes ``fallback`` when that sum is numerically zero."""
+    tl.debug_barrier()  # the row's last full write lands before the single-element stores
+    for j in range(0, K):
+        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
+            tl.store(row_ptr + tl.load(cand_ptr + j), 0.0)
+    tl.debug_barrier()
+    tot = tl.zeros((), tl.float32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        tot += tl.sum(tl.load(row_ptr + offs, mask=offs < V, other=0.0), axis=0)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        m = offs < V
+        r = tl.load(row_ptr + offs, mask=m, other=0.0)
+        if FALLBACK:
+            f = tl.load(fallback_ptr + offs, mask=m, other=0.0).to(tl.float32)
+            tl.store(row_ptr + offs, tl.where(tot > ZERO_MASS_TOL, r / tot, f), mask=m)
+        else:
+            tl.store(row_ptr + offs, r / tot, mask=m)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _node_gds(
     cand_ptr,
     cvalid_ptr,
@@ -368,20 +395,7 @@ def _node_gds(
         if tl.load(cvalid_ptr + j) != 0:
             last = tl.zeros((), tl.int64) + j
     _copy_row(p_ptr, s_ptr, V, BLOCK_V)
-    tl.debug_barrier()
-    for j in range(0, K):
-        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
-            tl.store(s_ptr + tl.load(cand_ptr + j), 0.0)
-    tl.debug_barrier()
-    rest = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        rest += tl.sum(tl.load(s_ptr + offs, mask=offs < V, other=0.0), axis=0)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        m = offs < V
-        tl.store(s_ptr + offs, tl.load(s_ptr + offs, mask=m, other=0.0) / rest, mask=m)
-    tl.debug_barrier()
+    _drop_greedy_and_normalize(s_ptr, cand_ptr, cvalid_ptr, K, last, p_ptr, V, False, BLOCK_V)
     x = tl.load(cand_ptr + last)
     den = tl.load(s_ptr + x)
     num = tl.load(q_ptr + x).to(tl.float32)
@@ -404,20 +418,7 @@ def _node_gds(
                 chosen = tl.zeros((), tl.int64) + j
             left = left - rd
     tl.debug_barrier()
-    for j in range(0, K):
-        if (tl.load(cvalid_ptr + j) != 0) & (j != last):
-            tl.store(r_ptr + tl.load(cand_ptr + j), 0.0)
-    tl.debug_barrier()
-    tot = tl.zeros((), tl.float32)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        tot += tl.sum(tl.load(r_ptr + offs, mask=offs < V, other=0.0), axis=0)
-    for start in range(0, V, BLOCK_V):
-        offs = start + tl.arange(0, BLOCK_V)
-        m = offs < V
-        r = tl.load(r_ptr + offs, mask=m, other=0.0)
-        q = tl.load(q_ptr + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(r_ptr + offs, tl.where(tot > ZERO_MASS_TOL, r / tot, q), mask=m)
+    _drop_greedy_and_normalize(r_ptr, cand_ptr, cvalid_ptr, K, last, q_ptr, V, True, BLOCK_V)
     return chosen
 
 
