@@ -60,8 +60,13 @@ def _gds_chain(cand: Sequence[int], p: np.ndarray, q: np.ndarray) -> Chain:
     """Greedy draft sampling: rejection sampling with each candidate's own draft law, the sampled one (last slot,
     drawn from p without the others) first, then the others as draws that were certain (point masses)."""
     *det, x = cand
-    point = np.eye(len(p))
-    tests, fin = _rejection_chain([(len(det), x, _swor_law(p, det))] + [(j, d, point[d]) for j, d in enumerate(det)], q)
+
+    def point(d: int) -> np.ndarray:
+        one = np.zeros_like(p)
+        one[d] = 1.0
+        return one
+
+    tests, fin = _rejection_chain([(len(det), x, _swor_law(p, det))] + [(j, d, point(d)) for j, d in enumerate(det)], q)
     off = np.ones(len(p), dtype=bool)
     off[det] = False
     # never reached when nothing is left outside D; the op then samples q
