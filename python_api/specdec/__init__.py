@@ -22,7 +22,7 @@ from typing import Any
 from specdec_kernels import __version__
 
 from . import errors, methods
-from .decoder import GenerationOutput, SpecDecPPDecoder, SpeculativeDecoder, custom_generate, generate
+from .decoder import SpeculativeDecoder
 from .drafters import (
     Drafter,
     DraftLogits,
@@ -33,10 +33,12 @@ from .drafters import (
     max_gram_proposal,
 )
 from .drafters.cascade import CascadeDrafter
+from .edge import GenerationOutput
 from .methods import MethodConfig, make_method
 from .methods.builders.auto import calibrate
 from .metrics import GenerationStats
 from .models import SUPPORTED_ATTENTION, SUPPORTED_MODEL_TYPES, HFCausalLM, KVState, int8_weights
+from .oneshot import SpecDecPPDecoder, custom_generate, generate
 from .sampling import SamplingConfig
 from .tree import DraftTree
 

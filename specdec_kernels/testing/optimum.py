@@ -6,7 +6,7 @@ a max-flow from tuples to tokens) is the min-cut
 
     alpha*(Q, q) = min over token sets H of  q(H) + 1 - P_Q(every drafted token lies in H),
 
-which :func:`specdec_kernels.testing.oracles.otm_acceptance` enumerates over all 2^V sets (V <= 16). Here the
+which :func:`otm_acceptance` enumerates over all 2^V sets (V <= 16). Here the
 minimum is found among the V + 1 sets H_m = {the m tokens of smallest q / p} (tokens with p = 0 last):
 
 * i.i.d. drafts (rrs, kseq): P_Q(inside H) = p(H)^n is a convex function f of p(H), so with s = p(H*) at an optimal
@@ -28,15 +28,46 @@ from .oracles import (
     SWOR_MASS_EPS,
     as_law,
     gds_acceptance,
+    hub_joint,
+    iid_joint,
     kseq_acceptance,
     normalize,
     rrs_acceptance,
     spechub_acceptance,
+    swor_law,
 )
 
 #: draft processes with an optimum here, and the verifiers that verify their drafts
 PROCESSES = ("iid", "swor", "hub", "gds")
 PROCESS_OF = {"sd": "iid", "rrs": "iid", "kseq": "iid", "rrsw": "swor", "spechub": "hub", "gds": "gds"}
+
+
+def otm_acceptance(joint: dict[tuple[int, ...], float], q: np.ndarray) -> float:
+    """alpha*(Q, q) = min over token sets T of q(T) + 1 - Q(tuples inside T); V <= 16."""
+    q = as_law(q)
+    v = len(q)
+    if v > 16:
+        raise ValueError(f"OTM enumerates 2^V token sets; V = {v} is too large")
+    sets = np.arange(1 << v, dtype=np.int64)
+    bits = (sets[:, None] >> np.arange(v)) & 1
+    q_t = bits @ q
+    masks = np.array([sum(1 << x for x in set(t)) for t in joint], dtype=np.int64)
+    w = np.array(list(joint.values()))
+    inside = ((masks[None, :] & ~sets[:, None]) == 0) @ w
+    return float((q_t + 1.0 - inside).min())
+
+
+def otm_iid(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    return otm_acceptance(iid_joint(p, k), q)
+
+
+def otm_swor(p: np.ndarray, q: np.ndarray, k: int = 2) -> float:
+    """OTMw: the OTM optimum for drafts without replacement (for K = 2: Q(i, j) = p(i) p(j) / (1 - p(i)))."""
+    return otm_acceptance(swor_law(p, k), q)
+
+
+def otm_hub(p: np.ndarray, q: np.ndarray) -> float:
+    return otm_acceptance(hub_joint(p), q)
 
 
 def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:

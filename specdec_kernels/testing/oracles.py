@@ -1,12 +1,10 @@
 """Independent float64 NumPy oracles for the node-level ops (docs/methods.md, docs/exactness.md).
 
-Written independently of ``specdec_kernels.reference``, so that the tests compare two implementations.
-Contents:
+Written independently of ``specdec_kernels.reference``, so that the tests compare two implementations. Contents:
 
-* closed-form acceptance probabilities of every node verifier and the OTM optimum by enumeration over
-  token sets;
-* exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR) and SpecHub's hub pairs,
-  and the sequence-level SWOR law used by the stochastic-beam-search oracle;
+* closed-form acceptance probabilities of every node verifier (each draft process's optimum: ``testing.optimum``);
+* exact drafting laws: i.i.d. tuples, sampling without replacement (SWOR), SpecHub's hub pairs and greedy draft
+  sampling, and the sequence-level SWOR law used by the stochastic-beam-search oracle;
 * the node test chains of every verifier live in ``testing.chains`` (``node_chain``, :class:`ChainVerifier`,
   ``oracle_verifier``), derived from the definitions by another route than the reference's;
 * the exact-enumeration harness (:func:`enumerate_node`, docs/exactness.md), which feeds every candidate tuple with
@@ -213,8 +211,7 @@ def gds_split(p: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gds_acceptance(p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
-    """Every tuple holds D, and the verifier reaches the optimum q(D) + sum_{x not in D} min(q(x), p'(x)): slot j < |D|
-    is accepted exactly when the output is D's j-th token (rate q(d_j)), the sampled slot at rate sum min(q, p')."""
+    """The optimum q(D) + sum_{x not in D} min(q(x), p'(x)): slot j < |D| at rate q(d_j), the draw sum min(q, p')."""
     top, sampled = gds_split(p, k)
     off = np.ones(len(q), dtype=bool)
     off[top] = False
@@ -248,7 +245,7 @@ def acceptance(method: str, p: np.ndarray, q: np.ndarray, k: int) -> Acceptance:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Drafting laws and OTM
+# Drafting laws
 
 
 def _weights(logp: np.ndarray) -> np.ndarray:
@@ -333,34 +330,6 @@ def hub_joint(p: np.ndarray) -> dict[tuple[int, ...], float]:
     """SpecHub's draft pairs as the sampler draws them from the law ``p``: for i != a, Q(i, a) = p(i) and
     Q(a, i) = p(a) p(i) / p(not a), read off the enumerated draft process (:func:`draft_law`)."""
     return draft_law("spechub", _log(as_law(p)), 2)
-
-
-def otm_acceptance(joint: dict[tuple[int, ...], float], q: np.ndarray) -> float:
-    """alpha*(Q, q) = min over token sets T of q(T) + 1 - Q(tuples inside T); V <= 16."""
-    q = as_law(q)
-    v = len(q)
-    if v > 16:
-        raise ValueError(f"OTM enumerates 2^V token sets; V = {v} is too large")
-    sets = np.arange(1 << v, dtype=np.int64)
-    bits = (sets[:, None] >> np.arange(v)) & 1
-    q_t = bits @ q
-    masks = np.array([sum(1 << x for x in set(t)) for t in joint], dtype=np.int64)
-    w = np.array(list(joint.values()))
-    inside = ((masks[None, :] & ~sets[:, None]) == 0) @ w
-    return float((q_t + 1.0 - inside).min())
-
-
-def otm_iid(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    return otm_acceptance(iid_joint(p, k), q)
-
-
-def otm_swor(p: np.ndarray, q: np.ndarray, k: int = 2) -> float:
-    """OTMw: the OTM optimum for drafts without replacement (for K = 2: Q(i, j) = p(i) p(j) / (1 - p(i)))."""
-    return otm_acceptance(swor_law(p, k), q)
-
-
-def otm_hub(p: np.ndarray, q: np.ndarray) -> float:
-    return otm_acceptance(hub_joint(p), q)
 
 
 @dataclass(frozen=True)

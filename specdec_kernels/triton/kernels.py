@@ -51,10 +51,9 @@ from .node import (  # noqa: F401
     _ratio_prob,
     _remove_and_renormalize,
     _residual_inplace,
-    _verify_node_kernel,
     _verify_node_row,
-    verify_node,
 )
+from .paths import _verify_block_kernel, _verify_traversal_kernel  # noqa: F401
 from .sampling import (  # noqa: F401
     _gumbel_topk_kernel,
     _order_key,
@@ -76,11 +75,11 @@ from .tree import (  # noqa: F401
 )
 from .verify import (  # noqa: F401
     _emission_law_kernel,
-    _verify_block_kernel,
     _verify_chain_kernel,
-    _verify_traversal_kernel,
+    _verify_node_kernel,
     _verify_tree_kernel,
     emission_law,
     verify_chain,
+    verify_node,
     verify_tree,
 )

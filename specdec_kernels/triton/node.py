@@ -1,24 +1,18 @@
-"""Backend "triton": the kernels and launchers of verify_node and the node verifiers verify_tree shares.
+"""Backend "triton": the node verifiers that verify_node and verify_tree share (their launchers: ``verify.py``).
 
 As the C++ and CUDA sources group them; what every kernel shares is in ``common.py``.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from .common import (
     ACCEPT,
-    FINAL,
     ZERO_MASS_TOL,
     ZERO_MASS_TOL_F64,
-    _argmax_chunked,
-    _block,
     _noise_at,
-    _seed_args,
-    _verify_noise,
 )
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -526,105 +520,3 @@ def _verify_node_row(
             BLOCK_V,
         )
     return chosen
-
-
-@triton.jit(do_not_specialize=["seed_lo", "seed_hi"])
-def _verify_node_kernel(
-    cand_ptr,  # [B, K] int64
-    cvalid_ptr,  # [B, K] int8
-    p_ptr,  # [B, V] fp32
-    q_ptr,  # [B, V] fp32
-    u_ptr,  # [B, K] fp64 (unused when RNG)
-    fin_ptr,  # [B, V] fp64 (unused when RNG)
-    hub_ptr,  # [B] int64
-    r_ptr,  # [B, V] fp32 scratch -> final residual
-    s_ptr,  # [B, V] fp32 scratch
-    ap_ptr,  # [B, K] fp32
-    slot_ptr,  # [B] int64
-    tok_ptr,  # [B] int64
-    K,
-    V,
-    seed_lo,
-    seed_hi,
-    METHOD: tl.constexpr,
-    ANALYTIC: tl.constexpr,
-    RNG: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    b = tl.program_id(0).to(tl.int64)
-    hub = tl.load(hub_ptr + b)
-    chosen = _verify_node_row(
-        cand_ptr + b * K,
-        cvalid_ptr + b * K,
-        K,
-        p_ptr + b * V,
-        q_ptr + b * V,
-        u_ptr + b * K,
-        b,
-        seed_lo,
-        seed_hi,
-        hub,
-        r_ptr + b * V,
-        s_ptr + b * V,
-        ap_ptr + b * K,
-        V,
-        METHOD,
-        ANALYTIC,
-        RNG,
-        BLOCK_V,
-    )
-    if chosen >= 0:
-        tok = tl.load(cand_ptr + b * K + chosen)
-    else:
-        tok = _argmax_chunked(r_ptr + b * V, fin_ptr + b * V, b, seed_lo, seed_hi, V, True, False, FINAL, RNG, BLOCK_V)
-    tl.store(slot_ptr + b, chosen)
-    tl.store(tok_ptr + b, tok)
-
-
-def verify_node(
-    method: str,
-    cand: torch.Tensor,
-    cand_valid: torch.Tensor,
-    p: torch.Tensor,
-    q: torch.Tensor,
-    accept_u: torch.Tensor | None,
-    final_noise: torch.Tensor | None,
-    hub: torch.Tensor | None,
-    analytic: bool,
-    seed: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    batch, k = cand.shape
-    vocab = p.shape[-1]
-    dev = p.device
-    rng, accept_u, final_noise = _verify_noise(accept_u, final_noise, seed, (batch, k), (batch, vocab), dev)
-    r = torch.empty((batch, vocab), dtype=torch.float32, device=dev)
-    s = torch.empty((batch, vocab), dtype=torch.float32, device=dev) if method in ("rrsw", "gds") else r
-    ap = torch.zeros((batch, k), dtype=torch.float32, device=dev)
-    slot = torch.empty(batch, dtype=torch.long, device=dev)
-    tok = torch.empty(batch, dtype=torch.long, device=dev)
-    hub_t = torch.zeros(batch, dtype=torch.long, device=dev) if hub is None else hub.long().contiguous()
-    if batch:
-        _verify_node_kernel[(batch,)](
-            cand.long().contiguous(),
-            cand_valid.to(torch.int8).contiguous(),
-            p.float().contiguous(),
-            q.float().contiguous(),
-            accept_u,
-            final_noise,
-            hub_t,
-            r,
-            s,
-            ap,
-            slot,
-            tok,
-            k,
-            vocab,
-            *_seed_args(seed),
-            METHOD=METHOD_CODE[method],
-            ANALYTIC=bool(analytic),
-            RNG=rng,
-            BLOCK_V=_block(vocab),
-        )
-    if not analytic:
-        return slot, tok, None, None
-    return slot, tok, ap, r

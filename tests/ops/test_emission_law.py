@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specdec_kernels import available_backends, emission_law, verify_chain
-from specdec_kernels.testing import toy
+from specdec_kernels.testing import toy, toy_grown
 from specdec_kernels.testing.cascade import ToyCascade, emission_law_np, first_tokens_law
 from specdec_kernels.testing.stats import law_check
 
@@ -184,11 +184,13 @@ def test_cascade_handing_up_the_reviewer_row_is_biased_at_leniency_2(case) -> No
 
 
 def test_toy_cascade_loop_keeps_the_target_law() -> None:
-    """The two-level cascade run as a loop of the public ops (toy.cascade, l = 2, Monte Carlo N = 20000) follows
+    """The two-level cascade run as a loop of the public ops (toy_grown.cascade, l = 2, Monte Carlo N = 20000) follows
     the target's law of the first two tokens; the same loop handing up the reviewer's rows fails (p < 1e-12)."""
-    check = toy.check_first_tokens(toy.SPEC_TOY, toy.cascade(2, 2, 2.0), 20_000, seed=3, max_tv=0.03)
+    check = toy.check_first_tokens(toy.SPEC_TOY, toy_grown.cascade(2, 2, 2.0), 20_000, seed=3, max_tv=0.03)
     assert check.ok, check
-    wrong = toy.check_first_tokens(toy.SPEC_TOY, toy.cascade(2, 2, 2.0, reviewer_row=True), 20_000, seed=3, max_tv=0.03)
+    wrong = toy.check_first_tokens(
+        toy.SPEC_TOY, toy_grown.cascade(2, 2, 2.0, reviewer_row=True), 20_000, seed=3, max_tv=0.03
+    )
     assert not wrong.ok and wrong.p_value < 1e-12, wrong
 
 
@@ -196,7 +198,7 @@ def test_toy_cascade_loop_greedy_is_target_greedy() -> None:
     model = toy.random_toy(12, seed=5)
     start = torch.arange(12).repeat(2)
     for leniency in (1.0, 2.0):
-        run = toy.generate(model, toy.cascade(3, 3, leniency, greedy=True), len(start), seed=0, n_tokens=20,
+        run = toy.generate(model, toy_grown.cascade(3, 3, leniency, greedy=True), len(start), seed=0, n_tokens=20,
                            start=start)  # fmt: skip
         assert (run.tokens == toy.target_greedy(model, start, 20)).all()
 

@@ -1,5 +1,5 @@
 """The large-V optimum and acceptance oracles (``specdec_kernels.testing.optimum``) against the enumeration over all
-2^V token sets (``oracles.otm_acceptance``) and the recursive closed forms at small V."""
+2^V token sets (``optimum.otm_acceptance``) and the recursive closed forms at small V."""
 
 from __future__ import annotations
 
@@ -40,20 +40,20 @@ def test_iid_optimum_equals_the_enumerated_cut(seed):
         for n in (1, 2, 3):
             if n == 3 and len(p) > 6:
                 continue
-            assert abs(O.optimum("iid", p, q, n) - R.otm_iid(p, q, n)) <= EXACT, (p, q, n)
+            assert abs(O.optimum("iid", p, q, n) - O.otm_iid(p, q, n)) <= EXACT, (p, q, n)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_swor_optimum_equals_the_enumerated_cut(seed):
     for p, q in _instances(10 + seed, 300, 9):
-        assert abs(O.optimum("swor", p, q, 2) - R.otm_swor(p, q, 2)) <= EXACT, (p, q)
+        assert abs(O.optimum("swor", p, q, 2) - O.otm_swor(p, q, 2)) <= EXACT, (p, q)
 
 
 def test_hub_and_gds_optima_equal_the_enumerated_cut():
     for p, q in _instances(20, 300, 8):
-        assert abs(O.optimum("hub", p, q, 2) - R.otm_hub(p, q)) <= EXACT, (p, q)
+        assert abs(O.optimum("hub", p, q, 2) - O.otm_hub(p, q)) <= EXACT, (p, q)
         for n in (1, 2, 3, 4):
-            want = R.otm_acceptance(gds_joint(p, n), q)
+            want = O.otm_acceptance(gds_joint(p, n), q)
             assert abs(O.optimum("gds", p, q, n) - want) <= EXACT, (p, q, n)
 
 
@@ -81,7 +81,7 @@ def test_the_ratio_order_matters():
         ph = np.concatenate([[0.0], np.cumsum(p[order])])
         qh = np.concatenate([[0.0], np.cumsum(q[order])])
         wrong = float(min(1.0, (qh + 1.0 - ph**2).min()))
-        misses += wrong > R.otm_iid(p, q, 2) + 1e-6
+        misses += wrong > O.otm_iid(p, q, 2) + 1e-6
     assert misses > 20
 
 

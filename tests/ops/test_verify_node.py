@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from specdec_kernels import BackendUnavailableError, available_backends, kseq_gamma, process_logits, verify_node
 from specdec_kernels.testing import chains as C
+from specdec_kernels.testing import optimum as OPT
 from specdec_kernels.testing import oracles as O
 from specdec_kernels.testing import wrong as W
 from specdec_kernels.testing.stats import LawCheck, law_check, rate_tolerance
@@ -176,8 +177,8 @@ def test_golden_per_slot_rates(backend, method, k, inst):
 def test_golden_otm(inst):
     p, q = GOLDEN[inst]
     otm_iid, otm_w = GOLDEN_OTM[inst]
-    assert abs(O.otm_iid(p, q, 2) - otm_iid) <= EXACT
-    assert abs(O.otm_swor(p, q, 2) - otm_w) <= EXACT
+    assert abs(OPT.otm_iid(p, q, 2) - otm_iid) <= EXACT
+    assert abs(OPT.otm_swor(p, q, 2) - otm_w) <= EXACT
     # The closed form of OTM_iid over token sets equals the LP-style enumeration over the joint.
     sets = [np.array([(t >> i) & 1 for i in range(len(p))], dtype=bool) for t in range(1 << len(p))]
     direct = min(q[s].sum() + 1.0 - p[s].sum() ** 2 for s in sets)
@@ -265,7 +266,7 @@ def test_bernoulli_table(backend, row):
         assert res.max_error(q) <= EXACT, method
     g, _ = kseq_gamma(torch.tensor(p)[None], torch.tensor(q)[None], 2)
     assert abs(float(g) - gamma) <= 1e-4
-    assert abs(O.otm_iid(p, q, 2) - otm) <= 1e-4
+    assert abs(OPT.otm_iid(p, q, 2) - otm) <= 1e-4
 
 
 @pytest.mark.parametrize("pb", [0.0, 0.05, 0.3, 0.5, 0.95, 1.0])
@@ -286,7 +287,7 @@ def test_bernoulli_closed_forms(pb, qb):
         res = O.enumerate_node(method, p, q, k)
         assert abs(res.accept - value) <= EXACT, method
         assert res.max_error(q) <= EXACT, method
-    assert abs(O.otm_iid(p, q, 2) - min(1, 1 + qb - pb**2, 2 - qb - (1 - pb) ** 2)) <= EXACT
+    assert abs(OPT.otm_iid(p, q, 2) - min(1, 1 + qb - pb**2, 2 - qb - (1 - pb) ** 2)) <= EXACT
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -299,12 +300,12 @@ def test_invariants(seed):
         acc = {(m, k): O.enumerate_node(m, p, q, k).accept for m, k in METHOD_K}
         sd = acc[("sd", 1)]
         for k in (2, 3):
-            otm = O.otm_iid(p, q, k)
+            otm = OPT.otm_iid(p, q, k)
             assert otm >= acc[("rrs", k)] - 1e-12
             assert otm >= acc[("kseq", k)] - 1e-12
             assert acc[("rrs", k)] >= sd - 1e-12 and acc[("rrsw", k)] >= sd - 1e-12
-        assert O.otm_swor(p, q, 2) >= acc[("rrsw", 2)] - 1e-12
-        assert abs(O.otm_hub(p, q) - acc[("spechub", 2)]) <= EXACT
+        assert OPT.otm_swor(p, q, 2) >= acc[("rrsw", 2)] - 1e-12
+        assert abs(OPT.otm_hub(p, q) - acc[("spechub", 2)]) <= EXACT
         assert acc[("spechub", 2)] >= sd - 1e-12
         assert all(a <= 1 + 1e-12 for a in acc.values())
         # K = 1 of every family is plain speculative sampling.

@@ -24,7 +24,7 @@ from specdec.methods import MethodConfig, MethodSpec, make_method, tree_label
 from specdec.methods.builders import SWORTreeBuilder
 from tiny_models import left_pad, noisy_copy, reference_greedy, tiny_llama
 
-from specdec_kernels.testing import toy
+from specdec_kernels.testing import toy, toy_grown
 from specdec_kernels.testing.stats import LawCheck
 
 BUILT_IN = ("ar", "sd", "rrs", "rrsw", "rsd_c", "rsd_s", "spectr", "spechub", "gds", "specdec_pp", "csd")
@@ -112,10 +112,10 @@ def toy_decoder(config: MethodConfig, *, greedy: bool = False) -> toy.Decoder:
     assert spec.verifier is not None and draw is not None, f"{config.method}: no toy loop for builder {spec.builder}"
     if draw == "beam":
         assert config.beam_width is not None and config.draft_length is not None
-        return toy.beam(config.beam_width, config.draft_length, verifier=spec.verifier, greedy=greedy)
+        return toy_grown.beam(config.beam_width, config.draft_length, verifier=spec.verifier, greedy=greedy)
     if draw == "cascade":  # the target reviews a chain: the block of a draft reviewing a proposer (leniency 2)
         assert spec.verifier == "sd"
-        return toy.cascade(2, 2, 2.0, greedy=greedy)
+        return toy_grown.cascade(2, 2, 2.0, greedy=greedy)
     assert draw in toy.DRAWS and config.parents is not None
     return toy.tree(config.parents, draw=draw, verifier=spec.verifier, greedy=greedy)
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from specdec_kernels import available_backends, binary_tree_parents, branching_parents, kseq_chain_parents
-from specdec_kernels.testing import toy
+from specdec_kernels.testing import toy, toy_grown
 
 SEQUOIA = [-1, 0, 0, 0, 1, 1, 2, 4]  # irregular static tree: 3, 2, 1 children at depth <= 1, depth 3
 ROOT3 = [-1, 0, 0, 0]  # one level, three siblings
@@ -53,8 +53,8 @@ EXACT = [
     pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 20_000, id="spec-rrsw-sequoia"),
     pytest.param(toy.SPEC_TOY, toy.tree(B21, draw="swor", verifier="rrsw"), 20_000, id="spec-rsd_c-2-1"),
     pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="swor", verifier="rrsw"), 20_000, id="spec-rsd_c-2-2"),
-    pytest.param(toy.SPEC_TOY, toy.beam(2, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W2-L2"),
-    pytest.param(toy.SPEC_TOY, toy.beam(3, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy_grown.beam(2, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy_grown.beam(3, 2, verifier="rrsw"), 20_000, id="spec-rsd_s-W3-L2"),
     pytest.param(toy.SPEC_TOY, toy.tree(K32, draw="iid", verifier="kseq"), 8_000, id="spec-spectr-3x2"),
     pytest.param(
         toy.SPEC_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 12_000, id="spec-spechub-binary3"
@@ -62,7 +62,7 @@ EXACT = [
     # Zeros in p and q: missing candidates, point-mass draft rows, drafted tokens with q = 0 -> ragged batches.
     pytest.param(toy.RAGGED_TOY, toy.chain(3, ragged=True), 10_000, id="ragged-sd-ragged-lengths"),
     pytest.param(toy.RAGGED_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 10_000, id="ragged-rrsw-sequoia"),
-    pytest.param(toy.RAGGED_TOY, toy.beam(3, 2, verifier="rrsw"), 10_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(toy.RAGGED_TOY, toy_grown.beam(3, 2, verifier="rrsw"), 10_000, id="ragged-rsd_s-W3-L2"),
     pytest.param(
         toy.RAGGED_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 10_000, id="ragged-spechub-binary3"
     ),
@@ -112,15 +112,15 @@ SLOW = [
     pytest.param(toy.SPEC_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 200_000, id="spec-rrsw-sequoia"),
     pytest.param(toy.SPEC_TOY, toy.tree(B21, draw="swor", verifier="rrsw"), 200_000, id="spec-rsd_c-2-1"),
     pytest.param(toy.SPEC_TOY, toy.tree(B22, draw="swor", verifier="rrsw"), 200_000, id="spec-rsd_c-2-2"),
-    pytest.param(toy.SPEC_TOY, toy.beam(2, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W2-L2"),
-    pytest.param(toy.SPEC_TOY, toy.beam(3, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W3-L2"),
+    pytest.param(toy.SPEC_TOY, toy_grown.beam(2, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W2-L2"),
+    pytest.param(toy.SPEC_TOY, toy_grown.beam(3, 2, verifier="rrsw"), 200_000, id="spec-rsd_s-W3-L2"),
     pytest.param(toy.SPEC_TOY, toy.tree(K32, draw="iid", verifier="kseq"), 200_000, id="spec-spectr-3x2"),
     pytest.param(
         toy.SPEC_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 200_000, id="spec-spechub-binary3"
     ),
     pytest.param(toy.RAGGED_TOY, toy.chain(4, ragged=True), 200_000, id="ragged-sd-ragged-lengths"),
     pytest.param(toy.RAGGED_TOY, toy.tree(SEQUOIA, draw="swor", verifier="rrsw"), 200_000, id="ragged-rrsw-sequoia"),
-    pytest.param(toy.RAGGED_TOY, toy.beam(3, 2, verifier="rrsw"), 200_000, id="ragged-rsd_s-W3-L2"),
+    pytest.param(toy.RAGGED_TOY, toy_grown.beam(3, 2, verifier="rrsw"), 200_000, id="ragged-rsd_s-W3-L2"),
     pytest.param(
         toy.RAGGED_TOY, toy.tree(BINARY3, draw="spechub", verifier="spechub"), 200_000, id="ragged-spechub-binary3"
     ),
@@ -138,15 +138,15 @@ def test_first_two_tokens_follow_target_slow(model: toy.ToyModel, decoder: toy.D
 @pytest.mark.parametrize("width", [2, 3])
 def test_untruncated_beam_selection_keeps_output_exact(width: int) -> None:
     """Not a negative control: selecting the beam by untruncated scores biases the beam's sequence law but
-    not the verified output (see toy.beam_untruncated); 200k generations agree with the exact law."""
-    assert_exact(toy.SPEC_TOY, toy.beam_untruncated(width, 2, verifier="rrsw"), 200_000, seed=5)
+    not the verified output (see toy_grown.beam_untruncated); 200k generations agree with the exact law."""
+    assert_exact(toy.SPEC_TOY, toy_grown.beam_untruncated(width, 2, verifier="rrsw"), 200_000, seed=5)
 
 
 NEGATIVE = [
     pytest.param(toy.PEAKED_TOY, toy.wrong_skip_duplicates(ROOT3), 10_000, id="rrs-skip-duplicates"),
     pytest.param(toy.PEAKED_TOY, toy.wrong_unrenormalized(ROOT2), 10_000, id="rrsw-unrenormalized-p"),
     pytest.param(toy.SPEC_TOY, toy.wrong_token_order(B22, draw="swor", verifier="rrsw"), 5_000, id="rsd_c-token-order"),
-    pytest.param(toy.SPEC_TOY, toy.wrong_beam_token_order(2, 2, verifier="rrsw"), 5_000, id="rsd_s-token-order"),
+    pytest.param(toy.SPEC_TOY, toy_grown.wrong_beam_token_order(2, 2, verifier="rrsw"), 5_000, id="rsd_s-token-order"),
     pytest.param(
         toy.SPEC_TOY,
         toy.wrong_token_order(BINARY3, draw="spechub", verifier="spechub"),
@@ -179,7 +179,7 @@ GREEDY = [
     toy.tree(SEQUOIA, draw="iid", verifier="rrs", greedy=True),
     toy.tree(SEQUOIA, draw="swor", verifier="rrsw", greedy=True),
     toy.tree(branching_parents([3, 2, 1]), draw="swor", verifier="rrsw", greedy=True),
-    toy.beam(3, 3, verifier="rrsw", greedy=True),
+    toy_grown.beam(3, 3, verifier="rrsw", greedy=True),
     toy.tree(kseq_chain_parents(3, 3), draw="iid", verifier="kseq", greedy=True),
     toy.tree(binary_tree_parents(4), draw="spechub", verifier="spechub", greedy=True),
 ]
@@ -233,7 +233,7 @@ def test_spec_toy_law_matches_spec_table() -> None:
 
 
 def test_generate_is_reproducible_by_seed() -> None:
-    dec = toy.beam(2, 2, verifier="rrsw")
+    dec = toy_grown.beam(2, 2, verifier="rrsw")
     a = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
     b = toy.generate(toy.SPEC_TOY, dec, 400, seed=3)
     c = toy.generate(toy.SPEC_TOY, dec, 400, seed=4)
