@@ -324,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"children per level for {_taking('branching')}, or 'auto': trees chosen per round for the machine "
         f"(methods {', '.join(m for m in registry.available() if registry.get(m).auto_builder is not None)}; the "
-        "others keep their default); default: each method's own (auto for all of these)",
+        "others keep their default); default: each method's own (auto where a method takes it)",
     )
     demo.add_argument(
         "--verifier",
