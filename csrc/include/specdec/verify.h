@@ -679,13 +679,35 @@ int64_t node_walk(Method method, const int64_t* cand, int64_t n_cand, const S* p
       *fin = r;
       return -1;
     }
-    case Method::kGDS: {  // every test needs the draw's normaliser, one pass over p
-      const S* r = node_chain(method, cand, n_cand, p, q, hub, vocab, w);
-      for (const NodeTest<S>& t : w.tests) {
-        if (t.slot >= ku) return -2;
-        if (pass(t.slot, t.den, t.num)) return t.slot;
+    case Method::kGDS: {
+      // node_chain's tests without its rows: the draw's test needs the tail's sum (one pass over p), the greedy
+      // tokens' tests the residual's mass (one pass over p and q); the residual itself only when every test failed.
+      const int64_t n_det = n_cand - 1, x = cand[n_det];
+      if (n_det >= ku) return -2;
+      double rest = sum_row(p, vocab);
+      for (int64_t j = 0; j < n_det; ++j) rest -= static_cast<double>(p[cand[j]]);
+      const S rest_s = static_cast<S>(rest);
+      if (pass(n_det, static_cast<double>(p[x] / rest_s), static_cast<double>(q[x]))) return n_det;
+      double tot = 0.0;
+#pragma omp simd reduction(+ : tot)
+      for (int64_t v = 0; v < vocab; ++v) {
+        const S m = q[v] - p[v] / rest_s;
+        tot += static_cast<double>(m > S(0) ? m : S(0));
       }
-      *fin = r;
+      for (int64_t j = 0; j < n_det; ++j) {  // s is 0 on D: the residual's numerator there is q itself
+        const S m = q[cand[j]] - p[cand[j]] / rest_s;
+        tot += static_cast<double>(q[cand[j]]) - static_cast<double>(m > S(0) ? m : S(0));
+      }
+      const S tot_s = static_cast<S>(tot);
+      const bool keep_q = tot_s <= static_cast<S>(zero_mass_tol<S>());  // residual_row's zero-mass rule
+      S left = S(1);
+      for (int64_t j = 0; j < n_det; ++j) {
+        if (j >= ku) return -2;
+        const S rd = keep_q ? q[cand[j]] : q[cand[j]] / tot_s;
+        if (pass(j, static_cast<double>(left), static_cast<double>(rd))) return j;
+        left = left - rd;
+      }
+      *fin = node_chain(method, cand, n_cand, p, q, hub, vocab, w);
       return -1;
     }
     default:
