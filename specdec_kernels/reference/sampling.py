@@ -164,8 +164,23 @@ def gds_top(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, tor
     past the n_top kept), n_top [...] and logp with them removed (-inf), the law of the sampled draft."""
     support = (logp > -math.inf).sum(dim=-1)
     n_top = torch.clamp(torch.clamp(support - 1, min=0), max=k - 1)
-    top = torch.sort(logp, dim=-1, descending=True, stable=True).indices[..., : k - 1]
+    top = _first_by_stable_sort(logp, k - 1)
     kept = torch.arange(k - 1, device=logp.device) < n_top[..., None]
     drawn = torch.zeros(logp.shape, dtype=torch.bool, device=logp.device)
     drawn.scatter_(-1, top, kept)
     return torch.where(kept, top, -1), n_top, logp.masked_fill(drawn, -math.inf)
+
+
+def _first_by_stable_sort(logp: torch.Tensor, m: int) -> torch.Tensor:
+    """The first ``m`` indices of a stable descending sort of each row (ties to the lower id), without sorting V:
+    the entries above the m-th largest value, then the lowest ids of those equal to it, ordered by value."""
+    lead = logp.shape[:-1]
+    if m == 0:
+        return torch.empty((*lead, 0), dtype=torch.long, device=logp.device)
+    kth = torch.topk(logp, m, dim=-1).values[..., -1:]
+    above = logp > kth
+    tied = logp == kth
+    chosen = above | (tied & (torch.cumsum(tied, dim=-1) <= m - above.sum(dim=-1, keepdim=True)))
+    ids = chosen.reshape(-1, logp.shape[-1]).nonzero()[:, 1].reshape(*lead, m)  # ascending ids per row
+    order = torch.sort(logp.gather(-1, ids), dim=-1, descending=True, stable=True).indices
+    return ids.gather(-1, order)
