@@ -174,13 +174,14 @@ def gds_top(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, tor
 def _first_by_stable_sort(logp: torch.Tensor, m: int) -> torch.Tensor:
     """The first ``m`` indices of a stable descending sort of each row (ties to the lower id), without sorting V:
     the entries above the m-th largest value, then the lowest ids of those equal to it, ordered by value."""
-    lead = logp.shape[:-1]
     if m == 0:
-        return torch.empty((*lead, 0), dtype=torch.long, device=logp.device)
+        return torch.empty((*logp.shape[:-1], 0), dtype=torch.long, device=logp.device)
     kth = torch.topk(logp, m, dim=-1).values[..., -1:]
     above = logp > kth
     tied = logp == kth
     chosen = above | (tied & (torch.cumsum(tied, dim=-1) <= m - above.sum(dim=-1, keepdim=True)))
-    ids = chosen.reshape(-1, logp.shape[-1]).nonzero()[:, 1].reshape(*lead, m)  # ascending ids per row
+    # the m chosen ids in ascending order, by a top-k over V - id (nonzero would sync a GPU)
+    rank = logp.shape[-1] - torch.arange(logp.shape[-1], device=logp.device)
+    ids = torch.topk(torch.where(chosen, rank, 0), m, dim=-1).indices
     order = torch.sort(logp.gather(-1, ids), dim=-1, descending=True, stable=True).indices
     return ids.gather(-1, order)

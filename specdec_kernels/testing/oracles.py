@@ -306,12 +306,9 @@ def draft_law(method: str, logp: Sequence[float] | np.ndarray | torch.Tensor, k:
             out[t] = out.get(t, 0.0) + prob
         return out
     if method == "gds":
-        # the op's order: the most likely tokens by logp (ties to the lower id), then a draw over what is left
-        top = np.argsort(-lp, kind="stable")[: max(0, min(k - 1, int((w > 0).sum()) - 1))]
-        rest = w.copy()
-        rest[top] = 0.0
+        top, drawn = gds_split(w, k)
         head = tuple(int(x) for x in top)
-        return {(*head, int(x)): float(rest[x] / rest.sum()) for x in np.flatnonzero(rest > 0)}
+        return {(*head, int(x)): float(drawn[x]) for x in np.flatnonzero(drawn > 0)}
     raise ValueError(f"unknown method {method!r}")
 
 

@@ -129,7 +129,7 @@ def test_sampler_small_support_and_ties():
     assert single.valid.tolist() == [[True]]
 
 
-def test_seeded_sampler_is_reproducible_and_follows_sample_categorical():
+def test_seeded_sampler_is_reproducible_and_never_draws_a_greedy_token():
     logp = torch.log_softmax(torch.randn(5, 50, generator=torch.Generator().manual_seed(0)), -1)
     a, b = gds_sample(logp, 4, seed=9), gds_sample(logp, 4, seed=9)
     assert torch.equal(a.tokens, b.tokens)
